@@ -1,0 +1,86 @@
+"""Compute kernels behind one dispatcher.
+
+Every op has a pure-torch reference (`kernels.reference`, the fast path on a CPU) and,
+for the GPU path, a Triton kernel of the same signature (`kernels.triton`). The engine
+calls `kernels.<op>(...)`; it never imports Triton.
+
+Choice, per call: Triton for CUDA tensors when Triton is importable, the reference
+otherwise. `EFIM_KERNELS=reference|triton` forces one (triton on CPU tensors needs
+`TRITON_INTERPRET=1`, which is how the kernels are verified without a GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+
+from kernels import reference
+
+OPS = (
+    "attention",
+    "paged_attention_prefill",
+    "paged_attention_decode",
+    "rope_apply",
+    "rope_shift",
+    "kv_store",
+    "kv_gather",
+    "kv_deviation",
+    "select_top_rows",
+    "rms_norm",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_ops() -> dict[str, Callable] | None:
+    try:
+        from kernels import triton as triton_ops  # noqa: PLC0415 - optional dependency
+    except Exception:  # ImportError, or Triton failing to initialise without a driver
+        return None
+    return {name: getattr(triton_ops, name) for name in OPS if hasattr(triton_ops, name)}
+
+
+def backend_for(name: str, tensor: torch.Tensor) -> str:
+    """Which implementation `name` runs for `tensor`: "triton" or "reference"."""
+    forced = os.environ.get("EFIM_KERNELS", "").strip().lower()
+    if forced not in ("", "reference", "triton"):
+        raise ValueError(f"EFIM_KERNELS={forced!r}: expected 'reference' or 'triton'")
+    if forced == "reference":
+        return "reference"
+    ops = _triton_ops()
+    has = ops is not None and name in ops
+    if forced == "triton":
+        if not has:
+            raise RuntimeError(f"EFIM_KERNELS=triton but no Triton kernel for {name!r} (is triton installed?)")
+        return "triton"
+    return "triton" if has and tensor.is_cuda else "reference"
+
+
+def _dispatch(name: str) -> Callable:
+    ref = getattr(reference, name)
+
+    @functools.wraps(ref)
+    def op(*args, **kwargs):
+        first = args[0] if args else next(iter(kwargs.values()))
+        if backend_for(name, first) == "triton":
+            return _triton_ops()[name](*args, **kwargs)
+        return ref(*args, **kwargs)
+
+    return op
+
+
+attention = _dispatch("attention")
+paged_attention_prefill = _dispatch("paged_attention_prefill")
+paged_attention_decode = _dispatch("paged_attention_decode")
+rope_apply = _dispatch("rope_apply")
+rope_shift = _dispatch("rope_shift")
+kv_store = _dispatch("kv_store")
+kv_gather = _dispatch("kv_gather")
+kv_deviation = _dispatch("kv_deviation")
+select_top_rows = _dispatch("select_top_rows")
+rms_norm = _dispatch("rms_norm")
+rope_cos_sin = reference.rope_cos_sin
+
+__all__ = [*OPS, "rope_cos_sin", "backend_for"]
