@@ -1,0 +1,69 @@
+"""`efim` command line: a thin dispatcher over `efim_lsp.commands.*`.
+
+Each subcommand lives in its own module exposing `register(subparsers)`, which adds
+its parser and sets `func` (called with the parsed args, returns an exit code).
+Modules are imported lazily by name so `efim --help` stays fast and a broken optional
+command never takes the others down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# (subcommand module, one-line help) — the module adds the parser itself.
+COMMANDS = (
+    "serve",
+    "complete",
+    "bench",
+    "trace",
+    "replay",
+    "demo",
+    "train",
+    "eval",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="efim", description="EFIM code-completion language server and tools")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"efim_lsp.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"efim_lsp.commands.{name}":
+                continue  # not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a clear message, not a traceback, for user-facing errors
+        from engine.api import EngineError
+
+        if isinstance(exc, (EngineError, FileNotFoundError, ValueError)):
+            print(f"efim: error: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
