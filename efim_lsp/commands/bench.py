@@ -1,0 +1,43 @@
+"""`efim bench engine|kernels|blend`: benchmarks that compare configurations in one run.
+
+Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
+imported only when their subcommand runs (torch and friends load slowly)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+TARGETS = {
+    "engine": ("engine.bench", "prefill/decode speed vs transformers, and keystroke reuse FIM vs EFIM"),
+    "kernels": ("kernels.bench", "each kernel against its reference on the present device"),
+    "blend": ("engine.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend)")
+    targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+    for name, (module_name, help_text) in TARGETS.items():
+        p = targets.add_parser(name, help=help_text)
+        p.set_defaults(func=_runner(module_name))
+        try:
+            importlib.import_module(module_name).add_arguments(p)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            p.set_defaults(func=_missing(module_name))
+
+
+def _runner(module_name: str):
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(module_name).run_cli(args)
+
+    return run
+
+
+def _missing(module_name: str):
+    def run(args: argparse.Namespace) -> int:
+        raise ValueError(f"{module_name} is not available in this build")
+
+    return run
