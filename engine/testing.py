@@ -1,0 +1,127 @@
+"""Tiny randomly initialised models for tests and benchmarks (no network, no hub).
+
+`make_tiny_model(dest, arch)` writes a Hugging Face folder — `config.json`,
+`model.safetensors`, `tokenizer.json`, `tokenizer_config.json` — whose weights come
+from `transformers`' own initialisation under a fixed seed, and whose tokenizer is a
+small byte-level BPE trained at run time on CPython stdlib sources (so code tokenizes
+the way it does with a real code model: identifiers merged, indentation runs merged).
+
+The same (arch, fim_tokens, seed, overrides) always gives the same files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+EOS_TOKEN = "<|endoftext|>"
+FIM_TOKENS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<file_sep>", "<repo_name>")
+ARCHITECTURES = ("llama", "qwen2", "starcoder2")
+
+# Small but code-shaped: a few thousand lines of real Python are enough for ~1.5k merges.
+_TRAINING_FILES = ("textwrap.py", "shlex.py", "bisect.py", "heapq.py", "fnmatch.py", "string.py", "copy.py")
+_VOCAB_SIZE = 1536
+
+_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+
+
+def stdlib_sources(names: tuple[str, ...] = _TRAINING_FILES) -> list[str]:
+    """Text of a few CPython stdlib modules (read at run time; never committed)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return [(root / name).read_text(encoding="utf-8") for name in names if (root / name).is_file()]
+
+
+@functools.lru_cache(maxsize=4)
+def tiny_tokenizer_json(fim_tokens: bool = True) -> str:
+    """Serialized byte-level BPE tokenizer (cached per process: training takes ~0.5 s)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+
+    specials = [EOS_TOKEN, *(FIM_TOKENS if fim_tokens else ())]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(stdlib_sources(), trainer=trainer)
+    return tok.to_str()
+
+
+def _hf_config(arch: str, vocab_size: int, eos_id: int, overrides: dict[str, Any]):
+    import transformers  # noqa: PLC0415
+
+    common: dict[str, Any] = dict(
+        _SHAPE,
+        vocab_size=vocab_size,
+        max_position_embeddings=1024,
+        # Larger than the usual 0.02 so that random logits are not all near-ties
+        # (greedy-token comparisons in tests would otherwise be coin flips).
+        initializer_range=0.1,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+    )
+    if arch == "llama":
+        cls = transformers.LlamaConfig
+        common.update(tie_word_embeddings=True, rms_norm_eps=1e-5)  # SmolLM2-like
+    elif arch == "qwen2":
+        cls = transformers.Qwen2Config  # QKV bias is built into the architecture
+        common.update(tie_word_embeddings=False, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    elif arch == "starcoder2":
+        cls = transformers.Starcoder2Config
+        common.update(use_bias=True, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5, tie_word_embeddings=True)
+    else:
+        raise ValueError(f"unknown tiny architecture {arch!r}; expected one of {ARCHITECTURES}")
+    common.update(overrides)
+    return cls(**common)
+
+
+def make_tiny_model(
+    dest: Path,
+    arch: str = "llama",
+    *,
+    fim_tokens: bool = True,
+    seed: int = 0,
+    **overrides: Any,
+) -> Path:
+    """Write a tiny random `arch` model ("llama", "qwen2", "starcoder2") into `dest`.
+
+    `overrides` go to the transformers config (e.g. `num_hidden_layers=2`,
+    `rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}`,
+    `tie_word_embeddings=False`). Returns `dest`.
+    """
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tok_json = tiny_tokenizer_json(fim_tokens)
+    tokenizer = Tokenizer.from_str(tok_json)
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    config = _hf_config(arch, tokenizer.get_vocab_size(), eos_id, overrides)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    model.save_pretrained(dest, safe_serialization=True)
+
+    (dest / "tokenizer.json").write_text(tok_json, encoding="utf-8")
+    tok_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "model_max_length": config.max_position_embeddings,
+        "additional_special_tokens": list(FIM_TOKENS) if fim_tokens else [],
+    }
+    (dest / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2), encoding="utf-8")
+    return dest
+
+
+__all__ = ["make_tiny_model", "tiny_tokenizer_json", "stdlib_sources", "EOS_TOKEN", "FIM_TOKENS", "ARCHITECTURES"]

@@ -1,0 +1,43 @@
+"""Shared fixtures. Append new shared fixtures at the end of this file (several engineers use it).
+
+Tiny models: `tiny_model_dir` is the llama-family tiny model (SmolLM2-like, tied
+embeddings, FIM tokens). Parametrise the architecture indirectly:
+
+    @pytest.mark.parametrize("tiny_model_dir", ["llama", "qwen2", "starcoder2"], indirect=True)
+    def test_x(tiny_model_dir): ...
+
+`tiny_model_factory(arch, **overrides)` builds (once per session) any other variant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """Callable `(arch="llama", *, fim_tokens=True, seed=0, **overrides) -> Path`, cached per session."""
+    from engine.testing import make_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def make(arch: str = "llama", *, fim_tokens: bool = True, seed: int = 0, **overrides) -> Path:
+        key = json.dumps([arch, fim_tokens, seed, overrides], sort_keys=True, default=str)
+        if key not in built:
+            name = f"tiny-{arch}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+            dest = tmp_path_factory.mktemp(name)
+            built[key] = make_tiny_model(dest, arch, fim_tokens=fim_tokens, seed=seed, **overrides)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(request, tiny_model_factory) -> Path:
+    """A tiny random HF model folder; `request.param` (indirect parametrisation) picks the arch."""
+    arch = getattr(request, "param", "llama")
+    return tiny_model_factory(arch)
