@@ -1,0 +1,83 @@
+"""Files cut into line-aligned chunks, each with the identifiers it mentions.
+
+Chunks are fixed windows of `CHUNK_LINES` lines starting at multiples of it, so an edit
+changes the chunks from its line on and leaves the earlier ones byte-identical (and their
+KV, keyed by token ids, reusable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from typing import NamedTuple
+
+CHUNK_LINES = 64
+
+# Unicode-aware identifiers of two characters or more (`\w` minus a leading digit).
+_IDENT = re.compile(r"[^\W\d]\w+")
+
+# Words every language repeats; they say nothing about which chunk is related.
+STOP_WORDS = frozenset(
+    """
+    and as assert async await break case catch class const continue def default del do elif else
+    enum except export extends false final finally for from func function go if impl import in
+    interface is lambda let match mod module new nil none not null of or package pass private
+    protected pub public raise return self static struct super switch this throw throws true try
+    type typeof use var void while with yield int str bool float string char long double
+    """.split()
+)
+
+
+def identifiers(text: str) -> Counter[str]:
+    """Identifier counts of `text`, lower-cased, stop words removed."""
+    counts: Counter[str] = Counter()
+    for match in _IDENT.finditer(text):
+        word = match.group().lower()
+        if word not in STOP_WORDS:
+            counts[word] += 1
+    return counts
+
+
+class Chunk(NamedTuple):
+    path: str  # the file's display path (relative to its workspace folder when it has one)
+    start_line: int  # 0-based first line
+    end_line: int  # exclusive
+    text: str
+    terms: Counter[str]  # identifier counts (see `identifiers`)
+    digest: str  # hash of (path, text): identity for caches and selections
+
+    @property
+    def length(self) -> int:
+        return sum(self.terms.values())
+
+
+def chunk_digest(path: str, text: str) -> str:
+    return hashlib.blake2b(f"{path}\0{text}".encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+
+
+def split_chunks(path: str, text: str, lines_per_chunk: int = CHUNK_LINES) -> list[Chunk]:
+    """Cut `text` into windows of `lines_per_chunk` lines; blank-only windows are dropped."""
+    if lines_per_chunk < 1:
+        raise ValueError(f"lines_per_chunk must be >= 1, got {lines_per_chunk}")
+    lines = text.splitlines(keepends=True)
+    chunks: list[Chunk] = []
+    for start in range(0, len(lines), lines_per_chunk):
+        body = "".join(lines[start : start + lines_per_chunk])
+        if not body.strip():
+            continue
+        end = min(start + lines_per_chunk, len(lines))
+        chunks.append(Chunk(path, start, end, body, identifiers(body), chunk_digest(path, body)))
+    return chunks
+
+
+def sub_chunk(chunk: Chunk, start_line: int, end_line: int) -> Chunk:
+    """The lines [start_line, end_line) of `chunk` (absolute line numbers) as a chunk."""
+    lines = chunk.text.splitlines(keepends=True)
+    lo = max(0, start_line - chunk.start_line)
+    hi = min(len(lines), end_line - chunk.start_line)
+    body = "".join(lines[lo:hi])
+    return Chunk(chunk.path, chunk.start_line + lo, chunk.start_line + hi, body, identifiers(body), chunk_digest(chunk.path, body))
+
+
+__all__ = ["Chunk", "CHUNK_LINES", "STOP_WORDS", "identifiers", "split_chunks", "sub_chunk", "chunk_digest"]

@@ -1,0 +1,127 @@
+"""BM25 over identifiers: which chunks of other files share the vocabulary around the cursor.
+
+An inverted index (identifier -> chunks) keeps a query cheap on large workspaces: only
+chunks that mention at least one query identifier are scored.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter, defaultdict
+from typing import Iterable, NamedTuple
+
+from efim_lsp.context.chunking import Chunk
+
+# Okapi BM25 constants (the usual values).
+K1 = 1.2
+B = 0.75
+
+
+class Scored(NamedTuple):
+    score: float
+    chunk: Chunk
+
+
+class ChunkIndex:
+    """Chunks of many files, replaceable per file. Thread-safe.
+
+    Contracts: `replace(path, chunks)` makes `chunks` the only chunks of `path`;
+    `remove(path)` forgets them; `search` never modifies the index.
+    """
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, list[Chunk]] = {}
+        self._by_digest: dict[str, Chunk] = {}
+        self._postings: dict[str, set[str]] = defaultdict(set)  # term -> chunk digests
+        self._total_length = 0
+        self._lock = threading.RLock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_digest)
+
+    def paths(self) -> list[str]:
+        with self._lock:
+            return list(self._by_path)
+
+    def chunks_of(self, path: str) -> list[Chunk]:
+        with self._lock:
+            return list(self._by_path.get(path, ()))
+
+    def __contains__(self, digest: str) -> bool:
+        with self._lock:
+            return digest in self._by_digest
+
+    def replace(self, path: str, chunks: Iterable[Chunk]) -> bool:
+        """Make `chunks` the chunks of `path`; True if anything changed."""
+        chunks = list(chunks)
+        with self._lock:
+            old = self._by_path.get(path, [])
+            if [c.digest for c in old] == [c.digest for c in chunks]:
+                return False
+            self._drop(path)
+            if chunks:
+                self._by_path[path] = chunks
+                for chunk in chunks:
+                    self._by_digest[chunk.digest] = chunk
+                    self._total_length += chunk.length
+                    for term in chunk.terms:
+                        self._postings[term].add(chunk.digest)
+            return True
+
+    def remove(self, path: str) -> bool:
+        with self._lock:
+            if path not in self._by_path:
+                return False
+            self._drop(path)
+            return True
+
+    def _drop(self, path: str) -> None:
+        for chunk in self._by_path.pop(path, []):
+            if self._by_digest.pop(chunk.digest, None) is None:
+                continue  # the same (path, text) twice in one file: already dropped
+            self._total_length -= chunk.length
+            for term in chunk.terms:
+                posting = self._postings.get(term)
+                if posting is not None:
+                    posting.discard(chunk.digest)
+                    if not posting:
+                        del self._postings[term]
+
+    def search(self, query: Counter[str] | Iterable[str], exclude_paths: Iterable[str] = (), limit: int = 16) -> list[Scored]:
+        """The `limit` best chunks for `query` (identifiers), best first; ties broken by
+        (path, line) so the same index and query always give the same order."""
+        terms = set(query)
+        excluded = set(exclude_paths)
+        with self._lock:
+            n = len(self._by_digest)
+            if n == 0 or not terms:
+                return []
+            avg_len = max(self._total_length / n, 1.0)
+            scores: Counter[str] = Counter()
+            for term in terms:
+                posting = self._postings.get(term)
+                if not posting:
+                    continue
+                idf = math.log(1.0 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
+                for digest in posting:
+                    chunk = self._by_digest[digest]
+                    tf = chunk.terms[term]
+                    norm = K1 * (1.0 - B + B * chunk.length / avg_len)
+                    scores[digest] += idf * tf * (K1 + 1.0) / (tf + norm)
+            ranked = [
+                Scored(score, self._by_digest[d]) for d, score in scores.items() if self._by_digest[d].path not in excluded
+            ]
+        ranked.sort(key=lambda s: (-s.score, s.chunk.path, s.chunk.start_line))
+        return ranked[:limit]
+
+
+def jaccard(a: Iterable[str], b: Iterable[str]) -> float:
+    sa, sb = set(a), set(b)
+    if not sa and not sb:
+        return 1.0
+    return len(sa & sb) / len(sa | sb)
+
+
+__all__ = ["ChunkIndex", "Scored", "jaccard", "K1", "B"]
