@@ -1,0 +1,46 @@
+/**
+ * The server's messages beyond LSP 3.18: show/accept reports (the names
+ * Copilot's language server uses, so existing telemetry works) and `efim/stats`.
+ */
+import { InlineCompletionItem, NotificationType, RequestType0 } from 'vscode-languageserver-protocol';
+
+export interface Percentiles {
+    p50: number;
+    p95: number;
+    p99: number;
+}
+
+/** Counters returned by `efim/stats` (all since the server started). */
+export interface EfimStats {
+    requests: number;
+    served: number;
+    typingThroughHits: number;
+    cancelled: number;
+    promptTokens: number;
+    reusedTokens: number;
+    prefilledTokens: number;
+    /** reusedTokens / promptTokens, in [0, 1]. */
+    reuseRatio: number;
+    ttftMs: Percentiles;
+    latencyMs: Percentiles;
+    cacheBytes: number;
+    sessions: { active: number; rebases: number };
+    /** Fields a newer server adds are kept and shown as they are. */
+    [extra: string]: unknown;
+}
+
+export interface DidShowCompletionParams {
+    item: InlineCompletionItem;
+}
+
+export interface DidPartiallyAcceptCompletionParams {
+    item: InlineCompletionItem;
+    /** UTF-16 code units of `item.insertText` accepted so far, counted from its start. */
+    acceptedLength: number;
+}
+
+export const StatsRequest = new RequestType0<EfimStats, void>('efim/stats');
+export const DidShowCompletionNotification = new NotificationType<DidShowCompletionParams>('textDocument/didShowCompletion');
+export const DidPartiallyAcceptCompletionNotification = new NotificationType<DidPartiallyAcceptCompletionParams>(
+    'textDocument/didPartiallyAcceptCompletion',
+);

@@ -1,0 +1,203 @@
+/** Unit tests of the VS Code-free client logic (no server, no VS Code). */
+import assert from 'node:assert/strict';
+import { chmodSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import * as path from 'node:path';
+import { describe, test } from 'node:test';
+import { CancellationToken, InlineCompletionItem, InlineCompletionParams, InlineCompletionTriggerKind } from 'vscode-languageserver-protocol';
+import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion, Sender } from '../core/completions';
+import { resolveExecutable, serverLaunch, ServerNotFoundError } from '../core/launch';
+import type { EfimStats } from '../core/protocol';
+import { needsRestart, readSettings, serverOptions } from '../core/settings';
+import { formatStats, ServerProgress, statusLine } from '../core/status';
+
+/** Records every message and answers requests from a table. */
+class RecordingSender implements Sender {
+    readonly sent: { kind: 'request' | 'notification'; method: string; params: unknown }[] = [];
+    constructor(private readonly answers: Record<string, unknown> = {}) {}
+    async sendRequest(method: string, params: unknown, _token?: CancellationToken): Promise<unknown> {
+        this.sent.push({ kind: 'request', method, params });
+        return this.answers[method] ?? null;
+    }
+    async sendNotification(method: string, params: unknown): Promise<void> {
+        this.sent.push({ kind: 'notification', method, params });
+    }
+}
+
+const position: InlineCompletionParams = {
+    textDocument: { uri: 'file:///a.py' },
+    position: { line: 0, character: 3 },
+    context: { triggerKind: InlineCompletionTriggerKind.Automatic },
+};
+
+describe('settings', () => {
+    test('unset options stay out so server defaults apply; named options win over raw ones', () => {
+        const values: Record<string, unknown> = {
+            serverPath: ' /opt/efim ',
+            model: '/models/qwen',
+            maxTokens: 32,
+            promptFormat: null,
+            multiline: '',
+            serverSettings: { maxTokens: 8, blendRatio: 0.2, nothing: null },
+        };
+        const settings = readSettings((key) => values[key]);
+        assert.equal(settings.serverPath, '/opt/efim');
+        assert.deepEqual(serverOptions(settings), { model: '/models/qwen', maxTokens: 32, blendRatio: 0.2 });
+    });
+
+    test('mistyped client settings fall back to defaults', () => {
+        const settings = readSettings((key) => ({ serverPath: 3, serverArgs: 'x', enable: 'yes' })[key]);
+        assert.equal(settings.serverPath, 'efim');
+        assert.deepEqual(settings.serverArgs, []);
+        assert.equal(settings.enable, true);
+        assert.deepEqual(serverOptions(settings), { model: 'default' });
+    });
+
+    test('only the launch command needs a restart', () => {
+        const a = readSettings(() => undefined);
+        assert.equal(needsRestart(a, { ...a, maxTokens: 5, model: 'x' }), false);
+        assert.equal(needsRestart(a, { ...a, serverPath: '/other/efim' }), true);
+        assert.equal(needsRestart(a, { ...a, serverArgs: ['--log-file', 'x'] }), true);
+    });
+});
+
+describe('launch', () => {
+    test('finds executables on PATH and by path, and explains a missing one', () => {
+        const dir = mkdtempSync(path.join(tmpdir(), 'efim-launch-'));
+        try {
+            const exe = path.join(dir, 'efim');
+            writeFileSync(exe, '#!/bin/sh\n');
+            chmodSync(exe, 0o755);
+            writeFileSync(path.join(dir, 'notexec'), '');
+            assert.equal(resolveExecutable('efim', { PATH: `/nonexistent${path.delimiter}${dir}` }), exe);
+            assert.equal(resolveExecutable(exe, { PATH: '' }), exe);
+            assert.equal(resolveExecutable(path.join(dir, 'notexec'), { PATH: '' }), undefined);
+            const settings = readSettings((key) => (key === 'serverArgs' ? ['--log-file', 'l'] : undefined));
+            assert.deepEqual(serverLaunch(settings, { PATH: dir }), { command: exe, args: ['serve', '--log-file', 'l'] });
+            assert.throws(() => serverLaunch(settings, { PATH: '/nonexistent' }), (err: Error) => {
+                assert.ok(err instanceof ServerNotFoundError);
+                assert.match(err.message, /not found on PATH.*efim\.serverPath/s);
+                return true;
+            });
+        } finally {
+            rmSync(dir, { recursive: true, force: true });
+        }
+    });
+});
+
+describe('requests and reports', () => {
+    test('both result shapes are accepted, empty items dropped, null is no items', async () => {
+        const item = { insertText: 'rn x', range: { start: { line: 0, character: 0 }, end: { line: 0, character: 3 } } };
+        const list = new RecordingSender({ 'textDocument/inlineCompletion': { items: [item, { insertText: '' }] } });
+        assert.deepEqual((await requestInlineCompletion(list, position)).items, [item]);
+        const array = new RecordingSender({ 'textDocument/inlineCompletion': [{ insertText: { kind: 'snippet', value: 'y' } }] });
+        assert.equal((await requestInlineCompletion(array, position)).items.length, 1);
+        const none = new RecordingSender();
+        const result = await requestInlineCompletion(none, position);
+        assert.deepEqual(result.items, []);
+        assert.ok(result.latencyMs >= 0);
+        assert.deepEqual(none.sent[0], { kind: 'request', method: 'textDocument/inlineCompletion', params: position });
+    });
+
+    test('a show is reported once per item; accepts run the item command or report the full length', async () => {
+        const sender = new RecordingSender();
+        const reporter = new CompletionReporter(sender);
+        const withCommand: InlineCompletionItem = { insertText: 'abc', command: { title: 't', command: 'efim.accept', arguments: [7] } };
+        const without: InlineCompletionItem = { insertText: 'héllo' };
+        await reporter.shown(withCommand);
+        await reporter.shown(withCommand);
+        await reporter.accepted(withCommand);
+        await reporter.accepted(without);
+        await reporter.partiallyAccepted(withCommand, 2);
+        assert.deepEqual(sender.sent, [
+            { kind: 'notification', method: 'textDocument/didShowCompletion', params: { item: withCommand } },
+            { kind: 'request', method: 'workspace/executeCommand', params: { command: 'efim.accept', arguments: [7] } },
+            { kind: 'notification', method: 'textDocument/didPartiallyAcceptCompletion', params: { item: without, acceptedLength: 5 } },
+            { kind: 'notification', method: 'textDocument/didPartiallyAcceptCompletion', params: { item: withCommand, acceptedLength: 2 } },
+        ]);
+    });
+});
+
+describe('partial accepts from document changes', () => {
+    const at = (line: number, character: number) => ({ line, character });
+    const insert = (line: number, character: number, text: string) => [{ range: { start: at(line, character), end: at(line, character) }, text }];
+    // Suggestion "return total\n" drawn with "re" already typed: range starts 2 before the cursor.
+    const item: InlineCompletionItem = { insertText: 'return total', range: { start: at(3, 4), end: at(3, 6) } };
+
+    test('word-by-word accepts count from the start of the item', () => {
+        const tracker = new PartialAcceptTracker();
+        tracker.shown('u', item, at(3, 6));
+        assert.deepEqual(tracker.changed('u', insert(3, 6, 'turn')), { item, acceptedLength: 6 });
+        assert.deepEqual(tracker.changed('u', insert(3, 10, ' to')), { item, acceptedLength: 9 });
+    });
+
+    test('typing one character, the whole remainder, a mismatch or another file is not a partial accept', () => {
+        const tracker = new PartialAcceptTracker();
+        for (const [uri, changes] of [
+            ['u', insert(3, 6, 't')],
+            ['u', insert(3, 6, 'turn total')],
+            ['u', insert(3, 6, 'tx')],
+            ['u', insert(3, 7, 'turn')],
+            ['other', insert(3, 6, 'turn')],
+        ] as const) {
+            tracker.shown('u', item, at(3, 6));
+            assert.equal(tracker.changed(uri, changes), undefined, JSON.stringify(changes));
+        }
+        // A change elsewhere in the same file forgets the suggestion; one in another file does not.
+        tracker.shown('u', item, at(3, 6));
+        tracker.changed('u', insert(0, 0, 'import os\n'));
+        assert.equal(tracker.changed('u', insert(3, 6, 'turn')), undefined);
+        tracker.shown('u', item, at(3, 6));
+        tracker.changed('other', insert(0, 0, 'x'));
+        assert.deepEqual(tracker.changed('u', insert(3, 6, 'turn')), { item, acceptedLength: 6 });
+    });
+
+    test('multi-line accepts move the cursor to the next line', () => {
+        const tracker = new PartialAcceptTracker();
+        const block: InlineCompletionItem = { insertText: 'if x:\n    y = 1\n    z = 2' };
+        tracker.shown('u', block, at(0, 4));
+        assert.deepEqual(tracker.changed('u', insert(0, 4, 'if x:\n')), { item: block, acceptedLength: 6 });
+        assert.deepEqual(tracker.changed('u', insert(1, 0, '    y = 1\n')), { item: block, acceptedLength: 16 });
+    });
+});
+
+describe('status', () => {
+    const stats: EfimStats = {
+        requests: 10, served: 8, typingThroughHits: 3, cancelled: 1, promptTokens: 1000, reusedTokens: 970,
+        prefilledTokens: 30, reuseRatio: 0.97, ttftMs: { p50: 12.4, p95: 30, p99: 41 }, latencyMs: { p50: 80, p95: 120, p99: 150 },
+        cacheBytes: 3 * 2 ** 20, sessions: { active: 1, rebases: 2 }, accepted: 4,
+    };
+
+    test('progress moves starting -> loading -> ready, and a served suggestion means ready', () => {
+        const progress = new ServerProgress();
+        progress.starting();
+        assert.equal(progress.state, 'starting');
+        progress.progress('load', { kind: 'begin', title: 'Loading model', percentage: 0 });
+        progress.progress('load', { kind: 'report', message: 'weights', percentage: 40 });
+        assert.equal(progress.state, 'loading');
+        assert.equal(progress.detail, 'Loading model: weights 40%');
+        progress.progress('load', { kind: 'end' });
+        assert.equal(progress.state, 'ready');
+        const other = new ServerProgress();
+        other.starting();
+        other.served();
+        assert.equal(other.state, 'ready');
+    });
+
+    test('status line shows latency and reuse when ready, and off when disabled', () => {
+        const progress = new ServerProgress();
+        progress.starting();
+        progress.served();
+        assert.equal(statusLine(progress, true, 42.4, stats).text, '$(check) efim 42 ms · reuse 97%');
+        assert.match(statusLine(progress, false, 42, stats).text, /circle-slash/);
+        progress.stopped('error', 'boom');
+        assert.equal(statusLine(progress, true).tooltip, 'boom');
+    });
+
+    test('formatted stats show every counter, unknown ones included', () => {
+        const text = formatStats(stats);
+        for (const piece of ['requests 10', 'served 8', 'typing-through 3', 'reuse 97.0%', 'p50 12 ms', 'p99 150 ms', '3.0 MiB', '2 rebases', 'accepted: 4']) {
+            assert.ok(text.includes(piece), `${piece} missing from:\n${text}`);
+        }
+    });
+});
