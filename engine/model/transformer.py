@@ -1,0 +1,372 @@
+"""The decoder forward pass: Llama family (Llama, CodeLlama, DeepSeek-Coder, SmolLM2,
+Qwen2) and StarCoder2, in plain torch plus the ops of `kernels`.
+
+Layout choices, all for a CPU where decode is memory-bound and every torch call costs
+microseconds of dispatch:
+- q/k/v are one matmul (`qkv`), gate/up one matmul (`gate_up`); RoPE rotates q and k
+  in one call; the residual stream is updated in place.
+- A sequence's KV is a `SequenceKV` of two dense tensors `[L, H_kv, cap, D]`: row r of
+  a layer holds the key (after RoPE) / value of the token at position r. Heads-first,
+  so `k[i, :, :n]` is the `[H_kv, n, D]` view SDPA wants, with no copy.
+- Kernel implementations are resolved once per model (`kernels.resolve`), not per call.
+
+Nothing here knows about tokens as text, caches shared between sequences, or requests:
+the runtime owns `SequenceKV` objects and decides what to prefill.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine.model.config import ModelConfig
+from engine.model.quant import Int8Linear, Linear, make_linear
+
+
+class SequenceKV(NamedTuple):
+    """Keys (after RoPE) and values of one sequence; row r = the token at position r."""
+
+    k: torch.Tensor  # [L, H_kv, cap, D]
+    v: torch.Tensor  # [L, H_kv, cap, D]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+
+class _Layer:
+    """One decoder block's weights (norm weights/biases in the compute dtype)."""
+
+    __slots__ = ("norm1_w", "norm1_b", "qkv", "o", "norm2_w", "norm2_b", "up", "down")
+
+    def __init__(self, norm1_w, norm1_b, qkv, o, norm2_w, norm2_b, up, down) -> None:
+        self.norm1_w, self.norm1_b = norm1_w, norm1_b
+        self.qkv: Linear = qkv  # [(H + 2 H_kv) D, hidden]
+        self.o: Linear = o  # [hidden, H D]
+        self.norm2_w, self.norm2_b = norm2_w, norm2_b
+        self.up: Linear = up  # gated: [2 I, hidden] (gate rows first); gelu: [I, hidden]
+        self.down: Linear = down  # [hidden, I]
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:  # [D/2] float32
+    """Inverse RoPE frequencies with the config's scaling, computed as transformers does."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # [D/2]
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    if scaling["rope_type"] == "llama3":
+        low = float(scaling.get("low_freq_factor", 1.0))
+        high = float(scaling.get("high_freq_factor", 4.0))
+        old_ctx = float(scaling.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv_freq  # [D/2]
+        scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+        smooth = (old_ctx / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old_ctx / high) * ~(wavelen > old_ctx / low)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope scaling {scaling['rope_type']!r}")
+
+
+class Transformer:
+    """A decoder-only model over token ids. Not thread-safe: one engine thread owns it."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        quant: str | None = None,
+    ) -> None:
+        """`weights`: Hugging Face parameter names -> tensors (any float dtype). Consumed:
+        entries are popped as they are converted, so peak memory stays near one copy."""
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.quant = quant
+        self.scale = 1.0 / math.sqrt(config.head_dim)
+        self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
+        self._build(weights)
+        self._cos = torch.empty(0, config.head_dim // 2, dtype=dtype, device=self.device)
+        self._sin = self._cos
+        self._grow_rope(min(config.max_position, 4096))
+        probe = self.norm_w
+        self._attention = kernels.resolve("attention", probe)
+        self._rope_apply = kernels.resolve("rope_apply", probe)
+        self._rms_norm = kernels.resolve("rms_norm", probe)
+
+    # ----------------------------------------------------------------- weights
+
+    def _build(self, w: dict[str, torch.Tensor]) -> None:
+        c, dt, dev = self.config, self.dtype, self.device
+
+        def take(name: str, required: bool = True) -> torch.Tensor | None:
+            t = w.pop(name, None)
+            if t is None and required:
+                raise KeyError(name)
+            return None if t is None else t.to(dev)
+
+        def param(name: str, required: bool = True) -> torch.Tensor | None:
+            t = take(name, required)
+            return None if t is None else t.to(dt)
+
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            return make_linear(weight, bias, dt, self.quant)
+
+        layers = []
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            qkv_w = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2Hkv)D, hidden]
+            qkv_b = (
+                torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if c.qkv_bias else None
+            )  # [(H+2Hkv)D]
+            o = linear(take(p + "self_attn.o_proj.weight"), take(p + "self_attn.o_proj.bias") if c.o_bias else None)
+            if c.mlp == "gated_silu":
+                up_w = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])  # [2I, hidden]
+                up_b = (
+                    torch.cat([take(p + "mlp.gate_proj.bias"), take(p + "mlp.up_proj.bias")]) if c.mlp_bias else None
+                )
+                down = linear(take(p + "mlp.down_proj.weight"), take(p + "mlp.down_proj.bias") if c.mlp_bias else None)
+            else:
+                up_w = take(p + "mlp.c_fc.weight")  # [I, hidden]
+                up_b = take(p + "mlp.c_fc.bias") if c.mlp_bias else None
+                down = linear(take(p + "mlp.c_proj.weight"), take(p + "mlp.c_proj.bias") if c.mlp_bias else None)
+            layered_norm = c.norm == "layer"
+            layers.append(
+                _Layer(
+                    param(p + "input_layernorm.weight"),
+                    param(p + "input_layernorm.bias") if layered_norm else None,
+                    linear(qkv_w, qkv_b),
+                    o,
+                    param(p + "post_attention_layernorm.weight"),
+                    param(p + "post_attention_layernorm.bias") if layered_norm else None,
+                    linear(up_w, up_b),
+                    down,
+                )
+            )
+        self.layers = layers
+        self.norm_w = param("model.norm.weight")
+        self.norm_b = param("model.norm.bias") if c.norm == "layer" else None
+
+        embed = take("model.embed_tokens.weight")  # [V, hidden]
+        head = take("lm_head.weight", required=False)
+        if head is None or c.tie_embeddings:
+            head = embed
+        self.lm_head: Linear = linear(head, None)
+        if isinstance(self.lm_head, Int8Linear) and head is embed:
+            # Tied int8: the embedding lookup reads rows of the lm_head's int8 matrix
+            # (its per-row scale is exactly a per-vocabulary-entry scale), so the table
+            # is stored once, at one byte per weight.
+            self.embed_weight = None
+        else:
+            self.embed_weight = embed.to(dt)  # [V, hidden]
+        self.vocab_size = self.lm_head.out_features
+
+    def weight_bytes(self) -> int:
+        """Bytes of parameters a decode step reads (all linear layers incl. lm_head, norms)."""
+        n = sum(
+            lin.nbytes() for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down)
+        ) + self.lm_head.nbytes()
+        return n
+
+    # ------------------------------------------------------------------- RoPE
+
+    def _grow_rope(self, n: int) -> None:
+        """cos/sin tables for positions 0..n-1 in the compute dtype (as transformers rounds them)."""
+        n = max(n, 2 * self._cos.shape[0])
+        positions = torch.arange(n, device=self.device)
+        cos, sin = kernels.rope_cos_sin(positions, self.inv_freq, self.dtype)  # [n, D/2]
+        self._cos, self._sin = cos, sin
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, D/2], [T, D/2])
+        """cos/sin rows for arbitrary positions [T] (int64)."""
+        hi = int(positions.max()) + 1 if positions.numel() else 0
+        if hi > self._cos.shape[0]:
+            self._grow_rope(hi)
+        return self._cos.index_select(0, positions), self._sin.index_select(0, positions)
+
+    def _rope_range(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, D/2], [n, D/2])
+        if start + n > self._cos.shape[0]:
+            self._grow_rope(start + n)
+        return self._cos[start : start + n], self._sin[start : start + n]
+
+    # --------------------------------------------------------------- building blocks
+
+    def new_kv(self, capacity: int) -> SequenceKV:
+        """A zeroed KV workspace for `capacity` tokens (zero, not empty: masked-out rows
+        must never hold NaN, which a masked softmax would still propagate)."""
+        c = self.config
+        shape = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
+        return SequenceKV(
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.zeros(shape, dtype=self.dtype, device=self.device),
+        )
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        if self.embed_weight is not None:
+            return self.embed_weight.index_select(0, ids)
+        head: Int8Linear = self.lm_head  # type: ignore[assignment]
+        rows = head.weight.index_select(0, ids).to(self.dtype)  # [T, hidden]
+        return rows * head.scales.index_select(0, ids).unsqueeze(1)
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        if b is None:
+            return self._rms_norm(x, w, self.config.norm_eps)
+        return F.layer_norm(x, (x.shape[-1],), w, b, self.config.norm_eps)
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        up = layer.up(x)  # [T, 2I] or [T, I]
+        if self.config.mlp == "gated_silu":
+            i = self.config.intermediate_size
+            act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]
+        else:
+            act = F.gelu(up, approximate="tanh")  # [T, I]
+        return layer.down(act)
+
+    def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Normed projections with RoPE applied: (q [H, T, D], k [H_kv, T, D], v [H_kv, T, D])."""
+        c = self.config
+        t = h.shape[0]
+        x = self._norm(h, layer.norm1_w, layer.norm1_b)
+        qkv = layer.qkv(x)  # [T, (H + 2 H_kv) D]
+        n_qk = c.n_heads + c.n_kv_heads
+        qk = qkv[:, : n_qk * c.head_dim].view(t, n_qk, c.head_dim).transpose(0, 1)  # [H + H_kv, T, D]
+        qk = self._rope_apply(qk, cos, sin, c.rope_style)  # [H + H_kv, T, D]
+        v = qkv[:, n_qk * c.head_dim :].view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)  # [H_kv, T, D]
+        return qk[: c.n_heads], qk[c.n_heads :], v
+
+    def _finish(self, layer: _Layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection + MLP, residuals added into h in place. attn: [H, T, D]."""
+        t = h.shape[0]
+        h.add_(layer.o(attn.transpose(0, 1).reshape(t, self.config.q_size)))  # [T, hidden]
+        h.add_(self._mlp(layer, self._norm(h, layer.norm2_w, layer.norm2_b)))
+        return h
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        kv: SequenceKV,
+        start: int,
+        logits: str | torch.Tensor = "last",
+    ) -> torch.Tensor:
+        """Run tokens `ids` [T] at positions start..start+T-1 of the sequence `kv`.
+
+        Writes their K (after RoPE) and V into rows start..start+T-1 of every layer of
+        `kv`; each token attends to rows 0..its own position (rows < start must already
+        hold this sequence's prefix). Returns float32 logits: "last" -> [1, V],
+        "all" -> [T, V], "none" -> [0, V] (no lm_head: a non-final prefill chunk), or a
+        LongTensor of row indices into 0..T-1 -> [n, V].
+        """
+        t = ids.shape[0]
+        end = start + t
+        if end > kv.capacity:
+            raise ValueError(f"sequence of {end} tokens exceeds its KV capacity of {kv.capacity}")
+        cos, sin = self._rope_range(start, t)  # [T, D/2]
+        h = self.embed(ids)  # [T, hidden]
+        attention, scale = self._attention, self.scale
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
+            kv.k[i, :, start:end].copy_(k)
+            kv.v[i, :, start:end].copy_(v)
+            attn = attention(q, kv.k[i, :, :end], kv.v[i, :, :end], None, None, scale)  # [H, T, D]
+            h = self._finish(layer, h, attn)
+        return self._select_logits(h, logits)
+
+    def decode_batch(self, ids: torch.Tensor, kvs: list[SequenceKV], starts: list[int]) -> torch.Tensor:  # [B, V]
+        """One token per sequence: ids[b] sits at position starts[b] of kvs[b] (rows
+        < starts[b] hold its prefix). Linear layers run once over the batch; attention
+        runs per sequence. Returns float32 logits [B, V]."""
+        b_count = ids.shape[0]
+        if len(kvs) != b_count or len(starts) != b_count:
+            raise ValueError("decode_batch: ids, kvs and starts must have the same length")
+        for kv, s in zip(kvs, starts):
+            if s >= kv.capacity:
+                raise ValueError(f"position {s} is outside a KV capacity of {kv.capacity}")
+        if b_count == 1:
+            return self.forward(ids, kvs[0], starts[0], "all")
+        c = self.config
+        cos, sin = self.rope_tables(torch.tensor(starts, device=self.device))  # [B, D/2]
+        h = self.embed(ids)  # [B, hidden]
+        attention, scale = self._attention, self.scale
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, h, cos, sin)  # [H, B, D], [H_kv, B, D], [H_kv, B, D]
+            attn = torch.empty(c.n_heads, b_count, c.head_dim, dtype=q.dtype, device=q.device)  # [H, B, D]
+            for b, (kv, s) in enumerate(zip(kvs, starts)):
+                kv.k[i, :, s].copy_(k[:, b])
+                kv.v[i, :, s].copy_(v[:, b])
+                attn[:, b : b + 1] = attention(
+                    q[:, b : b + 1], kv.k[i, :, : s + 1], kv.v[i, :, : s + 1], None, None, scale
+                )  # [H, 1, D]
+            h = self._finish(layer, h, attn)
+        return self._select_logits(h, "all")
+
+    # ------------------------------------------------- layer-level API (CacheBlend)
+
+    def project_kv(
+        self, i: int, h: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # ([T, H_kv, D], [T, H_kv, D])
+        """K (after RoPE at `positions`) and V that layer i computes from its input h
+        [T, hidden], without writing anything (CacheBlend's deviation check)."""
+        cos, sin = self.rope_tables(positions)  # [T, D/2]
+        _, k, v = self._qkv(self.layers[i], h, cos, sin)  # [H_kv, T, D]
+        return k.transpose(0, 1), v.transpose(0, 1)
+
+    def layer(
+        self,
+        i: int,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        kv: SequenceKV,
+        rows: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run decoder layer i on hidden states h [T, hidden] of tokens at RoPE positions
+        `positions` [T] (int64, any order, gaps allowed). Their K/V are written to kv rows
+        `rows` [T] (default: `positions`). Attention keys are kv rows 0..S-1 of layer i,
+        where S = len(key_positions) if given, else max(rows) + 1; row s has position
+        `key_positions[s]` (default: s), and token t sees exactly the rows whose position
+        is <= positions[t] (never a bottom-right causal mask). Returns the new h [T, hidden]
+        (h is updated in place)."""
+        rows = positions if rows is None else rows
+        cos, sin = self.rope_tables(positions)  # [T, D/2]
+        layer = self.layers[i]
+        q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
+        kv.k[i].index_copy_(1, rows, k)
+        kv.v[i].index_copy_(1, rows, v)
+        n_keys = key_positions.shape[0] if key_positions is not None else int(rows.max()) + 1
+        if key_positions is None:
+            key_positions = torch.arange(n_keys, device=self.device)
+        attn = self._attention(
+            q, kv.k[i, :, :n_keys], kv.v[i, :, :n_keys], positions, key_positions, self.scale
+        )  # [H, T, D]
+        return self._finish(layer, h, attn)
+
+    def norm_logits(self, h: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, V] float32
+        """Final norm + lm_head over every row of h."""
+        return self._select_logits(h, "all")
+
+    def _select_logits(self, h: torch.Tensor, logits: str | torch.Tensor) -> torch.Tensor:
+        if isinstance(logits, torch.Tensor):
+            h = h.index_select(0, logits.to(h.device))
+        elif logits == "last":
+            h = h[-1:]
+        elif logits == "none":
+            return torch.empty(0, self.vocab_size, dtype=torch.float32, device=h.device)
+        elif logits != "all":
+            raise ValueError(f"logits must be 'last', 'all', 'none' or a LongTensor, not {logits!r}")
+        x = self._norm(h, self.norm_w, self.norm_b)  # [n, hidden]
+        return self.lm_head(x).float()  # [n, V]
+
+
+__all__ = ["Transformer", "SequenceKV", "rope_inv_freq"]
