@@ -232,7 +232,7 @@ class EfimExtension implements vscode.Disposable {
     private async fetchStats(): Promise<EfimStats | undefined> {
         if (!this.client || this.client.state !== State.Running) return undefined;
         try {
-            this.lastStats = await this.client.sendRequest(StatsRequest);
+            this.lastStats = await this.client.sendRequest(StatsRequest, {});
         } catch (err) {
             this.output.warn(`efim/stats: ${err instanceof Error ? err.message : err}`);
         }

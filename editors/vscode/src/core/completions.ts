@@ -43,7 +43,12 @@ export async function requestInlineCompletion(
     token?: CancellationToken,
 ): Promise<CompletionResult> {
     const started = performance.now();
-    const result = (await sender.sendRequest(InlineCompletionRequest.method, params, token)) as
+    // Pass no token argument rather than `undefined`: vscode-jsonrpc counts arguments, and
+    // (params, undefined) goes out as a by-position array the server cannot read.
+    const pending = token
+        ? sender.sendRequest(InlineCompletionRequest.method, params, token)
+        : sender.sendRequest(InlineCompletionRequest.method, params);
+    const result = (await pending) as
         | InlineCompletionList
         | InlineCompletionItem[]
         | null;

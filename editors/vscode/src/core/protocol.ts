@@ -2,7 +2,7 @@
  * The server's messages beyond LSP 3.18: show/accept reports (the names
  * Copilot's language server uses, so existing telemetry works) and `efim/stats`.
  */
-import { InlineCompletionItem, NotificationType, RequestType0 } from 'vscode-languageserver-protocol';
+import { InlineCompletionItem, NotificationType, RequestType } from 'vscode-languageserver-protocol';
 
 export interface Percentiles {
     p50: number;
@@ -39,7 +39,8 @@ export interface DidPartiallyAcceptCompletionParams {
     acceptedLength: number;
 }
 
-export const StatsRequest = new RequestType0<EfimStats, void>('efim/stats');
+/** Sent with `{}` as params: JSON-RPC lets a request omit them, but pygls rejects a custom request without any. */
+export const StatsRequest = new RequestType<Record<string, never>, EfimStats, void>('efim/stats');
 export const DidShowCompletionNotification = new NotificationType<DidShowCompletionParams>('textDocument/didShowCompletion');
 export const DidPartiallyAcceptCompletionNotification = new NotificationType<DidPartiallyAcceptCompletionParams>(
     'textDocument/didPartiallyAcceptCompletion',

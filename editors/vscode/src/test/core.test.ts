@@ -15,8 +15,10 @@ import { formatStats, ServerProgress, statusLine } from '../core/status';
 class RecordingSender implements Sender {
     readonly sent: { kind: 'request' | 'notification'; method: string; params: unknown }[] = [];
     constructor(private readonly answers: Record<string, unknown> = {}) {}
-    async sendRequest(method: string, params: unknown, _token?: CancellationToken): Promise<unknown> {
-        this.sent.push({ kind: 'request', method, params });
+    /** Like vscode-jsonrpc, two or more arguments that are not a trailing token go out as a by-position array. */
+    async sendRequest(method: string, ...args: unknown[]): Promise<unknown> {
+        if (args.length > 1 && CancellationToken.is(args[args.length - 1])) args = args.slice(0, -1);
+        this.sent.push({ kind: 'request', method, params: args.length === 1 ? args[0] : args });
         return this.answers[method] ?? null;
     }
     async sendNotification(method: string, params: unknown): Promise<void> {

@@ -138,13 +138,21 @@ test('open, type, request, receive a suggestion, report show and accept against 
         return undefined as never;
     });
     died.catch(() => {});
-    const call = <T>(promise: Promise<T>, ms: number, what: string) => withTimeout(Promise.race([promise, died]), ms, what);
+    const call = <T>(promise: Promise<T>, ms: number, what: string) =>
+        withTimeout(Promise.race([promise, died]), ms, what).catch((err: Error & { code?: number }) => {
+            err.message = `${what}: ${err.message}\n--- server stderr (last 40 lines) ---\n${log.slice(-40).join('\n')}`;
+            throw err;
+        });
     const failWith = (message: string) => assert.fail(`${message}\n--- server stderr (last 40 lines) ---\n${log.slice(-40).join('\n')}`);
 
     const progress = new ServerProgress();
+    const progressKinds: string[] = [];
     const messages: { type: number; message: string }[] = [];
     connection.onRequest(WorkDoneProgressCreateRequest.type, ({ token }) => {
-        connection.onProgress(WorkDoneProgress.type, token, (value) => progress.progress(token, value));
+        connection.onProgress(WorkDoneProgress.type, token, (value) => {
+            progressKinds.push(value.kind);
+            progress.progress(token, value);
+        });
     });
     connection.onRequest('workspace/configuration', (params: { items: unknown[] }) => params.items.map(() => serverOptions(settings)));
     connection.onRequest('client/registerCapability', () => null);
@@ -205,7 +213,7 @@ test('open, type, request, receive a suggestion, report show and accept against 
             position: doc.position(cursor),
             context: { triggerKind: InlineCompletionTriggerKind.Automatic },
         };
-        const result = await call(requestInlineCompletion(connection, params), 15_000, 'inlineCompletion');
+        const result = await call(requestInlineCompletion(connection, params), 15_000, `inlineCompletion ${JSON.stringify(params)}`);
         requests += 1;
         if (result.items.length > 0) {
             progress.served();
@@ -262,14 +270,21 @@ test('open, type, request, receive a suggestion, report show and accept against 
     source.cancel();
     assert.match(await call(cancelled, 10_000, 'cancelled request'), /^(answered|error -32800)$/);
 
-    const stats = await call(connection.sendRequest(StatsRequest), 5_000, 'efim/stats');
+    const stats = await call(connection.sendRequest(StatsRequest, {}), 5_000, 'efim/stats');
     assert.ok(stats.requests >= requests, `stats.requests ${stats.requests} < ${requests} sent`);
     assert.ok(stats.served >= 1, `stats.served ${stats.served}`);
     assert.ok(stats.reuseRatio >= 0 && stats.reuseRatio <= 1, `reuseRatio ${stats.reuseRatio}`);
     for (const key of ['ttftMs', 'latencyMs'] as const) {
         for (const p of ['p50', 'p95', 'p99'] as const) assert.equal(typeof stats[key][p], 'number', `${key}.${p}`);
     }
+    // The reports above reached the server's counters.
+    assert.equal(stats.shown, 1, 'didShowCompletion not counted');
+    assert.equal(stats.partiallyAccepted, 1, 'didPartiallyAcceptCompletion not counted');
+    assert.equal(stats.accepted, 1, 'the accept command was not counted');
     assert.deepEqual(messages.filter((m) => m.type === 1), [], 'server showed an error message');
+    // The model loaded in the background with work-done progress that began and ended.
+    assert.equal(progressKinds[0], 'begin', `progress: ${progressKinds}`);
+    assert.equal(progressKinds[progressKinds.length - 1], 'end', `progress: ${progressKinds}`);
 
     await call(connection.sendRequest('shutdown'), 5_000, 'shutdown');
     shuttingDown = true;
