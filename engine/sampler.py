@@ -1,0 +1,141 @@
+"""Next-token choice and stop rules.
+
+- `Sampler`: greedy (argmax) by default; temperature + top-p (nucleus) with a seeded
+  `torch.Generator` so a seeded request is reproducible. An optional `allowed` id set
+  restricts the choice (token healing's first-token constraint).
+- `StopRules`: EOS / template end tokens, max tokens, deadline, and stop strings.
+  Stop strings may span token boundaries; text that could still become a stop string
+  is held back, so streamed text never contains any part of a stop string.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple, Sequence
+
+import torch
+
+from engine.api import FinishReason
+
+
+class Sampler:
+    """Chooses one token from a logits row. Not thread-safe (one per request)."""
+
+    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> None:
+        if temperature < 0 or not (0.0 < top_p <= 1.0):
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+        self.temperature = temperature
+        self.top_p = top_p
+        self.greedy = temperature == 0.0
+        self._gen: torch.Generator | None = None
+        if not self.greedy:
+            self._gen = torch.Generator()
+            self._gen.manual_seed(seed if seed is not None else torch.seed() & 0x7FFF_FFFF)
+
+    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
+        """`logits`: [V] float. `allowed`: [n] int64 ids (None = any). Returns a token id."""
+        if allowed is not None:
+            sub = logits.index_select(0, allowed)  # [n]
+            return int(allowed[self._choose(sub)])
+        return int(self._choose(logits))
+
+    def _choose(self, logits: torch.Tensor) -> int:  # logits [n]
+        if self.greedy:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)  # [n]
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)  # [n], [n]
+            cum = torch.cumsum(sorted_p, dim=-1)
+            # Keep the smallest head whose mass reaches top_p (always at least one token).
+            keep = (cum - sorted_p) < self.top_p
+            sorted_p = torch.where(keep, sorted_p, torch.zeros_like(sorted_p))
+            pick = torch.multinomial(sorted_p, 1, generator=self._gen)
+            return int(order[pick])
+        return int(torch.multinomial(probs, 1, generator=self._gen))
+
+
+def greedy_batch(logits: torch.Tensor) -> list[int]:
+    """Argmax of each row of `logits` [B, V] in one op."""
+    return logits.argmax(dim=-1).tolist()
+
+
+class StopCheck(NamedTuple):
+    emit: str  # text that may be streamed now
+    finish: FinishReason | None  # set when generation must end after this token
+
+
+class StopRules:
+    """Decides when a completion ends; tracks the text released so far.
+
+    `on_token(id, text)` is called with each generated token and its decoded text;
+    the caller streams `emit` and stops when `finish` is set. `finish_text()` returns
+    everything still held back at a non-stop-string end."""
+
+    def __init__(
+        self,
+        *,
+        end_ids: Sequence[int],
+        stop: Sequence[str] = (),
+        max_tokens: int = 64,
+        deadline: float | None = None,
+    ) -> None:
+        self.end_ids = frozenset(int(i) for i in end_ids)
+        self.stop = tuple(s for s in stop if s)
+        self.max_tokens = max(0, int(max_tokens))
+        self.deadline = deadline
+        self.tokens = 0
+        self.text = ""  # released text
+        self._held = ""  # generated but not yet released (could start a stop string)
+        self._hold = max((len(s) for s in self.stop), default=0)
+
+    def before_step(self) -> FinishReason | None:
+        """Checked before computing another token: "length" or "deadline" or None."""
+        if self.tokens >= self.max_tokens:
+            return "length"
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "deadline"
+        return None
+
+    def on_token(self, token_id: int, text: str) -> StopCheck:
+        self.tokens += 1
+        if token_id in self.end_ids:
+            return StopCheck(self._release_all(), "eos")
+        pending = self._held + text
+        if self.stop:
+            # The earliest match of any stop string; text before it is final.
+            hits = [i for i in (pending.find(s) for s in self.stop) if i >= 0]
+            if hits:
+                cut = min(hits)
+                self._held = ""
+                self.text += pending[:cut]
+                return StopCheck(pending[:cut], "stop")
+            keep = self._partial_tail(pending)
+        else:
+            keep = 0
+        emit = pending[: len(pending) - keep]
+        self._held = pending[len(pending) - keep :]
+        self.text += emit
+        finish: FinishReason | None = "length" if self.tokens >= self.max_tokens else None
+        if finish:
+            emit += self._release_all()
+        return StopCheck(emit, finish)
+
+    def _partial_tail(self, pending: str) -> int:
+        """Length of the longest suffix of `pending` that is a proper prefix of a stop string."""
+        for n in range(min(self._hold - 1, len(pending)), 0, -1):
+            tail = pending[-n:]
+            if any(s.startswith(tail) for s in self.stop):
+                return n
+        return 0
+
+    def _release_all(self) -> str:
+        out, self._held = self._held, ""
+        self.text += out
+        return out
+
+    def finish_text(self) -> str:
+        """Release held-back text at an end that was not a stop string."""
+        return self._release_all()
+
+
+__all__ = ["Sampler", "StopRules", "StopCheck", "greedy_batch"]

@@ -1,0 +1,278 @@
+"""Segment-wise tokenization, token healing and streaming detokenization.
+
+- `SegmentTokenizer.encode(segments)` tokenizes every text segment on its own and
+  concatenates the ids (sentinels are ids already). A segment's ids therefore never
+  change when a later segment grows — the property EFIM's KV reuse rests on.
+  Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
+  tokenized as plain text, never as the special token.
+- Token healing: when the last text segment ends inside an identifier ("retu") and
+  the model was not trained on fragment boundaries, its last token is dropped and the
+  first generated token is restricted to vocabulary entries whose bytes start with the
+  dropped token's bytes (`VocabIndex.allowed`, a sorted-bytes index built once per
+  tokenizer; a lookup is two bisections).
+- `StreamDecoder` turns generated ids into text incrementally, holding back the bytes
+  of a UTF-8 character split across tokens.
+
+Token bytes come straight from the vocabulary (byte-level BPE through the GPT-2 byte
+map, SentencePiece through `▁` and `<0xNN>` byte fallback), so streaming never calls
+the tokenizer's decoder and never loses a leading space.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import OrderedDict
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import torch
+
+from engine.templates import Segment, SegmentRole
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+# Marker put in front of a text to learn (and strip) what a SentencePiece tokenizer's
+# word-boundary space does to it — the trick CodeLlama's reference code uses.
+_MARKER = "☺"
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's bytes→printable-unicode map used by byte-level BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _decoder_kind(tokenizer: Tokenizer) -> str:
+    """"bytelevel", "sentencepiece" or "other", from the serialized decoder."""
+    spec = json.loads(tokenizer.to_str()).get("decoder") or {}
+    kinds = [spec.get("type")] + [d.get("type") for d in spec.get("decoders", []) or []]
+    if "ByteLevel" in kinds:
+        return "bytelevel"
+    if "Metaspace" in kinds or "ByteFallback" in kinds or any(
+        d.get("type") == "Replace" and d.get("pattern", {}).get("String") == "▁" for d in spec.get("decoders", []) or []
+    ):
+        return "sentencepiece"
+    return "other"
+
+
+def _prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest byte string greater than every string starting with `prefix`
+    (None: no upper bound, the prefix is all 0xff)."""
+    b = bytearray(prefix)
+    while b and b[-1] == 0xFF:
+        b.pop()
+    if not b:
+        return None
+    b[-1] += 1
+    return bytes(b)
+
+
+class VocabIndex:
+    """Bytes of every token id and a prefix index over them (built once per tokenizer).
+
+    Special tokens (added tokens flagged special) have empty bytes and are never
+    allowed by `allowed()`."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
+        kind = _decoder_kind(tokenizer)
+        byte_map = _gpt2_byte_decoder() if kind == "bytelevel" else None
+        token_bytes: list[bytes] = [b""] * size
+        for tid in range(size):
+            if tid in self.special_ids:
+                continue
+            piece = tokenizer.id_to_token(tid)
+            if piece is None:
+                continue
+            if tid in added:  # added non-special tokens are matched as literal text
+                token_bytes[tid] = added[tid].content.encode("utf-8")
+            elif byte_map is not None:
+                try:
+                    token_bytes[tid] = bytes(byte_map[c] for c in piece)
+                except KeyError:
+                    token_bytes[tid] = piece.encode("utf-8")
+            elif kind == "sentencepiece":
+                if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                    token_bytes[tid] = bytes([int(piece[3:5], 16)])
+                else:
+                    token_bytes[tid] = piece.replace("▁", " ").encode("utf-8")
+            else:
+                token_bytes[tid] = tokenizer.decode([tid], skip_special_tokens=False).encode("utf-8")
+        self.token_bytes = token_bytes
+        order = sorted((b, i) for i, b in enumerate(token_bytes) if b)
+        self._sorted_bytes = [b for b, _ in order]
+        self._sorted_ids = torch.tensor([i for _, i in order], dtype=torch.int64)  # [V']
+        self._allowed_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+
+    @property
+    def size(self) -> int:
+        return len(self.token_bytes)
+
+    def allowed(self, prefix: bytes) -> torch.Tensor:  # [n] int64, ascending by bytes
+        """Ids of every non-special token whose bytes start with `prefix` (all of them
+        for an empty prefix). A view into a shared tensor: do not modify."""
+        hit = self._allowed_cache.get(prefix)
+        if hit is not None:
+            self._allowed_cache.move_to_end(prefix)
+            return hit
+        lo = bisect.bisect_left(self._sorted_bytes, prefix)
+        upper = _prefix_upper_bound(prefix)
+        hi = len(self._sorted_bytes) if upper is None else bisect.bisect_left(self._sorted_bytes, upper, lo)
+        ids = self._sorted_ids[lo:hi]
+        self._allowed_cache[prefix] = ids
+        if len(self._allowed_cache) > 256:
+            self._allowed_cache.popitem(last=False)
+        return ids
+
+    def text_of(self, ids: Sequence[int]) -> str:
+        """Text of `ids` (special tokens contribute nothing; invalid UTF-8 is replaced)."""
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+
+class SegmentSpan(NamedTuple):
+    start: int  # first id of the segment in `Encoded.ids`
+    end: int  # one past its last id
+    role: SegmentRole
+
+
+class Healing(NamedTuple):
+    """The token dropped by token healing and what the first generated token may be."""
+
+    removed_id: int
+    removed_bytes: bytes
+    allowed_ids: torch.Tensor  # [n] int64, always contains removed_id
+
+
+class Encoded(NamedTuple):
+    ids: list[int]
+    spans: tuple[SegmentSpan, ...]
+    healing: Healing | None
+
+
+def ends_inside_identifier(text: str) -> bool:
+    """True when `text` ends with an identifier character (letter, digit, underscore):
+    the next character typed may continue the same word."""
+    return bool(text) and (text[-1].isalnum() or text[-1] == "_")
+
+
+class SegmentTokenizer:
+    """Tokenizes prompt segments independently. A small LRU remembers the ids of recent
+    texts, so an unchanged prefix or suffix costs a dict lookup; `encode`/`encode_text`
+    belong to one thread (the engine's), `count` is safe from any thread."""
+
+    def __init__(self, tokenizer: Tokenizer, *, cache_size: int = 64) -> None:
+        from tokenizers import Tokenizer as _Tokenizer  # noqa: PLC0415
+
+        # A private copy: special-token spellings inside user text must stay plain text.
+        self._tok = _Tokenizer.from_str(tokenizer.to_str())
+        self._tok.encode_special_tokens = True
+        self.vocab = VocabIndex(tokenizer)
+        self._cache: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self._cache_size = cache_size
+        x = self._raw("x")
+        self.adds_dummy_prefix = bool(x) and self.vocab.token_bytes[x[0]].startswith(b" ")
+        self._marker_ids = self._raw(_MARKER)
+
+    def _raw(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str, *, dummy_prefix: bool = False) -> tuple[int, ...]:
+        """Ids of `text` on its own, without BOS. `dummy_prefix=False` removes the
+        word-boundary space a SentencePiece tokenizer puts in front (no-op otherwise)."""
+        if not text:
+            return ()
+        key = (text, dummy_prefix)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        ids = self._encode(text, dummy_prefix)
+        self._cache[key] = ids
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return ids
+
+    def _encode(self, text: str, dummy_prefix: bool) -> tuple[int, ...]:
+        if self.adds_dummy_prefix and not dummy_prefix:
+            full = self._raw(_MARKER + text)
+            m = len(self._marker_ids)
+            return tuple(full[m:]) if full[:m] == self._marker_ids else tuple(self._raw(text))
+        return tuple(self._raw(text))
+
+    def count(self, text: str) -> int:
+        """Tokens `text` takes when tokenized on its own. Safe from any thread (it does
+        not touch the LRU, which belongs to the engine thread)."""
+        return len(self._encode(text, False)) if text else 0
+
+    def encode(self, segments: Sequence[Segment], *, heal: bool = False) -> Encoded:
+        """Concatenated ids of `segments`. With `heal`, if the last segment is text that
+        ends inside an identifier, its last token is dropped and returned in `healing`."""
+        ids: list[int] = []
+        spans: list[SegmentSpan] = []
+        healing = None
+        for n, seg in enumerate(segments):
+            start = len(ids)
+            if isinstance(seg.value, str):
+                seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
+                last = n == len(segments) - 1
+                if heal and last and seg_ids and ends_inside_identifier(seg.value):
+                    removed = seg_ids[-1]
+                    rb = self.vocab.token_bytes[removed]
+                    healing = Healing(removed, rb, self.vocab.allowed(rb))
+                    seg_ids = seg_ids[:-1]
+                ids.extend(seg_ids)
+            else:
+                ids.append(int(seg.value))
+            spans.append(SegmentSpan(start, len(ids), seg.role))
+        return Encoded(ids, tuple(spans), healing)
+
+
+class StreamDecoder:
+    """Incremental detokenizer: `feed(id)` returns the text completed by that token
+    (possibly ""), holding back an incomplete UTF-8 character; `flush()` returns the rest.
+    `skip_bytes`: drop the first n bytes of the stream (token healing regenerates the
+    text of the dropped prompt token, which the user has already typed)."""
+
+    def __init__(self, vocab: VocabIndex, skip_bytes: int = 0) -> None:
+        self._bytes = vocab.token_bytes
+        self._buf = b""
+        self._skip = skip_bytes
+
+    def feed(self, token_id: int) -> str:
+        buf = self._buf + self._bytes[token_id]
+        if self._skip:
+            dropped = min(self._skip, len(buf))
+            buf, self._skip = buf[dropped:], self._skip - dropped
+        n = len(buf)
+        cut = n
+        # Only the last 1-3 bytes can be an unfinished character: find its lead byte.
+        for back in range(1, min(4, n) + 1):
+            b = buf[n - back]
+            if b & 0xC0 == 0x80:
+                continue  # continuation byte: keep looking for the lead
+            if b >= 0xC0:
+                need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+                if back < need:
+                    cut = n - back
+            break
+        self._buf = buf[cut:]
+        return buf[:cut].decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        out = self._buf.decode("utf-8", errors="replace")
+        self._buf = b""
+        return out
+
+
+__all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "StreamDecoder",
+           "ends_inside_identifier"]
