@@ -168,7 +168,7 @@ def execute(args: argparse.Namespace, observer=None, out=sys.stdout) -> int:
             "accept": args.accept,
             "server": options.server,
             "settings": {c.name: c.settings for c in configs},
-            "command": "efim " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("efim") else None,
+            "argv": sys.argv,
         }
         Path(args.json).write_text(json.dumps(report.to_json(summaries, meta), indent=2) + "\n", encoding="utf-8")
     if args.plot:

@@ -27,6 +27,7 @@ each still apply). All times are `time.perf_counter()` on this side of the pipe.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import shlex
@@ -50,6 +51,10 @@ STANDARD_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("fim", {"promptFormat": "fim", "cache": True}),
     ("efim", {"promptFormat": "efim", "cache": True}),
 )
+class ModelFailed(RuntimeError):
+    """The server reports that its model could not be loaded."""
+
+
 MIN_ACCEPT = 3  # characters: accepting fewer than this is no faster than typing them
 
 
@@ -118,6 +123,9 @@ class ConfigResult(msgspec.Struct, kw_only=True):
     cancels_sent: int = 0
     crashed: str | None = None  # exit message and stderr tail
     server_returncode: int | None = None
+    # sha1 of each document's text as this client last held it, by "trace name:uri"
+    # (lets tests check that accepted suggestions left the same text as typing would)
+    final_digests: dict[str, str] = {}
 
 
 class Observer(NamedTuple):
@@ -259,18 +267,21 @@ class _UserRun:
                     uri = self.uri(event.uri)
                     await self._supersede(uri)
                     if uri in self.docs:
-                        await self.client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
-                        del self.docs[uri]
+                        await self._close(uri)
                 # show / accept: the recorded server's answers, not ours (see module doc)
                 i += 1
             await self._drain()
             for uri in list(self.docs):  # stopped early (--limit): leave the server tidy
-                await self.client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
-                del self.docs[uri]
+                await self._close(uri)
         finally:
             for task in self.tasks:
                 if not task.done():
                     task.cancel()
+
+    async def _close(self, uri: str) -> None:
+        doc = self.docs.pop(uri)
+        self.result.final_digests[f"{self.name}:{uri}"] = hashlib.sha1(doc.text.encode("utf-8", "surrogatepass")).hexdigest()
+        await self.client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
 
     async def _open(self, event: Event) -> None:
         params = self._params(event)
@@ -477,8 +488,9 @@ def _item_span(doc: TextDocument, item: dict[str, Any], cursor: int) -> tuple[in
 async def wait_ready(client: LspClient, timeout_s: float) -> dict[str, Any] | None:
     """Block until the server's model is loaded; return its first `efim/stats` (if any).
 
-    Ready means: `efim/stats` says `ready: true`, or every `$/progress` the server began
-    has ended. A server with neither (no stats, no progress) is taken as ready at once."""
+    Ready means: `efim/stats` says `model.state == "ready"` (or `ready: true`), or every
+    `$/progress` the server began has ended. A model that failed to load raises with the
+    server's message. A server with neither stats nor progress is taken as ready at once."""
     deadline = time.perf_counter() + timeout_s
     has_stats = True
     while True:
@@ -488,7 +500,13 @@ async def wait_ready(client: LspClient, timeout_s: float) -> dict[str, Any] | No
                 stats = await client.request("efim/stats", None)
             except ResponseError:
                 has_stats = False
-        if isinstance(stats, dict) and "ready" in stats:
+        model = stats.get("model") if isinstance(stats, dict) else None
+        if isinstance(model, dict) and "state" in model:
+            if model["state"] == "ready":
+                return stats
+            if model["state"] == "failed":
+                raise ModelFailed(f"the server's model failed to load: {model.get('error')}\n{client.stderr_tail()}")
+        elif isinstance(stats, dict) and "ready" in stats:
             if stats["ready"]:
                 return stats
         elif client.progress_created:
@@ -499,6 +517,27 @@ async def wait_ready(client: LspClient, timeout_s: float) -> dict[str, Any] | No
         if time.perf_counter() > deadline:
             raise TimeoutError(f"server not ready after {timeout_s:.0f} s; stderr tail:\n{client.stderr_tail()}")
         await client.wait_progress_change(0.25)
+
+
+async def settled_stats(client: LspClient, timeout_s: float = 3.0) -> dict[str, Any] | None:
+    """`efim/stats` once its token counters stop moving: a stream stopped early (the
+    suggestion was complete, or it was cancelled) is accounted when the engine's
+    terminal event arrives, a moment after the answer went out."""
+    keys = ("promptTokens", "prefilledTokens", "reusedTokens", "cancelled")
+    deadline = time.perf_counter() + timeout_s
+    previous = None
+    while True:
+        try:
+            stats = await client.request("efim/stats", None)
+        except ResponseError:
+            return None
+        if not isinstance(stats, dict):
+            return None
+        snapshot = tuple(stats.get(k) for k in keys)
+        if snapshot == previous or time.perf_counter() > deadline:
+            return stats
+        previous = snapshot
+        await asyncio.sleep(0.15)
 
 
 async def replay_config(config: Config, traces: list[Trace], options: ReplayOptions, observer: Observer = Observer()) -> ConfigResult:
@@ -542,11 +581,8 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
             for w in workers:
                 w.cancel()
         result.wall_s = time.perf_counter() - clock0
-        try:
-            result.stats_after = await client.request("efim/stats", None)
-        except ResponseError:
-            result.stats_after = None
-    except (ServerCrashed, TimeoutError) as exc:
+        result.stats_after = await settled_stats(client)
+    except (ServerCrashed, TimeoutError, ModelFailed) as exc:
         result.crashed = str(exc) if not isinstance(exc, ServerCrashed) else _crash_text(exc)
         if not result.wall_s:
             result.wall_s = max(0.0, time.perf_counter() - t_start - result.ready_s)
