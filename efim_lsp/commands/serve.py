@@ -1,0 +1,109 @@
+"""`efim serve`: the language server an editor starts (stdio).
+
+stdout carries only the LSP protocol; logs go to stderr or `--log-file`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the language server over stdio (what an editor starts)")
+    p.add_argument("--model", help='"default" (embedded SmolLM2-135M) or a HF folder / GGUF path; initializationOptions may override it')
+    p.add_argument("--prompt-format", choices=("efim", "fim"), help="default promptFormat (initializationOptions override it)")
+    p.add_argument("--fim-tokens", choices=("auto", "add"), help="default fimTokens (add: StarCoder sentinels for models without FIM; quality needs training)")
+    p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
+    p.add_argument("--quant", help="engine weight quantisation (int8)")
+    p.add_argument("--kv-budget", help="KV pool budget, e.g. 512MB")
+    p.add_argument("--threads", type=int, help="torch threads for the engine")
+    p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
+    p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
+    p.add_argument("--record", type=Path, metavar="DIR", help="record this session's LSP traffic as a trace in DIR (opt-in: traces contain source code)")
+    p.set_defaults(func=run)
+
+
+def engine_factory(args: argparse.Namespace):
+    """`factory(model, *, fim_tokens) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
+
+    def load(model: str, *, fim_tokens: str = "auto"):
+        from engine.local import load_engine  # torch loads here, in the server's loader thread
+
+        kwargs = {}
+        for name in ("dtype", "quant", "kv_budget", "threads"):
+            value = getattr(args, name, None)
+            if value is not None:
+                kwargs[name] = value
+        return load_engine(model, fim_tokens=fim_tokens, **kwargs)
+
+    return load
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    level = getattr(logging, (args.log_level or ("debug" if getattr(args, "verbose", False) else "info")).upper())
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    handler: logging.Handler
+    if args.log_file:
+        handler = logging.FileHandler(args.log_file, encoding="utf-8")
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+    # pygls logs every message body at INFO ("Sending data: ..."), documents included.
+    logging.getLogger("pygls").setLevel(logging.DEBUG if level <= logging.DEBUG and args.log_level == "debug" else logging.WARNING)
+
+
+def _recorder(directory: Path):
+    """The trace recorder of issue 4, if this build has it: an observer `(direction, message, t)` with `close()`."""
+    try:
+        from efim_lsp.trace import record
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("efim_lsp.trace"):
+            raise ValueError("--record needs efim_lsp.trace.record, which this build does not have") from exc
+        raise
+    return record.make_recorder(directory)
+
+
+def _claim_stdout():
+    """Keep file descriptor 1 for the protocol alone.
+
+    A stray print — ours, a library's, or C code's — must not corrupt the LSP
+    stream: the protocol gets a private duplicate of stdout, and fd 1 and
+    `sys.stdout` are pointed at stderr.
+    """
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(protocol_fd, "wb")
+
+
+def run(args: argparse.Namespace) -> int:
+    _configure_logging(args)
+    from efim_lsp.server import build_server
+
+    defaults = {}
+    if args.model:
+        defaults["model"] = args.model
+    if args.prompt_format:
+        defaults["promptFormat"] = args.prompt_format
+    if args.fim_tokens:
+        defaults["fimTokens"] = args.fim_tokens
+    observer = _recorder(args.record) if args.record else None
+    server = build_server(engine_factory(args), message_observer=observer, defaults=defaults)
+    protocol_out = _claim_stdout()
+    try:
+        server.start_io(sys.stdin.buffer, protocol_out)
+    finally:
+        server.close()
+        close = getattr(observer, "close", None)
+        if close is not None:
+            close()
+    return 0

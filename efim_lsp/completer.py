@@ -1,0 +1,385 @@
+"""The completion pipeline, in code-point offsets (no LSP types, no pygls).
+
+    request ─▶ version/sync checks ─▶ typing-through ─▶ edit session (segments)
+            ─▶ InfillRequest ─▶ engine handle (streamed) ─▶ shape ─▶ Answer
+
+Cancellation (issue 3): a newer request on the same document, or any change to
+the document, supersedes the request in flight — its engine handle is cancelled
+at once and it answers nothing. An asyncio cancellation (pygls does this for
+`$/cancelRequest`) cancels the engine handle too. An answer is only ever for
+the document version the request arrived with.
+
+Streaming: the handle's blocking `events()` iterator runs on a small thread
+pool and feeds an asyncio queue, so the server sees the first token when it
+happens (server-side TTFT) and can stop decoding as soon as the suggestion is
+complete (a block whose indentation ended, a line that ended).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Literal, NamedTuple, Protocol, Sequence
+
+from engine.api import Completion, CompletionHandle, ContextChunk, EngineInfo, InfillRequest, StreamEvent
+
+from efim_lsp.documents import ChangeOutcome, DocumentStore
+from efim_lsp.engine_slot import EngineSlot
+from efim_lsp.session import Budget, EditSession
+from efim_lsp.settings import Settings
+from efim_lsp.stats import ServerStats
+from efim_lsp.suggest import CursorContext, Mode, choose_mode, shape
+from efim_lsp.typing_through import TypingThrough
+from efim_lsp.window import TokenMeter
+
+log = logging.getLogger(__name__)
+
+# Tokens kept free in the model's context beside the two windows: the increment
+# (session limit ~384 chars) and the template's sentinels.
+INCREMENT_RESERVE_TOKENS = 192
+SENTINEL_RESERVE_TOKENS = 16
+
+
+class Answer(NamedTuple):
+    text: str  # what to insert, in the document's line endings
+    start: int  # the range replaced, in code-point offsets (start == end: an insertion)
+    end: int
+    version: int
+    suggestion_id: int
+    source: Literal["engine", "typing-through"]
+
+
+class Declined(NamedTuple):
+    reason: str
+
+
+class ContextSource(Protocol):
+    """Cross-file context for a request (the CacheBlend engineer's `efim_lsp/context/`)."""
+
+    def chunks(self, uri: str, text: str, cursor: int, settings: Settings) -> Sequence[ContextChunk]: ...
+
+
+class _Streamed(NamedTuple):
+    text: str
+    first_token_at: float | None
+    completion: Completion | None
+    error: str | None
+
+
+class _Inflight:
+    """The engine request a document is waiting for."""
+
+    __slots__ = ("version", "handle", "superseded")
+
+    def __init__(self, version: int):
+        self.version = version
+        self.handle: CompletionHandle | None = None
+        self.superseded: str | None = None
+
+    def supersede(self, reason: str) -> None:
+        if self.superseded is None:
+            self.superseded = reason
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+class DocumentState:
+    def __init__(self, meter: TokenMeter):
+        self.session = EditSession(meter)
+        self.typed = TypingThrough()
+        self.inflight: _Inflight | None = None
+
+
+def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
+    if info is not None and not info.supports_fim:
+        return "prefix"  # a model without FIM sentinels sees P + inc alone
+    return settings.prompt_format
+
+
+def budget_for(settings: Settings, info: EngineInfo | None, fmt: str) -> Budget:
+    """Window budgets from the settings, shrunk to fit the model's context if needed."""
+    prefix, suffix = settings.prefix_tokens, settings.suffix_tokens
+    if fmt == "prefix":
+        suffix = 0
+    if info is not None and info.context_length > 0:
+        reserve = settings.max_tokens + INCREMENT_RESERVE_TOKENS + SENTINEL_RESERVE_TOKENS
+        if settings.context != "off":
+            reserve += settings.context_tokens
+        room = max(info.context_length - reserve, 32)
+        if prefix + suffix > room:
+            scale = room / (prefix + suffix)
+            prefix, suffix = int(prefix * scale), int(suffix * scale)
+    return Budget(prefix, suffix)
+
+
+class Completer:
+    def __init__(
+        self,
+        documents: DocumentStore,
+        slot: EngineSlot,
+        stats: ServerStats,
+        settings: Callable[[], Settings],
+        *,
+        context_source: ContextSource | None = None,
+        stream_workers: int = 8,
+    ):
+        self.documents = documents
+        self.slot = slot
+        self.stats = stats
+        self.settings = settings
+        self.context_source = context_source
+        self._states: dict[str, DocumentState] = {}
+        self._streams = ThreadPoolExecutor(max_workers=stream_workers, thread_name_prefix="efim-stream")
+        self._ids = itertools.count(1)
+        self._drains: set[asyncio.Task] = set()
+
+    # -- document lifecycle (called synchronously, in message order) --------
+    def opened(self, uri: str) -> None:
+        old = self._states.pop(uri, None)
+        if old and old.inflight:
+            old.inflight.supersede("document re-opened")
+        self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
+
+    def changed(self, uri: str, outcome: ChangeOutcome) -> None:
+        state = self._states.get(uri)
+        if state is None:
+            return
+        if state.inflight is not None:
+            state.inflight.supersede("document changed")
+        if outcome.resynced:
+            state.session.forget("document replaced")
+            state.typed.forget()
+        for edit in outcome.edits:
+            state.session.observe(edit)
+            state.typed.observe(edit)
+        if not outcome.in_sync:
+            state.session.forget("document out of sync")
+            state.typed.forget()
+
+    def closed(self, uri: str) -> None:
+        state = self._states.pop(uri, None)
+        if state and state.inflight:
+            state.inflight.supersede("document closed")
+
+    def reset_sessions(self, reason: str) -> None:
+        """Settings that shape prompts changed: every document starts a new session."""
+        for state in self._states.values():
+            if state.inflight:
+                state.inflight.supersede(reason)
+            state.session.end(reason)
+            state.typed.forget()
+
+    def cancel_all(self, reason: str) -> None:
+        for state in self._states.values():
+            if state.inflight:
+                state.inflight.supersede(reason)
+
+    @property
+    def sessions_active(self) -> int:
+        return sum(1 for s in self._states.values() if s.session.alive)
+
+    @property
+    def rebases(self) -> int:
+        return sum(s.session.rebases for s in self._states.values())
+
+    def session(self, uri: str) -> EditSession | None:
+        state = self._states.get(uri)
+        return state.session if state else None
+
+    def close(self) -> None:
+        self.cancel_all("server shutting down")
+        self._streams.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests ------------------------------------------------------------
+    async def complete(self, uri: str, cursor: int, version: int | None, arrival: float) -> Answer | Declined:
+        """Answer a completion request at `cursor` (an offset into the current text).
+
+        `version` is the document version when the request arrived; an answer is only
+        given for that version.
+        """
+        stats = self.stats
+        stats.requests += 1
+        doc = self.documents.get(uri)
+        state = self._states.get(uri)
+        if doc is None or state is None:
+            return self._decline("unknown document")
+        if version is not None and doc.version != version:
+            return self._decline("stale: the document changed before the request started")
+        if not doc.in_sync:
+            return self._decline(f"document out of sync ({doc.sync_problem}); waiting for the client to re-send it")
+        if doc.unsupported:
+            return self._decline(doc.unsupported)
+        version = doc.version
+        if state.inflight is not None:
+            state.inflight.supersede("a newer request")
+
+        rest = state.typed.remainder(doc.text, cursor)
+        if rest is not None:
+            stats.typing_through_hits += 1
+            stats.served += 1
+            stats.latency.add((time.monotonic() - arrival) * 1000)
+            return Answer(rest, cursor, cursor, version, next(self._ids), "typing-through")
+
+        if not self.slot.ready:
+            if self.slot.state == "failed":
+                return self._decline(f"model failed to load: {self.slot.error}")
+            return self._decline("model loading")
+
+        inflight = _Inflight(version)
+        state.inflight = inflight
+        try:
+            return await self._run(uri, doc, state, inflight, cursor, arrival)
+        except asyncio.CancelledError:
+            inflight.supersede("request cancelled ($/cancelRequest)")
+            stats.cancelled += 1
+            raise
+        finally:
+            if state.inflight is inflight:
+                state.inflight = None
+
+    async def _run(self, uri, doc, state: DocumentState, inflight: _Inflight, cursor: int, arrival: float) -> Answer | Declined:
+        settings = self.settings()
+        if settings.debounce_ms:
+            await asyncio.sleep(settings.debounce_ms / 1000)
+            if inflight.superseded:
+                self.stats.cancelled += 1
+                return self._decline(f"superseded: {inflight.superseded}")
+        engine, info = self.slot.engine, self.slot.info
+        if engine is None:
+            return self._decline("model loading")
+        fmt = prompt_format(settings, info)
+        segments = state.session.segments(doc.index, cursor, budget_for(settings, info, fmt))
+        if segments.rebased:
+            log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
+        ctx = CursorContext.at(doc.text, cursor)
+        mode = choose_mode(ctx, settings.multiline)
+
+        # === CacheBlend seam (issue 6) ===========================================
+        # The ONE place where cross-file context enters a request. `efim_lsp/context/`
+        # plugs in as `Completer.context_source`; until then no chunks are passed.
+        # Chunks should stay identical while an edit session lives, or the prompt's
+        # prefix (and the KV behind it) changes at every keystroke.
+        chunks: tuple[ContextChunk, ...] = ()
+        if self.context_source is not None and settings.context != "off":
+            chunks = tuple(self.context_source.chunks(uri, doc.text, cursor, settings))[: settings.context_chunks]
+        # ==========================================================================
+
+        request = InfillRequest(
+            key=uri,
+            prefix=segments.prefix,
+            suffix=segments.suffix,
+            increment=segments.increment,
+            chunks=chunks,
+            format=fmt,
+            context=settings.context,
+            max_tokens=settings.max_tokens,
+            stop=("\n",) if mode == "line" else (),
+            temperature=settings.temperature,
+            cache=settings.cache,
+            blend_ratio=settings.blend_ratio,
+        )
+        handle = engine.submit(request)
+        inflight.handle = handle
+        streamed = await self._stream(handle, ctx, mode)
+        if streamed.first_token_at is not None:
+            self.stats.ttft.add((streamed.first_token_at - arrival) * 1000)
+
+        if inflight.superseded:
+            self.stats.cancelled += 1
+            return self._decline(f"superseded: {inflight.superseded}")
+        if self.documents.get(uri) is not doc or doc.version != inflight.version:
+            return self._decline("stale: the document changed while generating")
+        if streamed.error:
+            log.warning("%s: engine error: %s", uri, streamed.error)
+            return self._decline(f"engine error: {streamed.error}")
+        self.stats.latency.add((time.monotonic() - arrival) * 1000)
+        text = shape(streamed.text, ctx, mode, done=True).text
+        if not text:
+            return self._decline("empty suggestion")
+        eol = doc.eol
+        if eol != "\n":
+            text = text.replace("\n", eol)
+        state.typed.remember(cursor, text)
+        self.stats.served += 1
+        return Answer(text, cursor, cursor, inflight.version, next(self._ids), "engine")
+
+    async def _stream(self, handle: CompletionHandle, ctx: CursorContext, mode: Mode) -> _Streamed:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, StreamEvent | None]] = asyncio.Queue()
+
+        def put(item: tuple[float, StreamEvent | None]) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:
+                pass  # the loop is gone (shutdown); nobody is listening
+
+        def pump() -> None:
+            try:
+                for event in handle.events():
+                    put((time.monotonic(), event))
+                    if event.kind != "token":
+                        return
+                put((time.monotonic(), None))
+            except Exception as exc:
+                put((time.monotonic(), StreamEvent(kind="error", error=f"{type(exc).__name__}: {exc}")))
+
+        self._streams.submit(pump)
+        text = ""
+        first: float | None = None
+        try:
+            while True:
+                at, event = await queue.get()
+                if event is None:
+                    return _Streamed(text, first, None, "the engine's stream ended without a result")
+                if event.kind == "token":
+                    if first is None:
+                        first = at
+                    text += event.text
+                    if shape(text, ctx, mode, done=False).final:
+                        handle.cancel()  # the suggestion is complete: stop decoding
+                        self._drain(queue)
+                        return _Streamed(text, first, None, None)
+                    continue
+                completion = event.completion
+                if completion is not None:
+                    self.stats.add_engine_request(completion.stats)
+                    if completion.finish_reason != "cancelled":
+                        text = completion.text  # authoritative (stop strings trimmed, healing applied)
+                error = event.error if event.kind == "error" else None
+                if completion is not None and completion.finish_reason == "error":
+                    error = completion.error or "engine error"
+                return _Streamed(text, first, completion, error)
+        except asyncio.CancelledError:
+            handle.cancel()
+            self._drain(queue)
+            raise
+
+    def _drain(self, queue: asyncio.Queue) -> None:
+        """Read a stopped stream to its terminal event in the background (for its stats)."""
+
+        async def drain() -> None:
+            while True:
+                _, event = await queue.get()
+                if event is None or event.kind != "token":
+                    if event is not None and event.completion is not None:
+                        self.stats.add_engine_request(event.completion.stats)
+                    return
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    def _decline(self, reason: str) -> Declined:
+        key = reason.split(":")[0].split(" (")[0]
+        self.stats.declined[key] += 1
+        log.debug("completion declined: %s", reason)
+        return Declined(reason)
+
+    def _count_tokens(self, text: str) -> int:
+        engine = self.slot.engine
+        if engine is None:
+            raise RuntimeError("no engine yet")
+        return engine.count_tokens(text)

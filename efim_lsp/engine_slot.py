@@ -1,0 +1,158 @@
+"""The server's engine: loaded off the event loop, replaced when its settings change.
+
+`initialize` must answer at once, so the model loads in a worker thread after
+`initialized`; progress goes to a `ProgressSink` (the server maps it onto
+`$/progress`). Until the engine is ready, completion declines ("model loading")
+rather than erroring or waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Literal, NamedTuple, Protocol
+
+from engine.api import Engine, EngineInfo, InfillRequest
+
+log = logging.getLogger(__name__)
+
+# factory(model, *, fim_tokens) -> Engine. The serve command wraps engine.local.load_engine;
+# tests inject their own.
+EngineFactory = Callable[..., Engine]
+
+SlotState = Literal["empty", "loading", "ready", "failed"]
+
+
+class EngineSpec(NamedTuple):
+    model: str
+    fim_tokens: str
+
+
+class ProgressSink(Protocol):
+    def begin(self, title: str, message: str) -> None: ...
+
+    def report(self, message: str, percentage: int) -> None: ...
+
+    def end(self, message: str) -> None: ...
+
+
+class _NoProgress:
+    def begin(self, title: str, message: str) -> None:
+        pass
+
+    def report(self, message: str, percentage: int) -> None:
+        pass
+
+    def end(self, message: str) -> None:
+        pass
+
+
+class EngineSlot:
+    def __init__(self, factory: EngineFactory):
+        self._factory = factory
+        self.state: SlotState = "empty"
+        self.error: str | None = None
+        self.engine: Engine | None = None
+        self.info: EngineInfo | None = None
+        self.spec: EngineSpec | None = None
+        self.load_seconds: float | None = None
+        self._generation = 0
+        self._ready = asyncio.Event() if _has_loop() else None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and self.engine is not None
+
+    async def wait_ready(self, timeout: float | None = None) -> bool:
+        if self._ready is None:
+            self._ready = asyncio.Event()
+            if self.ready:
+                self._ready.set()
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return self.ready
+
+    async def load(self, spec: EngineSpec, progress: ProgressSink | None = None) -> bool:
+        """Load (or replace) the engine. Returns True when this load became the engine.
+
+        A load superseded by a newer one while it ran closes its engine and returns False.
+        """
+        progress = progress or _NoProgress()
+        self._generation += 1
+        generation = self._generation
+        if self._ready is None:
+            self._ready = asyncio.Event()
+        self._ready.clear()
+        old, self.engine, self.info = self.engine, None, None
+        self.state, self.error, self.spec = "loading", None, spec
+        loop = asyncio.get_running_loop()
+        if old is not None:
+            await loop.run_in_executor(None, _close_quietly, old)
+        progress.begin("efim", f"loading model {spec.model}")
+        started = time.monotonic()
+        try:
+            engine = await loop.run_in_executor(None, lambda: self._factory(spec.model, fim_tokens=spec.fim_tokens))
+            info = engine.info()
+        except Exception as exc:
+            if generation == self._generation:
+                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+                log.error("model %s failed to load: %s", spec.model, self.error)
+                progress.end(f"model failed to load: {self.error}")
+            return False
+        if generation != self._generation:
+            await loop.run_in_executor(None, _close_quietly, engine)
+            return False
+        progress.report(f"warming up {info.architecture} ({info.template})", 80)
+        await self._warm_up(engine, info)
+        if generation != self._generation:
+            await loop.run_in_executor(None, _close_quietly, engine)
+            return False
+        self.engine, self.info, self.state = engine, info, "ready"
+        self.load_seconds = time.monotonic() - started
+        self._ready.set()
+        log.info(
+            "model ready in %.1f s: %s (%s, template %s, context %d)",
+            self.load_seconds, info.model, info.architecture, info.template, info.context_length,
+        )
+        progress.end(f"ready: {info.architecture}, {info.template}")
+        return True
+
+    async def _warm_up(self, engine: Engine, info: EngineInfo) -> None:
+        """One tiny request, so the first keystroke does not pay for lazy initialisation."""
+        handle = None
+        try:
+            request = InfillRequest(
+                key="efim-lsp/warm-up", prefix="def f(", suffix="\n", max_tokens=1, cache=False,
+                format="efim" if info.supports_fim else "prefix",
+            )
+            handle = engine.submit(request)
+            await asyncio.wait_for(handle.wait(), timeout=120)
+        except Exception as exc:  # a failed warm-up is not a failed load
+            log.warning("warm-up request failed: %s", exc)
+            if handle is not None:
+                handle.cancel()
+
+    def close(self) -> None:
+        self._generation += 1
+        engine, self.engine, self.info = self.engine, None, None
+        self.state = "empty"
+        if engine is not None:
+            _close_quietly(engine)
+
+
+def _close_quietly(engine: Engine) -> None:
+    try:
+        engine.close()
+    except Exception as exc:
+        log.warning("closing the engine failed: %s", exc)
+
+
+def _has_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,367 @@
+"""The pygls language server: thin handlers over the plain modules.
+
+Handlers convert LSP positions to code-point offsets (and back) at this edge,
+call `documents`, `completer`, `settings`, and return lsprotocol types. Logic
+lives elsewhere: sessions (`session.py`), windows (`window.py`), suggestions
+(`suggest.py`), typing-through, the engine slot, stats.
+
+Custom protocol:
+- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`).
+- `efim/debug/checkIntegrity` (request) → `{ok, engine, sessions}`: the engine's
+  KV pool integrity check (when the engine has one) and every edit session's.
+- `efim.accepted` (command, attached to every item): a full accept.
+- `textDocument/didShowCompletion`, `textDocument/didPartiallyAcceptCompletion`
+  (Copilot-compatible notifications): shown / partially accepted counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+
+from efim_lsp import settings as settings_mod
+from efim_lsp.completer import Answer, Completer, ContextSource
+from efim_lsp.documents import DocumentStore, FullChange, RangeChange
+from efim_lsp.engine_slot import EngineFactory, EngineSlot, EngineSpec
+from efim_lsp.positions import ENCODINGS, PositionError
+from efim_lsp.protocol import EfimProtocol, MessageObserver
+from efim_lsp.settings import Settings
+from efim_lsp.stats import ServerStats
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "efim-lsp"
+SERVER_VERSION = "0.1.0"
+
+STATS = "efim/stats"
+CHECK_INTEGRITY = "efim/debug/checkIntegrity"
+ACCEPTED_COMMAND = "efim.accepted"
+DID_SHOW = "textDocument/didShowCompletion"
+DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
+
+_LABEL_CHARS = 60
+
+
+class EfimServer(LanguageServer):
+    protocol: EfimProtocol
+
+    def __init__(
+        self,
+        engine_factory: EngineFactory,
+        *,
+        message_observer: MessageObserver | None = None,
+        defaults: dict[str, Any] | None = None,
+        context_source: ContextSource | None = None,
+    ):
+        super().__init__(
+            SERVER_NAME,
+            SERVER_VERSION,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            protocol_cls=EfimProtocol,
+        )
+        self.documents = DocumentStore()
+        self.stats = ServerStats()
+        self.settings = Settings()
+        if defaults:  # command-line flags (e.g. --model); initializationOptions override them
+            self.settings = settings_mod.apply(self.settings, defaults).settings
+        self.slot = EngineSlot(engine_factory)
+        self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
+        self.protocol.message_observer = message_observer
+        self.protocol.version_of = self._version_of
+        self._pending_problems: list[str] = []
+        self._client_is_neovim = False
+        self._background: set[asyncio.Task] = set()
+        self._progress_tokens = 0
+
+    def _version_of(self, uri: str) -> int | None:
+        doc = self.documents.get(uri)
+        return doc.version if doc else None
+
+    # -- settings --------------------------------------------------------------
+    def apply_settings(self, raw: Any, *, announce: bool = True) -> settings_mod.SettingsUpdate:
+        update = settings_mod.apply(self.settings, raw)
+        for key in update.unknown:
+            log.warning("unknown setting %r ignored", key)
+        for problem in update.problems:
+            log.warning("%s", problem)
+            if announce:
+                self.show(problem, types.MessageType.Warning)
+            else:
+                self._pending_problems.append(problem)
+        self.settings = update.settings
+        if "strict_versions" in update.changed or not announce:
+            self._apply_version_policy()
+        if announce and update.changed & settings_mod.ENGINE_KEYS:
+            log.info("model settings changed (%s): reloading the engine", ", ".join(sorted(update.changed)))
+            self.completer.reset_sessions("engine reload")
+            self.start_engine_load()
+        return update
+
+    def _apply_version_policy(self) -> None:
+        strict = self.settings.strict_versions
+        self.documents.strict_versions = (not self._client_is_neovim) if strict is None else strict
+
+    def show(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
+        self.window_show_message(types.ShowMessageParams(type=kind, message=f"efim: {message}"))
+
+    # -- engine ----------------------------------------------------------------
+    def start_engine_load(self) -> asyncio.Task:
+        task = asyncio.ensure_future(self._load_engine())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def _load_engine(self) -> None:
+        spec = EngineSpec(self.settings.model, self.settings.fim_tokens)
+        progress = await self._progress_sink()
+        ok = await self.slot.load(spec, progress)
+        if ok:
+            self.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"efim: model ready ({spec.model})"))
+        elif self.slot.state == "failed":
+            self.show(f"model failed to load: {self.slot.error}", types.MessageType.Error)
+
+    async def _progress_sink(self):
+        caps = self.client_capabilities
+        if not (caps and caps.window and caps.window.work_done_progress):
+            return None
+        self._progress_tokens += 1
+        token = f"efim-load-{self._progress_tokens}"
+        try:
+            await asyncio.wait_for(self.work_done_progress.create_async(token), timeout=5)
+        except Exception as exc:
+            log.info("client did not create a progress token (%s); loading without progress reports", exc)
+            return None
+        return _LspProgress(self, token)
+
+    # -- positions -------------------------------------------------------------
+    def cursor_offset(self, uri: str, position: types.Position) -> int:
+        doc = self.documents.get(uri)
+        if doc is None:
+            raise JsonRpcInvalidParams(f"unknown document {uri!r} (not opened with didOpen)")
+        try:
+            return doc.offset_at(position.line, position.character, self.documents.encoding)
+        except PositionError as exc:
+            raise JsonRpcInvalidParams(f"position outside {uri}: {exc}") from exc
+
+    def lsp_range(self, uri: str, answer: Answer) -> types.Range:
+        index = self.documents.get(uri).index
+        enc = self.documents.encoding
+        start, end = index.position(answer.start, enc), index.position(answer.end, enc)
+        return types.Range(types.Position(*start), types.Position(*end))
+
+    def accept_command(self, uri: str, answer: Answer) -> types.Command:
+        return types.Command(
+            title="efim: suggestion accepted",
+            command=ACCEPTED_COMMAND,
+            arguments=[{"uri": uri, "id": answer.suggestion_id, "length": len(answer.text)}],
+        )
+
+    async def answer_at(self, uri: str, position: types.Position) -> Answer | None:
+        cursor = self.cursor_offset(uri, position)
+        arrival = self.protocol.take_arrival(uri)
+        result = await self.completer.complete(uri, cursor, arrival.version, arrival.at)
+        return result if isinstance(result, Answer) else None
+
+    def close(self) -> None:
+        self.completer.close()
+        self.slot.close()
+
+
+class _LspProgress:
+    """`$/progress` reports for one token."""
+
+    def __init__(self, server: EfimServer, token: str):
+        self._server, self._token = server, token
+
+    def begin(self, title: str, message: str) -> None:
+        self._server.work_done_progress.begin(self._token, types.WorkDoneProgressBegin(title=title, message=message, percentage=0))
+
+    def report(self, message: str, percentage: int) -> None:
+        self._server.work_done_progress.report(self._token, types.WorkDoneProgressReport(message=message, percentage=percentage))
+
+    def end(self, message: str) -> None:
+        self._server.work_done_progress.end(self._token, types.WorkDoneProgressEnd(message=message))
+
+
+# ---------------------------------------------------------------------------
+# Handlers
+# ---------------------------------------------------------------------------
+
+
+def build_server(
+    engine_factory: EngineFactory,
+    *,
+    message_observer: MessageObserver | None = None,
+    defaults: dict[str, Any] | None = None,
+    context_source: ContextSource | None = None,
+) -> EfimServer:
+    server = EfimServer(engine_factory, message_observer=message_observer, defaults=defaults, context_source=context_source)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: EfimServer, params: types.InitializeParams) -> None:
+        encoding = str(getattr(ls.workspace.position_encoding, "value", ls.workspace.position_encoding))
+        ls.documents.encoding = encoding if encoding in ENCODINGS else "utf-16"
+        ls._client_is_neovim = bool(params.client_info and params.client_info.name.lower().startswith("neovim"))
+        ls.apply_settings(params.initialization_options, announce=False)
+        log.info("initialize: client %s, positions in %s", params.client_info.name if params.client_info else "?", ls.documents.encoding)
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: EfimServer, params: types.InitializedParams) -> None:
+        for problem in ls._pending_problems:
+            ls.show(problem, types.MessageType.Warning)
+        ls._pending_problems.clear()
+        ls.start_engine_load()
+
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: EfimServer, params: None) -> None:
+        ls.close()
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: EfimServer, params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
+        ls.completer.opened(doc.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: EfimServer, params: types.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        if uri not in ls.documents:
+            log.warning("didChange for %s, which is not open; ignored", uri)
+            return
+        changes = [
+            RangeChange(c.range.start.line, c.range.start.character, c.range.end.line, c.range.end.character, c.text)
+            if isinstance(c, types.TextDocumentContentChangePartial)
+            else FullChange(c.text)
+            for c in params.content_changes
+        ]
+        outcome = ls.documents.change(uri, params.text_document.version, changes)
+        ls.completer.changed(uri, outcome)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: EfimServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.documents.close(params.text_document.uri)
+        ls.completer.closed(params.text_document.uri)
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: EfimServer, params: types.DidChangeConfigurationParams) -> None:
+        raw = params.settings
+        if not raw:
+            caps = ls.client_capabilities
+            if caps and caps.workspace and caps.workspace.configuration:
+                # Pull model (VS Code sends `settings: null`): ask for our section.
+                result = await ls.workspace_configuration_async(
+                    types.ConfigurationParams(items=[types.ConfigurationItem(section="efim")])
+                )
+                raw = result[0] if result else None
+        if raw:
+            ls.apply_settings(raw)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: EfimServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
+        uri = params.text_document.uri
+        answer = await ls.answer_at(uri, params.position)
+        if answer is None:
+            return types.InlineCompletionList(items=[])
+        item = types.InlineCompletionItem(
+            insert_text=answer.text,
+            range=ls.lsp_range(uri, answer),
+            command=ls.accept_command(uri, answer),
+        )
+        return types.InlineCompletionList(items=[item])
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=None))
+    async def completion(ls: EfimServer, params: types.CompletionParams) -> types.CompletionList:
+        """Fallback for clients without inline completion: one item whose edit inserts the suggestion."""
+        uri = params.text_document.uri
+        answer = await ls.answer_at(uri, params.position)
+        if answer is None:
+            return types.CompletionList(is_incomplete=True, items=[])
+        first_line = answer.text.lstrip("\r\n").splitlines()[0] if answer.text.strip() else answer.text
+        item = types.CompletionItem(
+            label=first_line[:_LABEL_CHARS] + ("…" if len(first_line) > _LABEL_CHARS or "\n" in answer.text.strip() else ""),
+            kind=types.CompletionItemKind.Text,
+            detail="efim",
+            documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=answer.text),
+            insert_text_format=types.InsertTextFormat.PlainText,
+            text_edit=types.TextEdit(range=ls.lsp_range(uri, answer), new_text=answer.text),
+            filter_text=answer.text,
+            sort_text="0",
+            preselect=True,
+            command=ls.accept_command(uri, answer),
+        )
+        # is_incomplete: the client asks again as the user types (typing-through answers it).
+        return types.CompletionList(is_incomplete=True, items=[item])
+
+    @server.command(ACCEPTED_COMMAND)
+    def accepted(ls: EfimServer, *args: Any) -> None:
+        info = args[0] if args and isinstance(args[0], dict) else {}
+        ls.stats.accepted += 1
+        length = info.get("length")
+        if isinstance(length, int) and length >= 0:
+            ls.stats.accepted_chars += length
+
+    @server.feature(DID_SHOW)
+    def did_show(ls: EfimServer, params: Any) -> None:
+        ls.stats.shown += 1
+
+    @server.feature(DID_PARTIALLY_ACCEPT)
+    def did_partially_accept(ls: EfimServer, params: Any) -> None:
+        ls.stats.partially_accepted += 1
+        length = params.get("acceptedLength") if isinstance(params, dict) else getattr(params, "acceptedLength", None)
+        if isinstance(length, int) and length >= 0:
+            ls.stats.accepted_chars += length
+
+    @server.feature(STATS)
+    def stats(ls: EfimServer, params: Any) -> dict[str, Any]:
+        engine = ls.slot.engine
+        engine_stats = engine.stats() if engine is not None else None
+        extra = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
+        return ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
+
+    @server.feature(CHECK_INTEGRITY)
+    async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:
+        problems: list[str] = []
+        for uri in list(ls.completer._states):
+            session, doc = ls.completer.session(uri), ls.documents.get(uri)
+            if session is not None and doc is not None and doc.in_sync and not session.consistent(doc.text):
+                problems.append(f"edit session of {uri} does not match the text")
+        engine_report: Any = "not loaded"
+        engine = ls.slot.engine
+        if engine is not None:
+            check = getattr(engine, "check_integrity", None)
+            if check is None:
+                engine_report = "the engine has no integrity check"
+            else:
+                try:
+                    result = await asyncio.get_running_loop().run_in_executor(None, check)
+                    engine_report = "ok" if result in (None, True) else result
+                except Exception as exc:
+                    engine_report = f"FAILED: {exc}"
+                    problems.append(f"engine: {exc}")
+        return {"ok": not problems, "engine": _jsonable(engine_report), "problems": problems}
+
+    return server
+
+
+def _info_dict(info) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    import msgspec
+
+    return msgspec.to_builtins(info)
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool, list, dict)):
+        return value
+    try:
+        import msgspec
+
+        return msgspec.to_builtins(value)
+    except Exception:
+        return str(value)

@@ -1,0 +1,107 @@
+"""The server's settings: one typed struct, read from `initializationOptions` and
+`workspace/didChangeConfiguration` (flat camelCase keys, optionally under an
+`"efim"` section).
+
+Validation happens here, at the edge, key by key: an unknown key is logged and
+ignored; a bad value is reported (the caller shows it with `window/showMessage`)
+and that key keeps its previous value (the default at start). Nothing else is
+lost because one key is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NamedTuple
+
+import msgspec
+
+# Keys whose change needs a new engine (everything else applies to the next request).
+ENGINE_KEYS = frozenset({"model", "fim_tokens"})
+
+
+class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
+    model: str = "default"
+    """"default" (the embedded SmolLM2-135M) or a path to a Hugging Face folder / GGUF file."""
+
+    prompt_format: Literal["efim", "fim"] = "efim"
+    """Prompt layout. efim: `PRE P SUF S MID inc` (the previous keystroke's KV stays valid); fim: `PRE P+inc SUF S MID`."""
+
+    cache: bool = True
+    """False recomputes the whole prompt every time (the no-cache baseline)."""
+
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
+    """Most tokens generated per suggestion."""
+
+    prefix_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 1536
+    """Token budget of the text before the cursor (the prefix window)."""
+
+    suffix_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 512
+    """Token budget of the text after the cursor (the suffix window)."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
+    """Sampling temperature; 0 is greedy."""
+
+    multiline: Literal["auto", "never", "always"] = "auto"
+    """auto: a block after a line that opens one or on an empty line inside one, else one line."""
+
+    debounce_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] = 0
+    """Wait before starting the engine. 0: start at once; a newer keystroke cancels instead."""
+
+    fim_tokens: Literal["auto", "add"] = "auto"
+    """auto: use the model's own FIM sentinels (prefix-only if none); add: add StarCoder sentinels (speed tests; quality needs training)."""
+
+    context: Literal["off", "prefix", "blend"] = "off"
+    """Cross-file context: off, plain prefix caching of chunks, or CacheBlend."""
+
+    context_chunks: Annotated[int, msgspec.Meta(ge=0, le=64)] = 4
+    """Most context chunks per request."""
+
+    context_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 1024
+    """Token budget of all context chunks together."""
+
+    blend_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.15
+    """CacheBlend: fraction of chunk tokens recomputed (highest KV deviation)."""
+
+    strict_versions: bool | None = None
+    """A didChange whose version skips marks the document out of sync. None: on, except for Neovim (its versions jump by design)."""
+
+
+class SettingsUpdate(NamedTuple):
+    settings: Settings
+    changed: frozenset[str]  # attribute names whose value changed
+    problems: tuple[str, ...]  # bad values (each kept its previous value)
+    unknown: tuple[str, ...]  # keys that are not settings
+
+
+_FIELDS = {f.encode_name: f for f in msgspec.structs.fields(Settings)}
+
+
+def section(raw: Any) -> dict[str, Any]:
+    """The settings dict inside a client payload: flat, or under "efim"."""
+    if not isinstance(raw, dict):
+        return {}
+    inner = raw.get("efim")
+    if isinstance(inner, dict):
+        return inner
+    return raw
+
+
+def apply(current: Settings, raw: Any) -> SettingsUpdate:
+    """`current` with the valid keys of `raw` applied."""
+    values = section(raw)
+    problems: list[str] = []
+    unknown: list[str] = []
+    if raw is not None and not isinstance(raw, dict):
+        problems.append(f"settings must be an object, got {type(raw).__name__}")
+    updates: dict[str, Any] = {}
+    for key, value in values.items():
+        field = _FIELDS.get(key)
+        if field is None:
+            unknown.append(key)
+            continue
+        try:
+            updates[field.name] = msgspec.convert(value, field.type)
+        except msgspec.ValidationError as exc:
+            problems.append(f"setting {key}={value!r} is invalid ({exc}); keeping {getattr(current, field.name)!r}")
+    new = msgspec.structs.replace(current, **updates) if updates else current
+    changed = frozenset(name for name in updates if getattr(new, name) != getattr(current, name))
+    return SettingsUpdate(new, changed, tuple(problems), tuple(unknown))

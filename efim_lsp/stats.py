@@ -1,0 +1,95 @@
+"""Server-side counters and latency series behind the `efim/stats` request.
+
+Times are measured at the server: `ttft` from a request's arrival (the moment
+its message was read off stdin) to the engine's first generated token as seen
+by the server; `latency` from arrival to the answer being handed to pygls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from typing import Any
+
+from engine.api import EngineStats, RequestStats
+
+_SERIES_LENGTH = 8192
+
+
+class LatencySeries:
+    """The last few thousand samples (ms) and their percentiles."""
+
+    def __init__(self, maxlen: int = _SERIES_LENGTH):
+        self._samples: deque[float] = deque(maxlen=maxlen)
+
+    def add(self, ms: float) -> None:
+        self._samples.append(ms)
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank percentile (0 when empty)."""
+        if not self._samples:
+            return 0.0
+        ordered = sorted(self._samples)
+        rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+        return ordered[rank - 1]
+
+    def summary(self) -> dict[str, float]:
+        return {f"p{q}": round(self.percentile(q), 3) for q in (50, 95, 99)}
+
+
+class ServerStats:
+    def __init__(self) -> None:
+        self.requests = 0
+        self.served = 0
+        self.typing_through_hits = 0
+        self.cancelled = 0
+        self.prompt_tokens = 0
+        self.reused_tokens = 0
+        self.prefilled_tokens = 0
+        self.generated_tokens = 0
+        self.shown = 0
+        self.accepted = 0
+        self.partially_accepted = 0
+        self.accepted_chars = 0
+        self.declined: Counter[str] = Counter()
+        self.ttft = LatencySeries()
+        self.latency = LatencySeries()
+
+    def add_engine_request(self, stats: RequestStats) -> None:
+        self.prompt_tokens += stats.prompt_tokens
+        self.reused_tokens += stats.reused_tokens
+        self.prefilled_tokens += stats.prefilled_tokens
+        self.generated_tokens += stats.generated_tokens
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_wire(self, engine: EngineStats | None, sessions_active: int, rebases: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The camelCase payload of `efim/stats`."""
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "served": self.served,
+            "typingThroughHits": self.typing_through_hits,
+            "cancelled": self.cancelled,
+            "promptTokens": self.prompt_tokens,
+            "reusedTokens": self.reused_tokens,
+            "prefilledTokens": self.prefilled_tokens,
+            "generatedTokens": self.generated_tokens,
+            "reuseRatio": round(self.reuse_ratio, 4),
+            "ttftMs": self.ttft.summary(),
+            "latencyMs": self.latency.summary(),
+            "cacheBytes": engine.cache_bytes_used if engine else 0,
+            "sessions": {"active": sessions_active, "rebases": rebases},
+            "shown": self.shown,
+            "accepted": self.accepted,
+            "partiallyAccepted": self.partially_accepted,
+            "acceptedChars": self.accepted_chars,
+            "declined": dict(self.declined),
+        }
+        if extra:
+            out.update(extra)
+        return out

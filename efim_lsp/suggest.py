@@ -1,0 +1,217 @@
+"""Suggestion post-processing: from a raw generation to the text shown as ghost text.
+
+Rules (issue 3, "Suggestions"):
+- Mode. `multiline="auto"`: one line when the cursor has code to its right or
+  sits mid-line; a block when the cursor ends a line that opens one (`:`, `{`,
+  `(`, `[`) or sits on an empty line inside one. `never` / `always` force it.
+- A block is cut before the first line indented less than the block's floor
+  (the block has ended); in brace languages a closing line at the opener's
+  indentation is kept when the suffix does not already close it.
+- Cut where the generation starts repeating the next line of the suffix.
+- Brackets: a closer that closes something opened before the cursor, when the
+  text right of the cursor already closes it, ends the suggestion there; a
+  single line that ends with the text right of the cursor drops that overlap.
+- Trailing whitespace is stripped (every line, and trailing blank lines).
+The caller never sends an empty item: `shape(...).text == ""` means "no suggestion".
+
+Plain string functions; no LSP, no engine.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, NamedTuple
+
+Mode = Literal["line", "block"]
+Multiline = Literal["auto", "never", "always"]
+
+BLOCK_OPENERS = (":", "{", "(", "[")
+_PAIRS = {")": "(", "]": "[", "}": "{"}
+_OPENERS = set(_PAIRS.values())
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_CONTEXT_LINES = 8
+_SCAN_CHARS = 4000
+
+
+def indent_width(line: str) -> int:
+    """Columns of leading whitespace (a tab counts as 4, as most editors show it)."""
+    width = 0
+    for ch in line:
+        if ch == " ":
+            width += 1
+        elif ch == "\t":
+            width += 4
+        else:
+            break
+    return width
+
+
+class CursorContext(NamedTuple):
+    line_before: str  # the cursor line, left of the cursor
+    line_after: str  # the cursor line, right of the cursor (no line break)
+    next_lines: tuple[str, ...]  # the lines below the cursor line
+    previous_line: str  # the last non-blank line above the cursor line ("" if none)
+
+    @classmethod
+    def at(cls, text: str, cursor: int) -> "CursorContext":
+        line_start = max(text.rfind("\n", 0, cursor), text.rfind("\r", 0, cursor)) + 1
+        m = _LINE_BREAK.search(text, cursor)
+        line_end = m.start() if m else len(text)
+        below = text[m.end() : m.end() + _SCAN_CHARS] if m else ""
+        next_lines = tuple(_LINE_BREAK.split(below)[:_CONTEXT_LINES]) if below else ()
+        above = text[max(0, line_start - _SCAN_CHARS) : line_start]
+        previous = ""
+        for line in reversed(_LINE_BREAK.split(above)):
+            if line.strip():
+                previous = line
+                break
+        return cls(text[line_start:cursor], text[cursor:line_end], next_lines, previous)
+
+    @property
+    def next_code_line(self) -> str:
+        """The first non-blank line below the cursor line, stripped ("" if none)."""
+        for line in self.next_lines:
+            if line.strip():
+                return line.strip()
+        return ""
+
+
+def choose_mode(ctx: CursorContext, multiline: Multiline = "auto") -> Mode:
+    if multiline == "never":
+        return "line"
+    if multiline == "always":
+        return "block"
+    if ctx.line_after.strip():
+        return "line"  # code to the right of the cursor
+    before = ctx.line_before
+    if not before.strip():
+        # An empty line: a block when it is inside one (indented, or right under an opener).
+        if before or ctx.previous_line.rstrip().endswith(BLOCK_OPENERS):
+            return "block"
+        return "line"
+    return "block" if before.rstrip().endswith(BLOCK_OPENERS) else "line"
+
+
+def block_floor(ctx: CursorContext) -> int:
+    """Lines of a block indented less than this have left the block."""
+    before = ctx.line_before
+    if before.strip():
+        if before.rstrip().endswith(BLOCK_OPENERS):
+            return indent_width(before) + 1
+        return indent_width(before)
+    if before:
+        return indent_width(before)
+    if ctx.previous_line.rstrip().endswith(BLOCK_OPENERS):
+        return indent_width(ctx.previous_line) + 1
+    return 0
+
+
+class Shaped(NamedTuple):
+    text: str  # what to insert ("" = nothing worth showing)
+    final: bool  # True when more generated tokens could not change `text` (stop decoding)
+
+
+def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True) -> Shaped:
+    """Cut a generation into the suggestion to show.
+
+    `done=False` while tokens still stream in: rules that need a whole line wait
+    for it, and `Shaped.final` says whether decoding can stop already.
+    """
+    lines = _LINE_BREAK.split(generated)
+    final = False
+    if mode == "line":
+        final = len(lines) > 1
+        lines = lines[:1]
+    else:
+        lines, final = _cut_block(lines, ctx, done)
+
+    first = lines[0]
+    complete_first = len(lines) > 1 or final or done
+    if not ctx.line_before.strip() and complete_first and _repeats(ctx.line_before + first, ctx.next_code_line):
+        return Shaped("", True)
+    if ctx.line_after.strip():
+        first, cut_at_bracket = _balance(first, ctx.line_after)
+        if cut_at_bracket:
+            lines, final = [first], True
+        else:
+            tail = ctx.line_after.strip()
+            if len(lines) == 1 and complete_first and first.rstrip().endswith(tail) and first.rstrip() != tail:
+                first = first.rstrip()[: -len(tail)]
+        lines[0] = first
+
+    text = "\n".join(line.rstrip() for line in lines).rstrip()
+    if not text.strip():
+        return Shaped("", final)
+    return Shaped(text, final)
+
+
+def _cut_block(lines: list[str], ctx: CursorContext, done: bool) -> tuple[list[str], bool]:
+    floor = block_floor(ctx)
+    opener_indent = indent_width(ctx.line_before) if ctx.line_before.strip() else None
+    target = ctx.next_code_line
+    out = [lines[0]]
+    for i in range(1, len(lines)):
+        line = lines[i]
+        growing = not done and i == len(lines) - 1  # the last line may still get more characters
+        body = line.strip()
+        if not body:
+            out.append(line)
+            continue
+        if indent_width(line) < floor:
+            if (
+                opener_indent is not None
+                and indent_width(line) == opener_indent
+                and body[0] in _PAIRS
+                and not target.startswith(body[0])
+            ):
+                if growing:
+                    return out, False  # wait for the whole closing line
+                out.append(line)  # the closing brace the suffix lacks
+            return out, True
+        if not growing and _repeats(line, target):
+            return out, True
+        out.append(line)
+    return out, False
+
+
+def _repeats(line: str, target: str) -> bool:
+    return bool(target) and line.strip() == target
+
+
+def _balance(first: str, line_after: str) -> tuple[str, bool]:
+    """Cut `first` at a closer that the text right of the cursor already provides."""
+    needed = _unmatched_closers(line_after)
+    if not needed:
+        return first, False
+    stack: list[str] = []
+    quote: str | None = None
+    for i, ch in enumerate(first):
+        if quote:
+            if ch == quote and (i == 0 or first[i - 1] != "\\"):
+                quote = None
+            continue
+        if ch in "\"'`":
+            quote = ch
+        elif ch in _OPENERS:
+            stack.append(ch)
+        elif ch in _PAIRS:
+            if stack and stack[-1] == _PAIRS[ch]:
+                stack.pop()
+            elif ch == needed[0]:
+                return first[:i], True
+    return first, False
+
+
+def _unmatched_closers(text: str) -> list[str]:
+    """Closers in `text` that close brackets opened before it, in order."""
+    stack: list[str] = []
+    out: list[str] = []
+    for ch in text:
+        if ch in _OPENERS:
+            stack.append(ch)
+        elif ch in _PAIRS:
+            if stack and stack[-1] == _PAIRS[ch]:
+                stack.pop()
+            else:
+                out.append(ch)
+    return out

@@ -1,0 +1,37 @@
+"""Settings: camelCase keys, unknown keys reported, bad values keep the previous value."""
+
+from efim_lsp.settings import Settings, apply
+
+
+def test_defaults():
+    s = Settings()
+    assert (s.model, s.prompt_format, s.cache, s.prefix_tokens, s.suffix_tokens, s.debounce_ms) == ("default", "efim", True, 1536, 512, 0)
+    assert (s.multiline, s.fim_tokens, s.context_chunks, s.context_tokens, s.blend_ratio) == ("auto", "auto", 4, 1024, 0.15)
+
+
+def test_flat_camel_case_keys_apply():
+    up = apply(Settings(), {"promptFormat": "fim", "maxTokens": 32, "fimTokens": "add", "temperature": 0.2})
+    assert up.settings.prompt_format == "fim" and up.settings.max_tokens == 32 and up.settings.temperature == 0.2
+    assert up.changed == {"prompt_format", "max_tokens", "fim_tokens", "temperature"}
+    assert not up.problems and not up.unknown
+
+
+def test_section_under_efim_key():
+    up = apply(Settings(), {"efim": {"multiline": "never"}, "other": 1})
+    assert up.settings.multiline == "never" and not up.unknown
+
+
+def test_unknown_keys_and_bad_values():
+    base = apply(Settings(), {"maxTokens": 16}).settings
+    up = apply(base, {"maxTokens": 0, "promptFormat": "xfim", "cache": "yes", "bogus": 1, "suffixTokens": 100})
+    assert up.settings.max_tokens == 16  # kept, not reset to the default
+    assert up.settings.prompt_format == "efim" and up.settings.cache is True
+    assert up.settings.suffix_tokens == 100
+    assert up.unknown == ("bogus",)
+    assert len(up.problems) == 3 and any("maxTokens" in p for p in up.problems)
+
+
+def test_not_an_object():
+    up = apply(Settings(), ["model"])
+    assert up.settings == Settings() and up.problems
+    assert apply(Settings(), None).settings == Settings()

@@ -1,0 +1,101 @@
+"""Suggestion post-processing cases."""
+
+import pytest
+
+from efim_lsp.suggest import CursorContext, choose_mode, shape
+
+
+def ctx_at(text_with_cursor: str) -> CursorContext:
+    cursor = text_with_cursor.index("|")
+    return CursorContext.at(text_with_cursor.replace("|", "", 1), cursor)
+
+
+@pytest.mark.parametrize(
+    "doc, multiline, mode",
+    [
+        ("x = fo|\n", "auto", "line"),  # mid-statement at end of line
+        ("print(|)\n", "auto", "line"),  # code to the right
+        ("def f(x):|\n", "auto", "block"),  # end of a line that opens a block
+        ("def f(x):\n    |\n", "auto", "block"),  # empty line inside a block
+        ("def f(x):\n|\n", "auto", "block"),  # unindented empty line right under an opener
+        ("import os\n|\n", "auto", "line"),  # top-level empty line
+        ("def f(x):|\n", "never", "line"),
+        ("x = fo|\n", "always", "block"),
+        ("int main() {|\n", "auto", "block"),
+    ],
+)
+def test_mode(doc, multiline, mode):
+    assert choose_mode(ctx_at(doc), multiline) == mode
+
+
+def test_single_line_cuts_at_the_newline_and_strips_trailing_whitespace():
+    ctx = ctx_at("x = fo|\n")
+    assert shape("o(bar)   \nmore()\n", ctx, "line") == ("o(bar)", True)
+
+
+def test_block_is_cut_where_indentation_leaves_it():
+    ctx = ctx_at("def f(x):|\n")
+    gen = "\n    y = x + 1\n\n    return y\n\ndef g():\n    pass\n"
+    assert shape(gen, ctx, "block").text == "\n    y = x + 1\n\n    return y"
+
+
+def test_block_on_an_empty_line_inside_a_block():
+    ctx = ctx_at("def f(x):\n    if x:\n        |\n    return 0\n")
+    gen = "x += 1\n        x *= 2\n    return x\n"
+    shaped = shape(gen, ctx, "block")
+    assert shaped.text == "x += 1\n        x *= 2" and shaped.final
+
+
+def test_cut_when_the_generation_repeats_the_next_suffix_line():
+    ctx = ctx_at("def f(x):\n    y = 1|\n    return y\n")
+    assert shape("\n    z = 2\n    return y\n", ctx, "block").text == "\n    z = 2"
+    # a single line that would duplicate the next line entirely is no suggestion
+    ctx2 = ctx_at("def f(x):\n    |\n    return y\n")
+    assert shape("return y\n", ctx2, "block").text == ""
+
+
+def test_bracket_already_closed_after_the_cursor_is_not_repeated():
+    ctx = ctx_at("print(|)\n")
+    assert shape("x, y)\n", ctx, "line").text == "x, y"
+    ctx = ctx_at("f(a[|])\n")
+    assert shape("0])", ctx, "line").text == "0"
+    # a closer inside a string does not count; a matched pair inside the suggestion stays
+    assert shape("g(')'), 1)", ctx_at("print(|)\n"), "line").text == "g(')'), 1"
+
+
+def test_closer_not_present_after_the_cursor_is_kept():
+    ctx = ctx_at("x = foo(a, |\n")
+    assert shape("b)\n", ctx, "line").text == "b)"
+
+
+def test_overlap_with_the_text_right_of_the_cursor_is_dropped():
+    ctx = ctx_at('s = "|"\n')
+    assert shape('hello"', ctx, "line").text == "hello"
+
+
+def test_closing_brace_line_kept_when_the_suffix_lacks_it():
+    ctx = ctx_at("int main() {|\n")
+    gen = "\n    return 0;\n}\nint other() {\n"
+    assert shape(gen, ctx, "block").text == "\n    return 0;\n}"
+    ctx_closed = ctx_at("int main() {|\n}\n")
+    assert shape(gen, ctx_closed, "block").text == "\n    return 0;"
+
+
+@pytest.mark.parametrize("gen", ["", "   ", "\n\n", " \n  \n"])
+def test_never_an_empty_item(gen):
+    assert shape(gen, ctx_at("x = |\n"), "line").text == ""
+    assert shape(gen, ctx_at("def f():|\n"), "block").text == ""
+
+
+def test_streaming_final_flag():
+    ctx = ctx_at("def f(x):|\n")
+    assert not shape("\n    y = 1", ctx, "block", done=False).final
+    assert not shape("\n    y = 1\n", ctx, "block", done=False).final
+    # the dedented line has begun: the block is over, decoding can stop
+    assert shape("\n    y = 1\nd", ctx, "block", done=False).final
+    assert shape("o(1)\n", ctx_at("x = fo|\n"), "line", done=False).final
+
+
+def test_crlf_generation_is_split_on_any_line_break():
+    ctx = ctx_at("def f(x):|\r\n")
+    assert shape("\r\n    return x\r\nprint(1)", ctx, "block").text == "\n    return x"
