@@ -1,0 +1,198 @@
+"""Chunk KV store for CacheBlend: each context chunk's K/V, computed on its own, reusable
+at any offset of any prompt.
+
+A chunk (its token ids: the file separator and the `path\\ntext` tokens, as the template
+renders them) is prefilled alone — after the template's fixed header (its BOS ids, if
+any), so its first token is not an attention sink the real prompt never has — and its
+K (after RoPE, at positions header..header+n-1), V and those positions are stored.
+`engine.blend` rotates the keys to wherever the chunk lands (`kernels.rope_shift`).
+
+Storage: rows live in the radix cache's token-granular pool (`RadixCache.k/v
+[L, N, H_kv, D]`), in slots taken with `RadixCache.alloc` and kept *held* by this store,
+so chunk KV and prefix KV share one byte budget and `RadixCache.check_integrity()`
+still balances (held slots are counted). The store keeps itself within `max_fraction`
+of the pool, evicting its own least recently used entries; the radix tree's eviction
+does not see these slots (see `docs/cacheblend.md`).
+
+Keys: a hash of the token ids; a hit compares the ids (no false sharing on collisions).
+All methods run on the engine thread; nothing here locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+from array import array
+from typing import Any, NamedTuple, Sequence
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def chunk_key(ids: Sequence[int]) -> bytes:
+    """Content key of a chunk's token ids."""
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
+
+
+class ChunkKV(NamedTuple):
+    """A chunk's cached rows, heads-second like the pool (ready for `rope_shift`)."""
+
+    k: torch.Tensor  # [L, n, H_kv, D] keys after RoPE at `positions`
+    v: torch.Tensor  # [L, n, H_kv, D]
+    positions: torch.Tensor  # [n] int64: the positions the keys were rotated for
+
+
+class ChunkEntry(NamedTuple):
+    key: bytes
+    ids: tuple[int, ...]
+    slots: torch.Tensor  # [n] int64 pool slots, held by the store
+    positions: torch.Tensor  # [n] int64
+    origin: str | None  # the file the chunk came from, for invalidation
+
+
+class ChunkStats(NamedTuple):
+    entries: int
+    tokens: int
+    bytes_used: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+def prefill_chunk(model: Any, ids: Sequence[int], header: Sequence[int] = ()) -> ChunkKV:
+    """Prefill `header + ids` on a fresh sequence; return the K/V rows of `ids`
+    (the header's rows are dropped: every prompt has its own header at position 0)."""
+    h, n = len(header), len(ids)
+    if n == 0:
+        raise ValueError("prefill_chunk: empty chunk")
+    kv = model.new_kv(h + n)
+    model.forward(torch.tensor([*header, *ids], dtype=torch.int64), kv, 0, "none")
+    k = kv.k[:, :, h : h + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+    v = kv.v[:, :, h : h + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+    return ChunkKV(k, v, torch.arange(h, h + n, dtype=torch.int64))
+
+
+class ChunkStore:
+    """Chunk KV in held slots of a `RadixCache` pool, LRU within `max_fraction` of it."""
+
+    def __init__(self, cache: Any, *, max_fraction: float = 0.25) -> None:
+        if not 0.0 < max_fraction <= 1.0:
+            raise ValueError(f"max_fraction must be in (0, 1], got {max_fraction}")
+        self.cache = cache
+        self.max_slots = max(1, int(cache.n_slots * max_fraction))
+        self._entries: collections.OrderedDict[bytes, ChunkEntry] = collections.OrderedDict()  # LRU first
+        self._n_slots = 0
+        self.hits = self.misses = self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, ids: Sequence[int]) -> bool:
+        entry = self._entries.get(chunk_key(ids))
+        return entry is not None and entry.ids == tuple(ids)
+
+    def lookup(self, ids: Sequence[int]) -> ChunkEntry | None:
+        """The entry for exactly these ids (marks it recently used), or None."""
+        key = chunk_key(ids)
+        entry = self._entries.get(key)
+        if entry is None or entry.ids != tuple(ids):
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def load(self, entry: ChunkEntry) -> ChunkKV:
+        """Copy an entry's rows out of the pool."""
+        k = self.cache.k.index_select(1, entry.slots)  # [L, n, H_kv, D]
+        v = self.cache.v.index_select(1, entry.slots)  # [L, n, H_kv, D]
+        return ChunkKV(k, v, entry.positions)
+
+    def add(self, ids: Sequence[int], kv: ChunkKV, origin: str | None = None) -> ChunkEntry | None:
+        """Store a chunk's rows (replacing an entry with the same ids). Evicts this store's
+        LRU entries to stay within its share, and lets the pool evict radix leaves; returns
+        None (storing nothing) when the pool cannot make room."""
+        ids = tuple(ids)
+        n = len(ids)
+        if kv.k.shape[1] != n or kv.v.shape[1] != n or kv.positions.shape[0] != n:
+            raise ValueError(f"add: {n} ids but K/V/positions rows {kv.k.shape[1]}/{kv.v.shape[1]}/{kv.positions.shape[0]}")
+        if n == 0 or n > self.max_slots:
+            return None
+        key = chunk_key(ids)
+        if key in self._entries:
+            self._drop(key)
+        while self._n_slots + n > self.max_slots and self._entries:
+            self._evict_one()
+        slots = self.cache.alloc(n)
+        while slots is None and self._entries:  # the pool is full of pinned prefixes: give back ours
+            self._evict_one()
+            slots = self.cache.alloc(n)
+        if slots is None:
+            return None
+        self.cache.k.index_copy_(1, slots, kv.k.to(self.cache.k.dtype))  # [L, n, H_kv, D]
+        self.cache.v.index_copy_(1, slots, kv.v.to(self.cache.v.dtype))
+        entry = ChunkEntry(key, ids, slots, kv.positions.clone(), origin)
+        self._entries[key] = entry
+        self._n_slots += n
+        return entry
+
+    def forget_origin(self, origin: str) -> int:
+        """Drop every entry that came from `origin` (a file changed); returns entries dropped."""
+        keys = [k for k, e in self._entries.items() if e.origin == origin]
+        for key in keys:
+            self._drop(key)
+        return len(keys)
+
+    def evict(self, n_slots: int) -> int:
+        """Free at least `n_slots` pool slots if the store holds them (LRU first); returns
+        slots freed. Evicting 0 is always safe."""
+        freed = 0
+        while freed < n_slots and self._entries:
+            freed += self._evict_one()
+        return freed
+
+    def clear(self) -> None:
+        for key in list(self._entries):
+            self._drop(key)
+
+    def _evict_one(self) -> int:
+        key = next(iter(self._entries))
+        self.evictions += 1
+        return self._drop(key)
+
+    def _drop(self, key: bytes) -> int:
+        entry = self._entries.pop(key)
+        self.cache.free(entry.slots)
+        self._n_slots -= entry.slots.numel()
+        return entry.slots.numel()
+
+    def stats(self) -> ChunkStats:
+        return ChunkStats(
+            entries=len(self._entries),
+            tokens=self._n_slots,
+            bytes_used=self._n_slots * self.cache.bytes_per_slot,
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the slot count matches the entries, no slot is in
+        two entries, and every slot is held in the pool (not free, not in the tree)."""
+        slots = [e.slots for e in self._entries.values()]
+        all_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
+        assert all_slots.numel() == self._n_slots, f"slot count {self._n_slots} != {all_slots.numel()} in entries"
+        assert all_slots.unique().numel() == all_slots.numel(), "a slot is in two chunk entries"
+        assert self._n_slots <= self.max_slots, "chunk store over its share of the pool"
+        if all_slots.numel():
+            from engine.cache import _HELD  # noqa: PLC0415 - the pool's ownership marks
+
+            assert bool((self.cache._owner[all_slots] == _HELD).all()), "a chunk slot is not held in the pool"
+        for entry in self._entries.values():
+            assert len(entry.ids) == entry.slots.numel() == entry.positions.numel(), "entry rows disagree"
+            assert chunk_key(entry.ids) == entry.key, "entry stored under a wrong key"
+
+
+__all__ = ["ChunkStore", "ChunkEntry", "ChunkKV", "ChunkStats", "chunk_key", "prefill_chunk"]
