@@ -12,12 +12,15 @@ otherwise. `EFIM_KERNELS=reference|triton` forces one (triton on CPU tensors nee
 from __future__ import annotations
 
 import functools
+import importlib
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from kernels import reference
+# torch is imported on first use of an op (module __getattr__ below), not here: the CLI's
+# argument parser imports `kernels.bench`, and `efim --help` must not pay for torch.
 
 OPS = (
     "attention",
@@ -64,11 +67,11 @@ def resolve(name: str, tensor: torch.Tensor) -> Callable:
     its ops once instead of paying the dispatch on every call)."""
     if backend_for(name, tensor) == "triton":
         return _triton_ops()[name]
-    return getattr(reference, name)
+    return getattr(_reference(), name)
 
 
 def _dispatch(name: str) -> Callable:
-    ref = getattr(reference, name)
+    ref = getattr(_reference(), name)
 
     @functools.wraps(ref)
     def op(*args, **kwargs):
@@ -80,16 +83,22 @@ def _dispatch(name: str) -> Callable:
     return op
 
 
-attention = _dispatch("attention")
-paged_attention_prefill = _dispatch("paged_attention_prefill")
-paged_attention_decode = _dispatch("paged_attention_decode")
-rope_apply = _dispatch("rope_apply")
-rope_shift = _dispatch("rope_shift")
-kv_store = _dispatch("kv_store")
-kv_gather = _dispatch("kv_gather")
-kv_deviation = _dispatch("kv_deviation")
-select_top_rows = _dispatch("select_top_rows")
-rms_norm = _dispatch("rms_norm")
-rope_cos_sin = reference.rope_cos_sin
+def _reference():
+    # import_module, not `from kernels import reference`: the latter probes hasattr(kernels,
+    # "reference"), which would re-enter __getattr__ below.
+    return importlib.import_module("kernels.reference")
+
+
+def __getattr__(name: str):
+    """Build `kernels.<op>` (and load torch) on first access."""
+    if name in OPS:
+        value = _dispatch(name)
+    elif name in ("reference", "rope_cos_sin"):
+        value = _reference() if name == "reference" else _reference().rope_cos_sin
+    else:
+        raise AttributeError(f"module 'kernels' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [*OPS, "rope_cos_sin", "backend_for", "resolve"]
