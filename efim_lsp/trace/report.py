@@ -116,7 +116,7 @@ def ratio(value: float | None, base: float | None) -> float | None:
     return value / base
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def fmt_number(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "-"
     return f"{value:.{digits}f}"
@@ -138,9 +138,9 @@ def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
     lines = [head, "-" * len(head)]
     for name, s in summaries.items():
         line = (
-            f"{name:<12} {_fmt(s.ttft_ms_p50):>9} {_fmt(s.ttft_ms_p95):>8} {_fmt(s.ttft_ms_p99):>8} "
-            f"{_fmt(s.latency_ms_p50):>9} {_fmt(s.latency_ms_p95):>8} {_fmt(s.prefilled_per_request):>11} "
-            f"{_fmt(s.reuse_ratio, 3):>6} {_fmt(s.completions_per_s, 2):>8} {s.requests:>5}"
+            f"{name:<12} {fmt_number(s.ttft_ms_p50):>9} {fmt_number(s.ttft_ms_p95):>8} {fmt_number(s.ttft_ms_p99):>8} "
+            f"{fmt_number(s.latency_ms_p50):>9} {fmt_number(s.latency_ms_p95):>8} {fmt_number(s.prefilled_per_request):>11} "
+            f"{fmt_number(s.reuse_ratio, 3):>6} {fmt_number(s.completions_per_s, 2):>8} {s.requests:>5}"
         )
         if base is not None:
             line += (

@@ -1,0 +1,52 @@
+"""`efim replay --compare` through the real `efim serve` (real engine, tiny random model):
+every field of the comparison is produced, for every configuration.
+
+Token counts are deterministic, so the test checks what the configurations must do with
+them (no-cache reuses nothing; EFIM prefills less than recomputing everything); timings
+are only checked for being present."""
+
+from __future__ import annotations
+
+import json
+
+from efim_lsp import cli
+from efim_lsp.trace.format import write_trace
+from efim_lsp.trace.report import JSON_KEYS
+from efim_lsp.trace.synth import SynthOptions, synthesize
+from efim_lsp.trace.typist import TypingStyle
+
+
+def test_compare_on_tiny_model_produces_every_field(tiny_model_dir, tmp_path, capsys):
+    import sysconfig
+    from pathlib import Path
+
+    src = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
+    traces = synthesize([src], SynthOptions(seed=2, sessions=2, style=TypingStyle(jump_rate=0.0), max_chars=300))
+    for i, trace in enumerate(traces):
+        write_trace(tmp_path / f"s{i}.jsonl", trace)
+    out = tmp_path / "compare.json"
+    limit = 6
+    code = cli.main([
+        "replay", str(tmp_path), "--compare", "--limit", str(limit), "--users", "2", "-q",
+        "--config", json.dumps({"model": str(tiny_model_dir), "maxTokens": 8}), "--json", str(out),
+    ])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    data = json.loads(out.read_text())
+    configs = data["configs"]
+    assert list(configs) == ["fim-nocache", "fim", "efim"]
+    for name, summary in configs.items():
+        for key in JSON_KEYS:
+            assert isinstance(summary[key], (int, float)), (name, key, summary[key])
+        assert summary["requests"] == 2 * limit
+        assert summary["ttft_source"] == "server-stats"
+        assert summary["crashed"] is None
+        assert summary["ttft_ms_p50"] <= summary["ttft_ms_p95"] <= summary["ttft_ms_p99"]
+        assert summary["latency_ms_p50"] <= summary["latency_ms_p95"]
+    assert configs["fim-nocache"]["reuse_ratio"] == 0.0
+    assert configs["efim"]["reuse_ratio"] > 0.5
+    assert configs["efim"]["prefilled_per_request"] < configs["fim-nocache"]["prefilled_per_request"]
+    assert set(data["ratios_vs_fim"]) == {"fim-nocache", "fim", "efim"}
+    assert data["ratios_vs_fim"]["fim"]["ttft_ms_p50"] == 1.0
+    for name in configs:
+        assert name in printed.out  # the table
