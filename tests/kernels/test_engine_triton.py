@@ -80,6 +80,24 @@ def scattered_rows(model, ids):
         h_sub = model.layer(i, h_sub, rows, kv, key_positions=pos)
     return model.norm_logits(h_sub)  # [3, V]
 
+def cacheblend(model, ids):
+    # Two context chunks prefilled alone, placed after a header, 40% of their rows
+    # recomputed: exercises rope_shift, kv_deviation, select_top_rows and attention
+    # with scattered query rows.
+    from engine.blend import ReusedSpan, blend_prefill
+    from engine.chunks import prefill_chunk
+
+    header, parts, spans, row = [ids[0]], [], [], 1
+    for chunk in (ids[1:7], ids[3:12]):
+        c = prefill_chunk(model, list(chunk), header)
+        spans.append(ReusedSpan(row, c.k, c.v, c.positions))
+        parts += list(chunk)
+        row += len(chunk)
+    prompt = torch.tensor(header + parts + list(ids[-3:]))
+    kv = model.new_kv(len(prompt))
+    result = blend_prefill(model, prompt, kv, spans, 0.4)
+    return result.logits[0], result.recomputed.tolist()
+
 tok = read_tokenizer(folder)
 ids = tok.encode("def add(a, b):\n    return").ids
 other = tok.encode("import os\nx =").ids
@@ -89,9 +107,11 @@ for backend in ("triton", "reference"):
     model = build(backend)
     tokens, logits = greedy(model, ids, 4)
     batch = batch_step(model, [ids, other])
-    blend = scattered_rows(model, ids)
+    rows = scattered_rows(model, ids)
+    blend_logits, recomputed = cacheblend(model, ids)
     result[backend] = {"tokens": tokens, "logits": logits.tolist(), "batch": batch.tolist(),
-                       "blend": blend.tolist(), "triton_calls": sum(calls.values()) - before}
+                       "rows": rows.tolist(), "blend": blend_logits.tolist(), "recomputed": recomputed,
+                       "triton_calls": sum(calls.values()) - before}
 result["ops"] = sorted(calls)
 print(json.dumps(result))
 """
@@ -101,7 +121,9 @@ def test_engine_greedy_output_is_the_same_on_triton_kernels(tiny_model_factory):
     import torch
 
     folder = tiny_model_factory("llama", num_hidden_layers=2)
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    # One torch thread: the interpreter is single-threaded, and spinning OpenMP workers only
+    # slow a shared 2-core machine down.
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env.pop("EFIM_KERNELS", None)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(folder)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
@@ -110,7 +132,8 @@ def test_engine_greedy_output_is_the_same_on_triton_kernels(tiny_model_factory):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     triton_run, reference_run = result["triton"], result["reference"]
     assert triton_run["triton_calls"] > 0 and reference_run["triton_calls"] == 0
-    assert {"attention", "rope_apply", "rms_norm"} <= set(result["ops"])
+    assert {"attention", "rope_apply", "rms_norm", "rope_shift", "kv_deviation"} <= set(result["ops"])
     assert triton_run["tokens"] == reference_run["tokens"]
-    for key in ("logits", "batch", "blend"):
+    assert triton_run["recomputed"] == reference_run["recomputed"]
+    for key in ("logits", "batch", "rows", "blend"):
         torch.testing.assert_close(torch.tensor(triton_run[key]), torch.tensor(reference_run[key]), atol=2e-4, rtol=1e-4)
