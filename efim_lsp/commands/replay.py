@@ -119,6 +119,11 @@ def execute(args: argparse.Namespace, observer=None, out=sys.stdout) -> int:
         raise ValueError("--users must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be at least 1")
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:  # say so before minutes of replay, not after
+            raise ValueError("--plot needs matplotlib: pip install 'efim-lsp[plot]'")
     traces = read_traces(args.traces)
     if not traces:
         raise ValueError("no traces to replay")

@@ -196,3 +196,15 @@ async def test_recorded_session_replays_to_the_same_text(workload, tmp_path):
     assert again.crashed is None
     assert list(again.final_digests.values()) == [sha1(SOURCE)]
     assert len(again.records) == len(first.records)
+
+
+def test_plot_without_matplotlib_fails_before_replaying(workload, capsys):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("matplotlib is installed here")
+    paths, _ = workload
+    assert cli.main(["replay", str(paths[0]), "--server", "false", "--plot", "x.png", "-q"]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err

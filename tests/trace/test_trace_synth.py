@@ -129,3 +129,18 @@ def test_bad_options_are_refused(tmp_path):
         synthesize([empty], SynthOptions())
     with pytest.raises(FileNotFoundError):
         synthesize([tmp_path / "nope.py"], SynthOptions())
+
+
+def test_synth_command_writes_private_traces(tmp_path, capsys):
+    from efim_lsp import cli
+
+    out = tmp_path / "traces"
+    assert cli.main(["trace", "synth", str(STDLIB / "textwrap.py"), "-o", str(out), "--sessions", "2", "--seed", "4"]) == 0
+    files = sorted(out.glob("*.jsonl"))
+    assert len(files) == 2
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600
+        assert read_trace(f).header.meta["seed"] == 4
+    assert "completion requests" in capsys.readouterr().err
+    assert cli.main(["trace", "synth", str(STDLIB / "textwrap.py"), "-o", str(tmp_path / "one.jsonl"), "--sessions", "2"]) == 2
+    assert "holds one session" in capsys.readouterr().err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from efim_lsp import cli
 from efim_lsp.trace.format import write_trace
 from efim_lsp.trace.report import JSON_KEYS
@@ -50,3 +52,15 @@ def test_compare_on_tiny_model_produces_every_field(tiny_model_dir, tmp_path, ca
     assert data["ratios_vs_fim"]["fim"]["ttft_ms_p50"] == 1.0
     for name in configs:
         assert name in printed.out  # the table
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_on_a_tiny_model(tiny_model_dir, capsys):
+    code = cli.main(["demo", "--model", str(tiny_model_dir), "--limit", "8", "--compare-limit", "3"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "efim demo: retyping textwrap.py:" in out
+    assert out.count(" ms  ") >= 8  # one line per answered key press
+    for name in ("fim-nocache", "fim", "efim"):
+        assert f"\n{name} " in out
+    assert "efim replay " in out and "--compare --limit 3" in out
