@@ -124,4 +124,92 @@ def make_tiny_model(
     return dest
 
 
-__all__ = ["make_tiny_model", "tiny_tokenizer_json", "stdlib_sources", "EOS_TOKEN", "FIM_TOKENS", "ARCHITECTURES"]
+# HF parameter name (after "model.layers.N.") -> GGUF tensor name (after "blk.N.").
+_GGUF_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.c_fc": "ffn_up",
+    "mlp.c_proj": "ffn_down",
+}
+_GGUF_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def _permute_qk(w, n_head: int):
+    """llama.cpp's converter permutation for Llama Q/K rows (halves -> interleaved pairs)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_tiny_gguf(hf_folder: Path, dest: Path, *, q8_0: tuple[str, ...] = ()) -> Path:
+    """Write the HF folder of a tiny model as a GGUF file the way llama.cpp's converter
+    does (its tensor names, Q/K rows permuted for "llama", vocabulary and merges as
+    metadata). Tensors whose HF name contains one of `q8_0` are stored quantised as Q8_0,
+    all others as F32. Returns `dest`."""
+    import gguf  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    from safetensors.numpy import load_file  # noqa: PLC0415
+
+    hf_folder, dest = Path(hf_folder), Path(dest)
+    config = json.loads((hf_folder / "config.json").read_text())
+    arch = config["model_type"]
+    tok = json.loads((hf_folder / "tokenizer.json").read_text())
+    weights = load_file(str(hf_folder / "model.safetensors"))
+
+    writer = gguf.GGUFWriter(str(dest), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    rope = config.get("rope_parameters") or {}
+    writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
+    if arch == "starcoder2":
+        writer.add_layer_norm_eps(config["norm_epsilon"])
+    else:
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+
+    vocab = tok["model"]["vocab"]
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.get)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+
+    for name, w in weights.items():
+        stem, _, suffix = name.rpartition(".")
+        if stem.startswith("model.layers."):
+            _, _, idx, rest = stem.split(".", 3)
+            gguf_name = f"blk.{idx}.{_GGUF_LAYER[rest]}.{suffix}"
+        else:
+            gguf_name = f"{_GGUF_GLOBAL[stem]}.{suffix}"
+        w = w.astype(np.float32)
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+            w = _permute_qk(w, heads)
+        if any(k in name for k in q8_0) and w.ndim == 2:
+            q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(w))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dest
+
+
+__all__ = ["make_tiny_model", "write_tiny_gguf", "tiny_tokenizer_json", "stdlib_sources", "EOS_TOKEN", "FIM_TOKENS", "ARCHITECTURES"]
