@@ -26,11 +26,17 @@ it to the radix cache, and the next keystroke reuses it as a plain prefix.
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
 import kernels
+from engine.chunks import ChunkStore, prefill_chunk
+
+# A run of the previous sequence shorter than this is not worth a span (its rows are
+# cheap to recompute and a short run is likely a coincidence).
+MIN_REUSED_RUN = 16
 
 
 class ReusedSpan(NamedTuple):
@@ -143,4 +149,144 @@ def blend_prefill(
     )
 
 
-__all__ = ["ReusedSpan", "BlendResult", "blend_prefill", "place_spans"]
+class SpanPlan(NamedTuple):
+    spans: list[ReusedSpan]
+    chunk_hits: int  # chunks found in the store
+    chunk_misses: int  # chunks prefilled alone now (and stored)
+    prefilled: int  # tokens those misses cost
+    from_previous: int  # rows reused from the previous sequence (local segments)
+
+
+class BlendRequest(NamedTuple):
+    """What the scheduler needs to blend one prompt (built by the text layer)."""
+
+    ratio: float
+    units: tuple[tuple[int, int], ...]  # rows of each context chunk (file separator included)
+    segments: tuple[tuple[int, int], ...]  # rows of the local text segments (prefix, suffix)
+    origins: tuple[str | None, ...] = ()  # each unit's file, for invalidation
+    header: tuple[int, ...] = ()  # the template's fixed header (BOS ids) chunks are prefilled after
+
+    def wanted(self, reused: int) -> bool:
+        """True when rows >= `reused` (the exact prefix already in hand) include a chunk:
+        otherwise an ordinary prefill of the tail is all there is to do."""
+        return any(e > reused for _s, e in self.units)
+
+
+class BlendOutcome(NamedTuple):
+    logits: torch.Tensor  # [1, V] float32
+    recomputed: int  # rows recomputed in layers >= 1 (incl. every uncached row)
+    reused: int  # cached rows kept (chunks and previous-sequence segments)
+    prefilled: int  # tokens of chunks prefilled alone because the store lacked them
+
+
+def blend_sequence(
+    model: Any,
+    store: ChunkStore,
+    ids: Sequence[int],
+    kv: Any,
+    start: int,
+    request: BlendRequest,
+    previous: tuple[Sequence[int], Any] | None = None,
+) -> BlendOutcome:
+    """The scheduler's entry point: prefill rows start..len(ids)-1 of `kv` by blending
+    (rows < start hold an exact prefix). Afterwards `kv` is an ordinary sequence KV."""
+    plan = plan_spans(
+        model, store, ids, request.units,
+        header=request.header, start=start, origins=request.origins,
+        previous=previous, segments=request.segments,
+    )
+    tail = torch.tensor(list(ids[start:]), dtype=torch.int64)  # [T]
+    res = blend_prefill(model, tail, kv, plan.spans, request.ratio, start=start)
+    return BlendOutcome(res.logits, int(res.recomputed.numel()), res.reused, plan.prefilled)
+
+
+def chunk_units(spans: Sequence[Any]) -> list[tuple[int, int]]:
+    """(start, end) of every context chunk of an encoded prompt (`Encoded.spans`: items
+    with start, end, role): a "chunk" segment together with the file-separator
+    "sentinel" right before it, when the template has one."""
+    units: list[tuple[int, int]] = []
+    for i, span in enumerate(spans):
+        if span.role != "chunk" or span.end <= span.start:
+            continue
+        start = span.start
+        if i > 0 and spans[i - 1].role == "sentinel" and spans[i - 1].end == span.start:
+            start = spans[i - 1].start
+        units.append((start, span.end))
+    return units
+
+
+def find_run(haystack: Sequence[int], needle: Sequence[int]) -> int:
+    """First index where `needle` occurs contiguously in `haystack`, or -1."""
+    if not needle or len(needle) > len(haystack):
+        return -1
+    hay = array("q", haystack).tobytes()
+    pat = array("q", needle).tobytes()
+    pos = hay.find(pat)
+    while pos >= 0 and pos % 8:  # a match must start on an id boundary
+        pos = hay.find(pat, pos + 1)
+    return -1 if pos < 0 else pos // 8
+
+
+def plan_spans(
+    model: Any,
+    store: ChunkStore,
+    ids: Sequence[int],
+    units: Sequence[tuple[int, int]],
+    *,
+    header: Sequence[int] = (),
+    start: int = 0,
+    origins: Sequence[str | None] | None = None,
+    previous: tuple[Sequence[int], Any] | None = None,
+    segments: Sequence[tuple[int, int]] = (),
+) -> SpanPlan:
+    """Cached K/V for the rows >= `start` of a prompt: each chunk unit from `store`
+    (prefilled alone after `header` and stored on a miss), and each other segment in
+    `segments` (e.g. the FIM prefix and suffix) found verbatim in `previous` = (ids,
+    SequenceKV) — the document's previous sequence, computed with other context before it."""
+    spans: list[ReusedSpan] = []
+    hits = misses = prefilled = from_prev = 0
+    for j, (s, e) in enumerate(units):
+        if s < start:
+            continue  # (partly) inside the exact prefix already
+        chunk = list(ids[s:e])
+        entry = store.lookup(chunk)
+        if entry is not None:
+            cached = store.load(entry)
+            hits += 1
+        else:
+            cached = prefill_chunk(model, chunk, header)
+            store.add(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
+            misses += 1
+            prefilled += len(chunk)
+        spans.append(ReusedSpan(s, cached.k, cached.v, cached.positions))
+    if previous is not None:
+        prev_ids, prev_kv = previous
+        for s, e in segments:
+            if s < start or e - s < MIN_REUSED_RUN:
+                continue
+            at = find_run(prev_ids, ids[s:e])
+            if at < 0:
+                continue
+            # Copies, not views: the new sequence may be written into the very workspace
+            # that holds the previous one.
+            k = prev_kv.k[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+            v = prev_kv.v[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+            spans.append(ReusedSpan(s, k, v, torch.arange(at, at + e - s, dtype=torch.int64)))
+            from_prev += e - s
+    return SpanPlan(spans, hits, misses, prefilled, from_prev)
+
+
+__all__ = [
+    "ReusedSpan",
+    "BlendResult",
+    "BlendRequest",
+    "BlendOutcome",
+    "blend_sequence",
+    "SpanPlan",
+    "blend_prefill",
+    "place_spans",
+    "plan_spans",
+    "chunk_units",
+    "find_run",
+    "MIN_REUSED_RUN",
+]
