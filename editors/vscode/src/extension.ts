@@ -136,7 +136,8 @@ class EfimExtension implements vscode.Disposable {
         const client = new LanguageClient(
             'efim',
             'efim',
-            () => spawnServer(serverLaunch(this.settings, process.env, folder), { cwd: folder }),
+            // async: a missing executable becomes a rejected start with serverLaunch's fix-it message.
+            async () => spawnServer(serverLaunch(this.settings, process.env, folder), { cwd: folder }),
             clientOptions,
         );
         client.registerFeature(new ProgressToStatus(client, (token, value) => {
