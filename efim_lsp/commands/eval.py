@@ -1,0 +1,80 @@
+"""`efim eval humaneval-infilling|lines`: infilling quality (greedy pass@1; line exact match).
+
+Parses arguments and calls `engine.evaluation` (torch loads only when the command runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default' (embedded SmolLM2 GGUF), a .gguf file or a HF folder")
+    p.add_argument("--adapter", default="auto", help="'auto' (the shipped adapter for --model default), 'none', or an adapter folder")
+    p.add_argument("--format", choices=("fim", "efim", "prefix"), default="fim")
+    p.add_argument("--heal", choices=("on", "off"), default="off", help="token healing of the increment's last token")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only this many cases (a fixed seeded subset)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("eval", help="evaluate infilling quality")
+    targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
+    h = targets.add_parser("humaneval-infilling", help="HumanEval infilling pass@1 (single-line, multi-line, random-span-light)")
+    h.add_argument("--split", choices=("single-line", "multi-line", "random-span-light"), default="single-line")
+    h.add_argument("--data", default=None, help="folder (or .jsonl.gz file) of the HumanEval infilling data")
+    h.add_argument("--increment", choices=("auto", "cut", "none"), default="auto", help="auto: cut the middle into an increment for efim only")
+    h.add_argument("--timeout", type=float, default=10.0, help="sandbox wall-clock seconds per program")
+    h.add_argument("--verbose-results", action="store_true", help="also list every task's result (with --json)")
+    _common(h)
+    h.set_defaults(func=run_humaneval)
+    lines = targets.add_parser("lines", help="line completion exact match / edit similarity on held-out stdlib modules")
+    _common(lines)
+    lines.set_defaults(func=run_lines)
+
+
+def _completer(args: argparse.Namespace):
+    import torch  # noqa: PLC0415
+
+    from engine.evaluation.completer import Completer  # noqa: PLC0415
+    from engine.evaluation.model import load_eval_model  # noqa: PLC0415
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.limit is not None and args.limit <= 0:
+        raise ValueError("--limit must be positive")
+    return Completer(load_eval_model(args.model, args.adapter))
+
+
+def run_humaneval(args: argparse.Namespace) -> int:
+    from engine.evaluation import humaneval  # noqa: PLC0415
+    from engine.evaluation.sandbox import Limits  # noqa: PLC0415
+
+    tasks = humaneval.select(humaneval.load_tasks(args.split, args.data), args.limit, args.seed)
+    completer = _completer(args)
+    limits = Limits(wall_seconds=args.timeout, cpu_seconds=max(1, int(args.timeout)))
+    res = humaneval.evaluate(completer, tasks, args.split, args.format, heal=args.heal == "on", increment=args.increment, seed=args.seed, limits=limits)
+    if args.json:
+        doc = {"split": res.split, "format": res.format, "n": res.n, "pass_at_1": res.pass_at_1}
+        if args.verbose_results:
+            doc.update(model=completer.em.name, heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
+        print(json.dumps(doc))
+    else:
+        print(f"{completer.em.name} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
+    return 0
+
+
+def run_lines(args: argparse.Namespace) -> int:
+    from engine.evaluation.linecompletion import evaluate_lines, line_cases  # noqa: PLC0415
+
+    cases = line_cases(n=args.limit or 100, seed=args.seed)
+    completer = _completer(args)
+    score = evaluate_lines(completer, cases, args.format, heal=args.heal == "on")
+    if args.json:
+        print(json.dumps({"task": "lines", "format": score.format, "heal": score.heal, "n": score.n, "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
+    else:
+        print(f"{completer.em.name} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
+    return 0

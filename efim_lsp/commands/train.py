@@ -1,0 +1,73 @@
+"""`efim train`: fine-tune the default model for FIM/EFIM with fragment tokenization.
+
+Parses arguments and calls `engine.training.train` (torch loads only when the command runs).
+Re-running with the same `--out` resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train the FIM/EFIM LoRA adapter (fragment tokenization) on the CPython stdlib")
+    p.add_argument("--model", default="default", help="'default' (embedded SmolLM2 GGUF), a .gguf file or a HF folder")
+    p.add_argument("--out", required=True, help="run folder: checkpoint/, adapter/, train_log.jsonl (resumes if present)")
+    frag = p.add_mutually_exclusive_group()
+    frag.add_argument("--fragment", dest="fragment", action="store_true", default=True, help="fragment tokenization (default)")
+    frag.add_argument("--no-fragment", dest="fragment", action="store_false", help="ordinary tokenization (the baseline)")
+    p.add_argument("--fragment-prob", type=float, default=0.5, help="chance a sample's segments are cut into fragments")
+    p.add_argument("--steps", type=int, default=400, help="planned optimizer steps (cosine schedule length)")
+    p.add_argument("--accum", type=int, default=8, help="samples per optimizer step")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--embed-lr", type=float, default=1e-3, help="learning rate of the new sentinel rows")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--alpha", type=float, default=32.0)
+    p.add_argument("--window", default="256:512", help="min:max tokens per training window")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")
+    p.add_argument("--save-every", type=int, default=10, help="optimizer steps between checkpoints")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
+    p.set_defaults(func=run)
+
+
+def _window(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--window must look like 256:512, got {text!r}") from None
+    return lo, hi
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.training.train import TrainConfig, train  # noqa: PLC0415
+
+    lo, hi = _window(args.window)
+    if args.time_budget < 0 or args.steps <= 0 or args.accum <= 0:
+        raise ValueError("--time-budget must be >= 0, --steps and --accum positive")
+    config = TrainConfig(
+        model=args.model,
+        out=args.out,
+        fragment=args.fragment,
+        fragment_prob=args.fragment_prob,
+        steps=args.steps,
+        accum=args.accum,
+        lr=args.lr,
+        embed_lr=args.embed_lr,
+        warmup=args.warmup,
+        rank=args.rank,
+        alpha=args.alpha,
+        min_window=lo,
+        max_window=hi,
+        seed=args.seed,
+        time_budget=args.time_budget,
+        save_every=args.save_every,
+        threads=args.threads,
+        bf16=not args.fp32,
+    )
+    result = train(config)
+    print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)
+    return 0

@@ -1,0 +1,130 @@
+"""Greedy infilling for evaluation: prompt layout as the engine renders it, token healing,
+stop rules.
+
+Layouts (each text segment tokenized on its own, as `engine.templates` does):
+
+    prefix : P I                  (models without FIM sentinels)
+    fim    : PRE (P+I) SUF S MID
+    efim   : PRE P SUF S MID I
+
+Token healing (`heal=True`, increment not empty): the increment's last token is dropped
+and the first generated token must decode to a string that starts with that token's
+text — the repair for a model that never saw a word split at a segment boundary.
+
+This runs transformers' forward directly (greedy, KV cache). It is the measuring path
+while the product engine (`engine.local`) matures; the prompt layout is the same.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, NamedTuple
+
+import torch
+
+from engine.evaluation.model import EvalModel
+from engine.training.fragment import encode_text
+
+Format = Literal["prefix", "fim", "efim"]
+
+
+class Infill(NamedTuple):
+    text: str  # generated continuation of the increment (the increment itself not included)
+    prompt_tokens: int
+    generated_tokens: int
+    healed: bool
+    finish: Literal["newline", "eos", "length", "stop"]
+
+
+class Completer:
+    def __init__(self, em: EvalModel, max_prompt_tokens: int = 1536):
+        self.em = em
+        self.max_prompt_tokens = max_prompt_tokens
+        tok = em.tokenizer
+        self.eos = {i for i in [tok.token_to_id("<|endoftext|>")] if i is not None}
+        if em.fim is not None:
+            self.eos |= {em.fim.prefix, em.fim.suffix, em.fim.middle, em.fim.pad}
+
+    @functools.cached_property
+    def _token_texts(self) -> list[str]:
+        tok = self.em.tokenizer
+        return [tok.decode([i], skip_special_tokens=False) for i in range(tok.get_vocab_size())]
+
+    def _allowed_after_heal(self, text: str) -> torch.Tensor:
+        ok = [i for i, t in enumerate(self._token_texts) if t.startswith(text) and i not in self.eos]
+        return torch.tensor(ok, dtype=torch.long)
+
+    def prompt_ids(self, prefix: str, suffix: str, increment: str, fmt: Format) -> tuple[list[int], list[int]]:
+        """(ids before the increment, increment ids); the increment is empty except in
+        `efim` and `prefix` layouts (in `fim` it is part of the prefix segment)."""
+        tok, fim = self.em.tokenizer, self.em.fim
+        if fmt in ("fim", "efim") and fim is None:
+            raise ValueError(f"format {fmt!r} needs FIM sentinels; this model has none (use 'prefix' or an adapter)")
+        if fmt == "prefix":
+            return encode_text(tok, prefix), encode_text(tok, increment)
+        if fmt == "fim":
+            head = [fim.prefix, *encode_text(tok, prefix + increment), fim.suffix, *encode_text(tok, suffix), fim.middle]
+            return head, []
+        if fmt == "efim":
+            head = [fim.prefix, *encode_text(tok, prefix), fim.suffix, *encode_text(tok, suffix), fim.middle]
+            return head, encode_text(tok, increment)
+        raise ValueError(f"unknown format {fmt!r}")
+
+    @torch.inference_mode()
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill:
+        """Greedy continuation after `increment`. `single_line` stops at the first newline
+        after some text (leading blank lines are dropped);
+        `stop_line(line) -> bool` (multi-line mode) stops before a finished line it rejects."""
+        head, inc_ids = self.prompt_ids(prefix, suffix, increment, fmt)
+        healed_text = ""
+        if heal and inc_ids:
+            healed_text = self.em.tokenizer.decode(inc_ids[-1:], skip_special_tokens=False)
+            inc_ids = inc_ids[:-1]
+        ids = head + inc_ids
+        if len(ids) > self.max_prompt_tokens:  # keep the end: the sentinels and the increment
+            ids = ids[-self.max_prompt_tokens :]
+        model = self.em.model
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
+        allowed = self._allowed_after_heal(healed_text) if healed_text else None
+        generated: list[int] = []
+        text, finish = "", "length"
+        for step in range(max_tokens):
+            if allowed is not None and step == 0 and allowed.numel():
+                masked = torch.full_like(logits, float("-inf"))
+                masked[allowed] = logits[allowed]
+                logits = masked
+            next_id = int(torch.argmax(logits))
+            if next_id in self.eos:
+                finish = "eos"
+                break
+            generated.append(next_id)
+            text = self.em.tokenizer.decode(generated, skip_special_tokens=False)
+            body = text[len(healed_text) :] if text.startswith(healed_text) else text
+            if single_line and "\n" in body.lstrip("\n"):
+                finish = "newline"
+                break
+            if stop_line is not None and "\n" in body:
+                lines = body.split("\n")[:-1]
+                if any(stop_line(line) for line in lines):
+                    finish = "stop"
+                    break
+            out = model(input_ids=torch.tensor([[next_id]]), past_key_values=cache, use_cache=True)
+            cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
+        body = text[len(healed_text) :] if text.startswith(healed_text) else text
+        if single_line:
+            # Leading blank lines are skipped (a prefix-only model often starts with one);
+            # the line ends at the first newline after them.
+            body = body.lstrip("\n")
+            body = body.split("\n", 1)[0]
+        if stop_line is not None:
+            kept = []
+            for line in body.split("\n"):
+                if kept and stop_line(line) and finish == "stop":
+                    break
+                kept.append(line)
+            body = "\n".join(kept)
+        return Infill(body, len(ids), len(generated), bool(healed_text), finish)
+
+
+__all__ = ["Completer", "Infill", "Format"]

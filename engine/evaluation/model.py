@@ -1,0 +1,78 @@
+"""The model under evaluation: a base Hugging Face model, optionally with an efim-lora
+adapter merged in (`engine.training.lora.merge_state_dict`), and its tokenizer with the
+adapter's added tokens at the adapter's ids."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from engine.training.samples import EOT_TOKEN, FIM_SENTINELS, FimIds
+
+log = logging.getLogger(__name__)
+
+SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters" / "smollm2-efim"
+
+
+class EvalModel(NamedTuple):
+    model: Any  # a transformers causal LM in eval mode
+    tokenizer: Any  # tokenizers.Tokenizer
+    fim: FimIds | None  # None: the model has no FIM sentinels (prefix-only)
+    name: str
+
+
+def resolve_adapter(model_spec: str, adapter: str | None) -> Path | None:
+    """`adapter`: "auto" (the shipped adapter for the default model), "none", or a folder."""
+    if adapter in (None, "none", ""):
+        return None
+    if adapter == "auto":
+        return SHIPPED_ADAPTER if model_spec == "default" and (SHIPPED_ADAPTER / "adapter_config.json").is_file() else None
+    path = Path(adapter)
+    if not path.is_dir():
+        raise FileNotFoundError(f"adapter folder {path} does not exist")
+    return path
+
+
+def load_eval_model(model_spec: str = "default", adapter: str | None = "auto") -> EvalModel:
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+    from tokenizers import AddedToken  # noqa: PLC0415
+
+    from engine.training import lora  # noqa: PLC0415
+    from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer  # noqa: PLC0415
+
+    model_dir = base_model_dir(model_spec)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir)
+    adapter_dir = resolve_adapter(model_spec, adapter)
+    name = str(model_spec)
+    if adapter_dir is not None:
+        ad = lora.read_adapter(adapter_dir)
+        if tokenizer.get_vocab_size() != int(ad.config["base_vocab_size"]):
+            raise ValueError(f"adapter {adapter_dir} was trained on a {ad.config['base_vocab_size']}-token vocabulary, the model has {tokenizer.get_vocab_size()}")
+        tied = bool(model.config.tie_word_embeddings)
+        merged = lora.merge_state_dict(model.state_dict(), ad, tied=tied)
+        config = model.config
+        config.vocab_size = merged["model.embed_tokens.weight"].shape[0]
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if tied:
+            merged.pop("lm_head.weight", None)
+        result = model.load_state_dict(merged, strict=False)
+        missing = [k for k in result.missing_keys if not (tied and k == "lm_head.weight")]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"merging {adapter_dir}: missing {missing[:3]}, unexpected {result.unexpected_keys[:3]}")
+        if tied:
+            model.tie_weights()
+        model.eval()
+        for token_id, content in ad.added_tokens:
+            tokenizer.add_special_tokens([AddedToken(content, special=True, normalized=False)])
+            if tokenizer.token_to_id(content) != token_id:
+                raise ValueError(f"added token {content!r} got id {tokenizer.token_to_id(content)}, adapter expects {token_id}")
+        name = f"{model_spec}+{adapter_dir.name}"
+        log.info("merged adapter %s into %s", adapter_dir, model_dir)
+    has_fim = all(tokenizer.token_to_id(t) is not None for t in (*FIM_SENTINELS, EOT_TOKEN))
+    return EvalModel(model, tokenizer, FimIds.from_tokenizer(tokenizer) if has_fim else None, name)
+
+
+__all__ = ["EvalModel", "load_eval_model", "resolve_adapter", "SHIPPED_ADAPTER"]

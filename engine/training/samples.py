@@ -1,0 +1,188 @@
+"""Training samples: FIM, EFIM and plain left-to-right, built from windows of real code.
+
+    fim   : PRE prefix SUF suffix MID middle EOT
+    efim  : PRE prefix SUF suffix MID inc rest EOT     (middle = inc + rest, inc cut at a random character)
+    plain : text
+
+Targets (loss) are everything after MID for fim/efim and every token for plain.
+Each text segment is tokenized on its own — the layout the engine uses at inference
+(`engine.templates`). With fragment tokenization on, the increment is its own segment
+(it ends wherever the random cut fell, usually inside a word) and, with probability
+`fragment_prob`, every segment is further cut into fragments at random characters.
+Without it, `inc + rest` is tokenized as one piece: the model then never sees a
+segment boundary inside the middle — the baseline EFIM's paper compares against.
+
+Contract (tested): a sample's segments in document order concatenate to its window
+exactly, and each segment's ids decode to its text.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from engine.training.fragment import encode_text, fragment_encode
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from engine.training.data import Corpus, SourceFile
+
+SampleKind = Literal["fim", "efim", "plain"]
+SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text"]
+
+FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
+EOT_TOKEN = "<|endoftext|>"
+
+
+class FimIds(NamedTuple):
+    prefix: int
+    suffix: int
+    middle: int
+    pad: int
+    eot: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer) -> FimIds:
+        ids = {name: tokenizer.token_to_id(name) for name in (*FIM_SENTINELS, EOT_TOKEN)}
+        missing = [name for name, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(f"tokenizer lacks {missing}; add the FIM sentinels first (lora.add_fim_tokens)")
+        return cls(ids["<fim_prefix>"], ids["<fim_suffix>"], ids["<fim_middle>"], ids["<fim_pad>"], ids[EOT_TOKEN])
+
+
+class TextSegment(NamedTuple):
+    role: SegmentRole
+    text: str
+    ids: tuple[int, ...]
+
+
+class Sample(NamedTuple):
+    kind: SampleKind
+    ids: list[int]
+    targets: list[bool]  # targets[i]: token i is predicted (loss at position i - 1)
+    # Text segments in document order (prefix, increment, middle, suffix) — not prompt order.
+    segments: tuple[TextSegment, ...]
+    fragmented: bool
+
+    @property
+    def document(self) -> str:
+        return "".join(s.text for s in self.segments)
+
+
+class SampleConfig(NamedTuple):
+    fim_rate: float = 0.45
+    efim_rate: float = 0.35  # plain left-to-right gets the rest
+    fragment: bool = True  # increment as its own segment + random fragments
+    fragment_prob: float = 0.5  # chance that a sample's segments are cut into fragments
+    fragment_mean_chars: float = 24.0
+    min_window_tokens: int = 256
+    max_window_tokens: int = 512
+    # Middles of one line to a few lines (what a completer is asked for); weights for 1..4 lines.
+    middle_line_weights: tuple[float, ...] = (0.5, 0.25, 0.15, 0.1)
+    # Chance the middle ends inside its last line (the rest of that line stays in the suffix).
+    mid_line_end_prob: float = 0.25
+
+    def validate(self) -> SampleConfig:
+        if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
+            raise ValueError("fim_rate and efim_rate must be >= 0 and sum to at most 1")
+        if not 0 <= self.fragment_prob <= 1:
+            raise ValueError("fragment_prob must be in [0, 1]")
+        if not 8 <= self.min_window_tokens <= self.max_window_tokens:
+            raise ValueError("need 8 <= min_window_tokens <= max_window_tokens")
+        return self
+
+
+def draw_window(tokenizer: Tokenizer, text: str, rng: random.Random, n_tokens: int) -> str:
+    """A run of whole lines of `text`, starting at a random line, about `n_tokens` long."""
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n" and i + 1 < len(text)]
+    start = rng.choice(starts)
+    candidate = text[start : start + n_tokens * 6]
+    enc = tokenizer.encode(candidate, add_special_tokens=False)
+    if len(enc.ids) <= n_tokens:
+        return candidate
+    cut = enc.offsets[n_tokens][0]  # character offset of the first token past the budget
+    last_nl = candidate.rfind("\n", 0, cut)
+    # Keep whole lines unless that throws away more than half the window.
+    return candidate[: last_nl + 1] if last_nl + 1 > cut // 2 else candidate[:cut]
+
+
+def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tuple[int, int]:
+    """[start, end) of a middle: begins at a random character, spans 1..4 lines."""
+    start = rng.randrange(0, len(window) - 1)
+    n_lines = rng.choices(range(1, len(config.middle_line_weights) + 1), weights=config.middle_line_weights)[0]
+    end = line_start = start
+    for _ in range(n_lines):
+        nl = window.find("\n", end)
+        if nl < 0:
+            end = len(window)
+            break
+        line_start, end = end, nl + 1
+    if rng.random() < config.mid_line_end_prob and end - 1 > max(start, line_start) + 1:
+        end = rng.randrange(max(start, line_start) + 1, end - 1)  # stop inside the last line
+    return start, max(end, start + 1)
+
+
+class SampleBuilder:
+    """Draws samples from a corpus; sample `index` under `seed` is always the same sample,
+    so a resumed run continues the exact data stream."""
+
+    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, config: SampleConfig = SampleConfig(), seed: int = 0):
+        self.tokenizer = tokenizer
+        self.corpus = corpus
+        self.config = config.validate()
+        self.seed = seed
+        self.fim = FimIds.from_tokenizer(tokenizer)
+
+    def sample(self, index: int) -> Sample:
+        rng = random.Random(self.seed * 1_000_003 + index)
+        cfg = self.config
+        file = self.corpus.draw(rng)
+        n_tokens = rng.randint(cfg.min_window_tokens, cfg.max_window_tokens)
+        window = draw_window(self.tokenizer, file.text, rng, n_tokens)
+        r = rng.random()
+        kind: SampleKind = "fim" if r < cfg.fim_rate else "efim" if r < cfg.fim_rate + cfg.efim_rate else "plain"
+        if len(window) < 4:
+            kind = "plain"
+        return build_sample(self.tokenizer, self.fim, window, kind, rng, cfg)
+
+
+def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKind, rng: random.Random, cfg: SampleConfig) -> Sample:
+    # Draw the same numbers whether or not fragmenting is on, and cut fragments with their
+    # own generator: runs with and without fragment tokenization see the same windows,
+    # middles and increments, so they differ only in tokenization.
+    frag_rng = random.Random(rng.getrandbits(64))
+    fragmented = (rng.random() < cfg.fragment_prob) and cfg.fragment
+
+    def seg(role: SegmentRole, text: str) -> TextSegment:
+        if fragmented:
+            ids = fragment_encode(tokenizer, text, frag_rng, cfg.fragment_mean_chars)
+        else:
+            ids = encode_text(tokenizer, text)
+        return TextSegment(role, text, tuple(ids))
+
+    if kind == "plain":
+        text = seg("text", window)
+        return Sample(kind, list(text.ids), [True] * len(text.ids), (text,), fragmented)
+
+    start, end = choose_middle(window, rng, cfg)
+    prefix, middle, suffix = seg("prefix", window[:start]), window[start:end], seg("suffix", window[end:])
+    if kind == "efim" and len(middle) >= 2:
+        cut = rng.randint(1, len(middle) - 1)
+        if cfg.fragment:
+            inc, rest = seg("increment", middle[:cut]), seg("middle", middle[cut:])
+            middle_segs = (inc, rest)
+        else:
+            # Baseline: the middle keeps its ordinary tokenization; no boundary at the cut.
+            middle_segs = (seg("middle", middle),)
+    else:
+        kind = "fim"
+        middle_segs = (seg("middle", middle),)
+    head = [fim.prefix, *prefix.ids, fim.suffix, *suffix.ids, fim.middle]
+    tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
+    ids = head + tail
+    targets = [False] * len(head) + [True] * len(tail)
+    return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented)
+
+
+__all__ = ["FIM_SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle"]

@@ -1,0 +1,251 @@
+"""The fine-tuning loop: LoRA + new sentinel rows, bf16 autocast on CPU, gradient
+accumulation, cosine schedule, a wall-clock budget and checkpoints that resume.
+
+Run folder layout (`--out`):
+
+    checkpoint/   adapter (fp32) + optimizer state (safetensors) + state.json — the resume point
+    adapter/      the exported adapter (bf16, efim-lora/1), refreshed at every checkpoint
+    train_log.jsonl   one line per optimizer step
+
+A run resumes from `checkpoint/` when it exists, with the same data stream (sample i is a
+pure function of the seed and i) and the same schedule; the hyper-parameters stored in
+state.json win over the command line for anything that would change the run's meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch.nn import functional as F
+
+from engine.training import lora as lora_mod
+from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer
+from engine.training.data import Corpus, training_files
+from engine.training.samples import FIM_SENTINELS, Sample, SampleBuilder, SampleConfig
+
+log = logging.getLogger(__name__)
+
+
+class TrainConfig(NamedTuple):
+    model: str = "default"
+    out: str = "runs/efim"
+    fragment: bool = True
+    fragment_prob: float = 0.5
+    steps: int = 400  # planned optimizer steps (the cosine schedule's length)
+    accum: int = 8  # samples per optimizer step
+    lr: float = 3e-4
+    embed_lr: float = 1e-3
+    warmup: int = 10
+    rank: int = 16
+    alpha: float = 32.0
+    min_window: int = 256
+    max_window: int = 512
+    seed: int = 0
+    time_budget: float = 0.0  # seconds of training in this invocation; 0 = until `steps`
+    save_every: int = 10  # optimizer steps between checkpoints
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    bf16: bool = True
+
+
+class TrainState(NamedTuple):
+    step: int = 0  # optimizer steps done
+    samples: int = 0  # samples drawn (index of the next one)
+    tokens: int = 0  # tokens forwarded (prompt + targets)
+    target_tokens: int = 0
+    seconds: float = 0.0  # training wall time over all invocations
+    last_loss: float = float("nan")
+
+
+class RunResult(NamedTuple):
+    state: TrainState
+    adapter_dir: Path
+    finished: bool
+
+
+def lr_at(step: int, config: TrainConfig, base_lr: float) -> float:
+    if step < config.warmup:
+        return base_lr * (step + 1) / config.warmup
+    progress = min(1.0, (step - config.warmup) / max(1, config.steps - config.warmup))
+    return base_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _bucket(n: int, size: int = 64) -> int:
+    return -(-n // size) * size
+
+
+def sample_loss(model, sample: Sample, autocast: bool, pad_id: int = 0) -> torch.Tensor:
+    """Mean cross-entropy over the sample's target tokens. Logits are computed only at the
+    positions that predict a target (the head is ~20% of SmolLM2's compute).
+
+    Lengths are padded to multiples of 64 (pad tokens at the end, which causal attention
+    never lets earlier positions see): oneDNN builds kernels per shape, and with a new
+    length every sample the CPU spent most of its time building them (32 vs 300 tok/s)."""
+    n = len(sample.ids)
+    ids = torch.full((1, _bucket(n)), pad_id, dtype=torch.long)  # [1, Tp]
+    ids[0, :n] = torch.tensor(sample.ids)
+    where = torch.tensor(sample.targets[1:]).nonzero().squeeze(1)  # [N] positions predicting a target
+    labels = ids[0, where + 1]  # [N]
+    n_tgt = where.numel()
+    rows = torch.cat([where, where.new_zeros(_bucket(n_tgt) - n_tgt)])  # [Np] padded with position 0
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        hidden = model.model(input_ids=ids).last_hidden_state[0]  # [Tp, D]
+        logits = model.lm_head(hidden[rows])  # [Np, V+k]
+    return F.cross_entropy(logits[:n_tgt].float(), labels)
+
+
+def _save_checkpoint(out: Path, model, optimizer, state: TrainState, config: TrainConfig, meta: dict[str, Any]) -> None:
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    tmp = out / "checkpoint.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in lora_mod.adapter_tensors(model).items()}, str(tmp / "adapter.safetensors"))
+    opt = optimizer.state_dict()
+    tensors = {}
+    for idx, st in opt["state"].items():
+        for name, value in st.items():
+            tensors[f"{idx}.{name}"] = torch.as_tensor(value).contiguous()
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    doc = {"state": state._asdict(), "config": config._asdict(), "param_groups": opt["param_groups"], **meta}
+    (tmp / "state.json").write_text(json.dumps(doc, indent=2) + "\n")
+    final = out / "checkpoint"
+    old = out / "checkpoint.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(out: Path, model, optimizer) -> TrainState:
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    ck = out / "checkpoint"
+    doc = json.loads((ck / "state.json").read_text())
+    lora_mod.load_adapter_tensors(model, load_file(str(ck / "adapter.safetensors")))
+    flat = load_file(str(ck / "optimizer.safetensors"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in flat.items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": doc["param_groups"]})
+    return TrainState(**doc["state"])
+
+
+def stored_config(out: Path) -> TrainConfig | None:
+    path = Path(out) / "checkpoint" / "state.json"
+    if not path.is_file():
+        return None
+    return TrainConfig(**json.loads(path.read_text())["config"])
+
+
+def train(config: TrainConfig) -> RunResult:
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    previous = stored_config(out)
+    if previous is not None:
+        # The run's meaning (data, method) comes from the checkpoint; only the budget,
+        # thread count and save interval are this invocation's own.
+        config = previous._replace(time_budget=config.time_budget, threads=config.threads, save_every=config.save_every, steps=max(config.steps, previous.steps) if config.steps != TrainConfig().steps else previous.steps)
+        log.info("resuming %s", out)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+
+    model_dir = base_model_dir(config.model)
+    tokenizer = load_tokenizer(model_dir)
+    base_vocab = tokenizer.get_vocab_size()
+    from tokenizers import AddedToken  # noqa: PLC0415
+
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in FIM_SENTINELS])
+    added = {t: tokenizer.token_to_id(t) for t in FIM_SENTINELS}
+    n_added = tokenizer.get_vocab_size() - base_vocab
+    model = load_causal_lm(model_dir)
+    if model.config.vocab_size != base_vocab:
+        raise ValueError(f"model vocab {model.config.vocab_size} != tokenizer vocab {base_vocab}; cannot place the sentinel rows")
+    lcfg = lora_mod.LoraConfig(config.rank, config.alpha)
+    lora_mod.attach_lora(model, lcfg, n_added, seed=config.seed)
+    model.train()
+    emb_rows = [model.get_input_embeddings().added_rows] if n_added else []
+    head_rows = [p for p in [getattr(model.lm_head, "added_rows", None)] if p is not None and all(p is not e for e in emb_rows)]
+    row_ids = {id(p) for p in emb_rows + head_rows}
+    lora_params = [p for p in lora_mod.trainable_parameters(model) if id(p) not in row_ids]
+    optimizer = torch.optim.AdamW(
+        [{"params": lora_params, "lr": config.lr, "base_lr": config.lr}, {"params": emb_rows + head_rows, "lr": config.embed_lr, "base_lr": config.embed_lr, "weight_decay": 0.0}],
+        weight_decay=0.0,
+        betas=(0.9, 0.99),
+    )
+    state = _load_checkpoint(out, model, optimizer) if previous is not None else TrainState()
+
+    scfg = SampleConfig(fragment=config.fragment, fragment_prob=config.fragment_prob, min_window_tokens=config.min_window, max_window_tokens=config.max_window)
+    corpus = Corpus(training_files())
+    builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)
+    meta = {"base_model": str(model_dir), "base_vocab_size": base_vocab, "corpus_files": len(corpus.files), "corpus_chars": corpus.chars}
+    n_params = sum(p.numel() for p in lora_mod.trainable_parameters(model))
+    log.info("training %d parameters (LoRA r=%d on %s + %d new rows); state %s", n_params, config.rank, ",".join(lcfg.targets), n_added, state)
+
+    stop = {"flag": False}
+
+    def _on_term(signum, frame):  # finish the step, checkpoint, exit
+        stop["flag"] = True
+
+    old_handler = signal.signal(signal.SIGTERM, _on_term)
+    started = time.monotonic()
+    max_len = config.max_window + 96  # fragmenting adds tokens; longer samples are skipped
+    log_file = (out / "train_log.jsonl").open("a")
+    try:
+        while state.step < config.steps and not stop["flag"]:
+            if config.time_budget and time.monotonic() - started >= config.time_budget:
+                break
+            t0 = time.monotonic()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state.step, config, group["base_lr"])
+            total, n_tok, n_tgt, done, samples = 0.0, 0, 0, 0, state.samples
+            while done < config.accum:
+                sample = builder.sample(samples)
+                samples += 1
+                if len(sample.ids) > max_len or sum(sample.targets) < 2:
+                    continue
+                loss = sample_loss(model, sample, config.bf16, builder.fim.pad)
+                (loss / config.accum).backward()
+                total += float(loss.detach())
+                n_tok += len(sample.ids)
+                n_tgt += sum(sample.targets)
+                done += 1
+            torch.nn.utils.clip_grad_norm_(lora_mod.trainable_parameters(model), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            dt = time.monotonic() - t0
+            state = TrainState(state.step + 1, samples, state.tokens + n_tok, state.target_tokens + n_tgt, state.seconds + dt, total / config.accum)
+            record = {"step": state.step, "loss": round(state.last_loss, 4), "lr": optimizer.param_groups[0]["lr"], "tokens": state.tokens, "tok_per_s": round(n_tok / dt, 1), "seconds": round(state.seconds, 1)}
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            log.info("step %d loss %.3f tokens %d (%.0f tok/s)", state.step, state.last_loss, state.tokens, n_tok / dt)
+            if state.step % config.save_every == 0:
+                _save_checkpoint(out, model, optimizer, state, config, meta)
+                _export(model, out, lcfg, added, base_vocab, state, config)
+    finally:
+        signal.signal(signal.SIGTERM, old_handler)
+        log_file.close()
+    _save_checkpoint(out, model, optimizer, state, config, meta)
+    adapter_dir = _export(model, out, lcfg, added, base_vocab, state, config)
+    return RunResult(state, adapter_dir, state.step >= config.steps)
+
+
+def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config: TrainConfig) -> Path:
+    extra = {
+        "fragment_trained": config.fragment,
+        "training": {"steps": state.step, "samples": state.samples, "tokens_seen": state.tokens, "target_tokens": state.target_tokens, "seconds": round(state.seconds, 1), "config": config._asdict()},
+    }
+    return lora_mod.save_adapter(model, out / "adapter", lcfg, added, base_vocab, extra=extra)
+
+
+__all__ = ["TrainConfig", "TrainState", "RunResult", "train", "lr_at", "sample_loss", "stored_config"]

@@ -1,0 +1,88 @@
+"""Sample builders keep every character, and layouts match the engine's segment order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from tokenizers import AddedToken, Tokenizer
+
+from engine.testing import tiny_tokenizer_json
+from engine.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
+from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    tok = Tokenizer.from_str(tiny_tokenizer_json(False))  # no FIM tokens: add them as training does
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in FIM_SENTINELS])
+    return tok
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    return Corpus(training_files())
+
+
+def _check(tok, sample, window=None):
+    fim = FimIds.from_tokenizer(tok)
+    if window is not None:
+        assert sample.document == window
+    for seg in sample.segments:
+        assert tok.decode(list(seg.ids), skip_special_tokens=False) == seg.text, seg.role
+    roles = [s.role for s in sample.segments]
+    by_role = {s.role: s for s in sample.segments}
+    if sample.kind == "plain":
+        assert roles == ["text"] and sample.ids == list(by_role["text"].ids) and all(sample.targets)
+        return
+    middle_ids = [i for s in sample.segments if s.role in ("increment", "middle") for i in s.ids]
+    expected = [fim.prefix, *by_role["prefix"].ids, fim.suffix, *by_role["suffix"].ids, fim.middle, *middle_ids, fim.eot]
+    assert sample.ids == expected
+    n_head = len(expected) - len(middle_ids) - 1
+    assert sample.targets == [False] * n_head + [True] * (len(middle_ids) + 1)
+
+
+@pytest.mark.parametrize("fragment", [True, False])
+def test_builder_keeps_every_character(tokenizer, corpus, fragment):
+    builder = SampleBuilder(tokenizer, corpus, SampleConfig(fragment=fragment, min_window_tokens=64, max_window_tokens=160), seed=5)
+    kinds = set()
+    for i in range(60):
+        s = builder.sample(i)
+        kinds.add(s.kind)
+        _check(tokenizer, s)
+        assert len(s.document) > 0
+        if s.kind == "efim" and fragment:
+            assert [x.role for x in s.segments] == ["prefix", "increment", "middle", "suffix"]
+    assert kinds == {"fim", "efim", "plain"}
+
+
+def test_same_seed_same_text_with_and_without_fragments(tokenizer, corpus):
+    a = SampleBuilder(tokenizer, corpus, SampleConfig(fragment=True, fragment_prob=1.0, min_window_tokens=64, max_window_tokens=128), seed=2)
+    b = SampleBuilder(tokenizer, corpus, SampleConfig(fragment=False, min_window_tokens=64, max_window_tokens=128), seed=2)
+    differ = 0
+    for i in range(20):
+        x, y = a.sample(i), b.sample(i)
+        assert x.document == y.document and x.kind == y.kind
+        differ += x.ids != y.ids
+    assert differ > 10  # fragmenting really changed the ids
+
+
+@pytest.mark.parametrize("kind", ["fim", "efim", "plain"])
+def test_build_sample_on_awkward_text(tokenizer, kind):
+    cfg = SampleConfig(fragment=True, fragment_prob=1.0, fragment_mean_chars=3)
+    for seed in range(30):
+        window = "é\tx = 'ü'\n\n  return  f(ā)\n" + "#" * seed
+        _check(tokenizer, build_sample(tokenizer, FimIds.from_tokenizer(tokenizer), window, kind, random.Random(seed), cfg), window)
+
+
+def test_held_out_modules_never_in_training():
+    train = {f.name for f in training_files()}
+    held = {f.name for f in held_out_files()}
+    assert held and not (train & held)
+    assert held <= set(HELD_OUT_MODULES)
+
+
+def test_missing_sentinels_is_a_clear_error():
+    tok = Tokenizer.from_str(tiny_tokenizer_json(False))
+    with pytest.raises(ValueError, match="sentinels"):
+        FimIds.from_tokenizer(tok)

@@ -1,0 +1,45 @@
+"""The training loop on a tiny model: loss is finite, checkpoints resume the same run."""
+
+from __future__ import annotations
+
+import json
+
+from engine.training.lora import read_adapter
+from engine.training.train import TrainConfig, lr_at, stored_config, train
+
+
+def test_train_checkpoints_and_resumes(tiny_model_factory, tmp_path):
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    out = tmp_path / "run"
+    cfg = TrainConfig(model=str(model_dir), out=str(out), steps=2, accum=2, min_window=24, max_window=48, warmup=1, save_every=1, threads=1)
+    first = train(cfg)
+    assert first.finished and first.state.step == 2 and first.state.tokens > 0
+    assert stored_config(out).min_window == 24
+    adapter = read_adapter(first.adapter_dir)
+    assert adapter.config["training"]["steps"] == 2 and adapter.config["fragment_trained"] is True
+    assert len(adapter.added_tokens) == 4
+
+    # a later invocation continues the same run: schedule position, data stream, tokens
+    second = train(cfg._replace(steps=3, min_window=999))  # stored data settings win
+    assert second.state.step == 3
+    assert second.state.samples >= first.state.samples + 2
+    assert second.state.tokens > first.state.tokens
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in log)  # finite, positive
+
+
+def test_time_budget_stops_with_a_checkpoint(tiny_model_factory, tmp_path):
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    out = tmp_path / "run"
+    res = train(TrainConfig(model=str(model_dir), out=str(out), steps=1000, accum=1, min_window=24, max_window=48, time_budget=1e-9, threads=1))
+    assert not res.finished and res.state.step == 0
+    assert (out / "checkpoint" / "state.json").is_file()
+
+
+def test_cosine_schedule_shape():
+    cfg = TrainConfig(steps=100, warmup=10)
+    lrs = [lr_at(s, cfg, 1.0) for s in range(100)]
+    assert lrs[0] < lrs[9] == max(lrs)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert abs(lrs[-1] - 0.1) < 0.01
