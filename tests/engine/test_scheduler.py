@@ -1,0 +1,153 @@
+"""Scheduler rules, driven synchronously with `step()` (no engine thread)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cache import RadixCache
+from engine.sampler import Sampler
+from engine.scheduler import Job, Prompt, Scheduler
+
+
+class Sink:
+    """Records what the scheduler tells it; max_tokens via before_step."""
+
+    def __init__(self, ids, max_tokens=4, end_ids=()):
+        self.ids, self.max_tokens, self.end_ids = list(ids), max_tokens, set(end_ids)
+        self.tokens, self.finished = [], None
+
+    def prepare(self, context_length):
+        return Prompt(self.ids)
+
+    def before_step(self):
+        return "length" if len(self.tokens) >= self.max_tokens else None
+
+    def on_token(self, t):
+        self.tokens.append(t)
+        if t in self.end_ids:
+            return "eos"
+        return "length" if len(self.tokens) >= self.max_tokens else None
+
+    def on_finish(self, reason, stats, error):
+        assert self.finished is None, "finished twice"
+        self.finished = (reason, stats, error)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_factory):
+    from engine.model.loader import load_model
+
+    return load_model(str(tiny_model_factory("llama")), dtype="fp32").model
+
+
+def make(model, chunk=32, slots=4000):
+    c = model.config
+    cache = RadixCache(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype=torch.float32,
+                       budget_bytes=slots * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4)
+    return Scheduler(model, cache, chunk_tokens=chunk, check_integrity=True)
+
+
+def job(sink, key="k", cache=True, rid=[0]):
+    rid[0] += 1
+    return Job(request_id=rid[0], key=key, sink=sink, sampler=Sampler(), max_tokens=sink.max_tokens, cache=cache)
+
+
+def drain(s: Scheduler, limit=1000):
+    for _ in range(limit):
+        if s.idle():
+            return
+        s.step()
+    raise AssertionError("scheduler did not finish")
+
+
+def prompt(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, 1000, (n,), generator=g).tolist()
+
+
+def test_chunks_and_cancel_within_one_chunk(model):
+    s = make(model, chunk=32)
+    sink = Sink(prompt(200))
+    j = job(sink)
+    s.submit(j)
+    s.step()  # admission + first chunk
+    s.step()  # second chunk
+    s.cancel(j)
+    s.step()
+    reason, stats, _ = sink.finished
+    assert reason == "cancelled" and stats.prefilled_tokens == 64 and sink.tokens == []
+    assert s.cache.match(sink.ids).n_tokens == 64  # both chunks stayed cached
+    s.cache.check_integrity()
+
+
+def test_fully_cached_prompt_still_recomputes_one_token(model):
+    s = make(model)
+    ids = prompt(100, 1)
+    a, b = Sink(ids), Sink(ids)
+    s.submit(job(a, "a"))
+    drain(s)
+    s.submit(job(b, "b"))
+    drain(s)
+    assert b.finished[1].reused_tokens == 99 and b.finished[1].prefilled_tokens == 1
+    assert a.tokens == b.tokens
+
+
+def test_retained_workspace_reuses_generated_tokens(model):
+    """An accepted suggestion: the next prompt extends the old one by the generated tokens,
+    which never entered the radix tree but are still in the document's workspace."""
+    s = make(model)
+    ids = prompt(80, 2)
+    first = Sink(ids, max_tokens=6)
+    s.submit(job(first, "doc"))
+    drain(s)
+    accepted = ids + first.tokens[:5]  # the 6th token was sampled but never fed
+    assert s.cache.match(accepted).n_tokens == 80  # the tree holds the prompt only ...
+    second = Sink(accepted, max_tokens=3)
+    s.submit(job(second, "doc"))
+    drain(s)
+    assert second.finished[1].reused_tokens == len(accepted) - 1  # ... the workspace the rest
+    fresh = Sink(accepted, max_tokens=3)
+    s.submit(job(fresh, "other", cache=False))
+    drain(s)
+    assert fresh.tokens == second.tokens
+
+
+def test_batched_decode_matches_sequential(model):
+    s = make(model)
+    sinks = [Sink(prompt(40 + 9 * i, 10 + i), max_tokens=4) for i in range(3)]
+    for i, sk in enumerate(sinks):
+        s.submit(job(sk, f"b{i}", cache=False))
+    drain(s)
+    for i, sk in enumerate(sinks):
+        alone = Sink(sk.ids, max_tokens=4)
+        s.submit(job(alone, f"solo{i}", cache=False))
+        drain(s)
+        assert alone.tokens == sk.tokens
+
+
+def test_workspace_grows_and_stops_at_context(model):
+    s = make(model)
+    s.context_length = ctx = 300  # a short context keeps the decode loop short
+    sink = Sink(prompt(200, 3), max_tokens=10_000)
+    j = job(sink, "long", cache=False)
+    j.max_tokens = 1  # plan a small workspace: it must grow while decoding
+    s.submit(j)
+    drain(s, limit=5000)
+    reason, stats, _ = sink.finished
+    assert reason == "length" and stats.prompt_tokens + stats.generated_tokens == ctx + 1
+
+
+def test_prompt_errors_end_the_job_not_the_scheduler(model):
+    s = make(model)
+    bad = Sink([])
+    s.submit(job(bad))
+    too_long = Sink(prompt(s.context_length + 5))
+    s.submit(job(too_long))
+    good = Sink(prompt(20))
+    s.submit(job(good))
+    drain(s)
+    assert bad.finished[0] == "error" and "empty prompt" in bad.finished[2]
+    assert too_long.finished[0] == "error" and "context" in too_long.finished[2]
+    assert good.finished[0] == "length" and len(good.tokens) == 4
+    assert s.counters.errors == 2
