@@ -33,6 +33,7 @@ from engine.api import (
     RequestStats,
     StreamEvent,
 )
+from engine.blend import blend_request
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.sampler import Sampler, StopRules
 from engine.scheduler import Job, Prompt, Scheduler
@@ -76,7 +77,8 @@ class LocalHandle:
     # --- caller side
     def events(self, timeout: float | None = None) -> Iterator[StreamEvent]:
         """Blocking iterator over stream events, ending with the terminal one. `timeout`
-        bounds the wait for each event (TimeoutError)."""
+        bounds the wait for each event (TimeoutError). Single consumer: events are handed
+        out once."""
         while True:
             try:
                 event = self._events.get(timeout=timeout)
@@ -138,9 +140,11 @@ class _RequestSink:
         ids = fit_to_context(enc, room)
         healing = enc.healing
         self.decoder = StreamDecoder(eng.tokenizer.vocab, len(healing.removed_bytes) if healing else 0)
+        # CacheBlend needs the chunks' rows as rendered: a prompt cut to fit is prefilled normally.
+        blend = blend_request(req, enc, eng.template) if req.context == "blend" and len(ids) == len(enc.ids) else None
         if healing is None:
-            return Prompt(ids)
-        return Prompt(ids, healing.allowed_ids, 1)
+            return Prompt(ids, blend=blend)
+        return Prompt(ids, healing.allowed_ids, 1, blend=blend)
 
     def before_step(self) -> FinishReason | None:
         return self.rules.before_step()
@@ -173,30 +177,43 @@ def _replace(req: InfillRequest, **changes) -> InfillRequest:
 
 
 def fit_to_context(enc: Encoded, budget: int) -> list[int]:
-    """`enc.ids` cut to at most `budget` tokens: context chunks go first (from the left),
-    then the prefix from its left, then the suffix from its right, then the increment
-    from its left. Sentinels are kept. Never returns an empty list for a non-empty prompt."""
+    """`enc.ids` cut to at most `budget` tokens. Order: context chunks (from the left);
+    the suffix from its right down to a quarter of the budget; the prefix from its left;
+    the rest of the suffix; the increment from its left. Sentinels are kept.
+
+    Why the suffix's far end goes before the prefix: while the increment grows by a
+    token per keystroke, cutting one more suffix token (next to the middle sentinel)
+    keeps every prefix token — and its cached KV — in place, whereas cutting the
+    prefix's left shifts the whole prompt and invalidates all of it."""
     ids = enc.ids
-    excess = len(ids) - max(budget, 1)
+    budget = max(budget, 1)
+    excess = len(ids) - budget
     if excess <= 0:
         return list(ids)
     drop = [False] * len(ids)
-    plan = [("chunk", "left"), ("prefix", "left"), ("suffix", "right"), ("increment", "left")]
-    for role, side in plan:
-        for span in enc.spans:
-            if excess <= 0:
-                break
-            if span.role != role:
+    suffix_len = sum(sp.end - sp.start for sp in enc.spans if sp.role == "suffix")
+    suffix_floor = min(suffix_len, budget // 4)
+    plan = [("chunk", "left", 0), ("suffix", "right", suffix_floor), ("prefix", "left", 0),
+            ("suffix", "right", 0), ("increment", "left", 0)]
+    for role, side, keep in plan:
+        spans = [sp for sp in enc.spans if sp.role == role]
+        if side == "right":
+            spans.reverse()
+        for sp in spans:
+            left = [i for i in range(sp.start, sp.end) if not drop[i]]
+            kept_total = sum(1 for x in enc.spans if x.role == role for i in range(x.start, x.end) if not drop[i])
+            take = min(excess, len(left), max(0, kept_total - keep))
+            if take <= 0:
                 continue
-            take = min(excess, span.end - span.start)
-            rng = range(span.start, span.start + take) if side == "left" else range(span.end - take, span.end)
-            for i in rng:
+            for i in (left[:take] if side == "left" else left[len(left) - take :]):
                 drop[i] = True
             excess -= take
+            if excess <= 0:
+                break
+        if excess <= 0:
+            break
     out = [t for t, d in zip(ids, drop) if not d]
-    if excess > 0:  # only sentinels left over budget: keep the tail
-        out = out[-max(budget, 1) :]
-    return out
+    return out[-budget:] if len(out) > budget else out  # only sentinels left over budget
 
 
 class LocalEngine:
@@ -220,7 +237,9 @@ class LocalEngine:
         self.tokenizer = SegmentTokenizer(loaded.tokenizer)
         self.fragment_trained = fragment_trained
         self.quant = quant
-        self.end_ids = frozenset(cfg.eos_ids) | self.template.stop_ids
+        # Any special token ends a completion: code never contains one, and a model that
+        # emits `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too.
+        self.end_ids = frozenset(cfg.eos_ids) | self.template.stop_ids | self.tokenizer.vocab.special_ids
         budget = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
         probe = self.model.new_kv(1)
         self.cache = RadixCache(

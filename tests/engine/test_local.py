@@ -284,3 +284,24 @@ def test_random_submit_cancel_keeps_pool_consistent(small_chunk_engine, source, 
     settle(eng)
     used, free = eng.cache.usage()
     assert used + free == eng.cache.n_slots * eng.cache.bytes_per_slot
+
+
+def test_fit_to_context_order():
+    from engine.local import fit_to_context
+    from engine.tokenize import Encoded, SegmentSpan
+
+    roles = [("chunk", 10), ("sentinel", 1), ("prefix", 40), ("sentinel", 1), ("suffix", 40), ("sentinel", 1),
+             ("increment", 5)]
+    ids, spans = [], []
+    for role, n in roles:
+        spans.append(SegmentSpan(len(ids), len(ids) + n, role))
+        ids += [len(ids) + i for i in range(n)]
+    enc = Encoded(ids, tuple(spans), None)
+    assert fit_to_context(enc, 200) == ids
+    out = fit_to_context(enc, 80)  # 98 -> 80: the chunk (10), then 8 from the suffix's far end
+    assert len(out) == 80 and out[:1] == [10] and ids[11:51] == out[1:41]
+    assert out[-6:] == ids[-6:] and 83 in out and 84 not in out  # suffix 52..91 lost 84..91
+    out = fit_to_context(enc, 40)  # suffix down to 10, then the prefix's left goes
+    assert len(out) == 40 and out[-6:] == ids[-6:]
+    assert sum(1 for t in out if 52 <= t < 92) == 10 and ids[11] not in out
+    assert len(fit_to_context(enc, 2)) == 2
