@@ -154,7 +154,7 @@ class SpanPlan(NamedTuple):
     chunk_hits: int  # chunks found in the store
     chunk_misses: int  # chunks prefilled alone now (and stored)
     prefilled: int  # tokens those misses cost
-    from_previous: int  # rows reused from the previous sequence (local segments)
+    from_previous: int  # rows of the `extra` spans (local segments of the previous sequence)
 
 
 class BlendRequest(NamedTuple):
@@ -186,14 +186,14 @@ def blend_sequence(
     kv: Any,
     start: int,
     request: BlendRequest,
-    previous: tuple[Sequence[int], Any] | None = None,
+    extra: Sequence[ReusedSpan] = (),
 ) -> BlendOutcome:
     """The scheduler's entry point: prefill rows start..len(ids)-1 of `kv` by blending
-    (rows < start hold an exact prefix). Afterwards `kv` is an ordinary sequence KV."""
+    (rows < start hold an exact prefix), with the chunks from `store` and `extra` spans
+    (see `previous_spans`). Afterwards `kv` is an ordinary sequence KV."""
     plan = plan_spans(
         model, store, ids, request.units,
-        header=request.header, start=start, origins=request.origins,
-        previous=previous, segments=request.segments,
+        header=request.header, start=start, origins=request.origins, extra=extra,
     )
     tail = torch.tensor(list(ids[start:]), dtype=torch.int64)  # [T]
     res = blend_prefill(model, tail, kv, plan.spans, request.ratio, start=start)
@@ -227,6 +227,30 @@ def find_run(haystack: Sequence[int], needle: Sequence[int]) -> int:
     return -1 if pos < 0 else pos // 8
 
 
+def previous_spans(
+    prev_ids: Sequence[int],
+    prev_kv: Any,
+    ids: Sequence[int],
+    segments: Sequence[tuple[int, int]],
+    start: int = 0,
+) -> list[ReusedSpan]:
+    """Spans for the segments of `ids` (rows >= `start`, at least `MIN_REUSED_RUN` long)
+    found verbatim in a previous sequence (`prev_ids`, whose rows `prev_kv` holds) — the
+    document's last request, computed with other context before them. The K/V are
+    copied: the new sequence may be written into the very workspace that holds the old."""
+    spans: list[ReusedSpan] = []
+    for s, e in segments:
+        if s < start or e - s < MIN_REUSED_RUN:
+            continue
+        at = find_run(prev_ids, ids[s:e])
+        if at < 0 or at + (e - s) > prev_kv.capacity:
+            continue
+        k = prev_kv.k[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+        v = prev_kv.v[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+        spans.append(ReusedSpan(s, k, v, torch.arange(at, at + e - s, dtype=torch.int64)))
+    return spans
+
+
 def plan_spans(
     model: Any,
     store: ChunkStore,
@@ -236,15 +260,13 @@ def plan_spans(
     header: Sequence[int] = (),
     start: int = 0,
     origins: Sequence[str | None] | None = None,
-    previous: tuple[Sequence[int], Any] | None = None,
-    segments: Sequence[tuple[int, int]] = (),
+    extra: Sequence[ReusedSpan] = (),
 ) -> SpanPlan:
     """Cached K/V for the rows >= `start` of a prompt: each chunk unit from `store`
-    (prefilled alone after `header` and stored on a miss), and each other segment in
-    `segments` (e.g. the FIM prefix and suffix) found verbatim in `previous` = (ids,
-    SequenceKV) — the document's previous sequence, computed with other context before it."""
+    (prefilled alone after `header` and stored on a miss), plus `extra` spans (e.g.
+    from `previous_spans`)."""
     spans: list[ReusedSpan] = []
-    hits = misses = prefilled = from_prev = 0
+    hits = misses = prefilled = 0
     for j, (s, e) in enumerate(units):
         if s < start:
             continue  # (partly) inside the exact prefix already
@@ -259,21 +281,23 @@ def plan_spans(
             misses += 1
             prefilled += len(chunk)
         spans.append(ReusedSpan(s, cached.k, cached.v, cached.positions))
-    if previous is not None:
-        prev_ids, prev_kv = previous
-        for s, e in segments:
-            if s < start or e - s < MIN_REUSED_RUN:
-                continue
-            at = find_run(prev_ids, ids[s:e])
-            if at < 0:
-                continue
-            # Copies, not views: the new sequence may be written into the very workspace
-            # that holds the previous one.
-            k = prev_kv.k[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
-            v = prev_kv.v[:, :, at : at + e - s].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
-            spans.append(ReusedSpan(s, k, v, torch.arange(at, at + e - s, dtype=torch.int64)))
-            from_prev += e - s
-    return SpanPlan(spans, hits, misses, prefilled, from_prev)
+    extra = [x for x in extra if x.start >= start]
+    spans.extend(extra)
+    return SpanPlan(spans, hits, misses, prefilled, sum(x.k.shape[1] for x in extra))
+
+
+def blend_request(request: Any, encoded: Any, template: Any) -> BlendRequest | None:
+    """The `BlendRequest` of an `InfillRequest` rendered by `template` and tokenized into
+    `encoded` (`engine.tokenize.Encoded`), or None when it has no chunk to blend.
+    ValueError for a ratio outside [0, 1]."""
+    if not 0.0 <= float(request.blend_ratio) <= 1.0:
+        raise ValueError(f"blend_ratio must be in [0, 1], got {request.blend_ratio}")
+    units = chunk_units(encoded.spans)
+    if not units:
+        return None
+    origins = tuple(c.path for c in request.chunks) if len(request.chunks) == len(units) else ()
+    segments = tuple((s.start, s.end) for s in encoded.spans if s.role in ("prefix", "suffix"))
+    return BlendRequest(float(request.blend_ratio), tuple(units), segments, origins, tuple(template.bos_ids))
 
 
 __all__ = [
@@ -286,6 +310,8 @@ __all__ = [
     "blend_prefill",
     "place_spans",
     "plan_spans",
+    "previous_spans",
+    "blend_request",
     "chunk_units",
     "find_run",
     "MIN_REUSED_RUN",

@@ -183,7 +183,7 @@ def speed(model, cache_factory, template, sample: Sample, ratio: float, repeats:
     order reversed (chunk KV already in the store, as it is after the first request)."""
     import torch  # noqa: PLC0415
 
-    from engine.blend import blend_prefill, plan_spans  # noqa: PLC0415
+    from engine.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
     from engine.chunks import ChunkStore  # noqa: PLC0415
 
     # The previous request: the same chunks in the opposite order, same local window.
@@ -220,8 +220,8 @@ def speed(model, cache_factory, template, sample: Sample, ratio: float, repeats:
         reuse = min(m.n_tokens, n - 1)
         kv = model.new_kv(n + 1)
         cache.gather(m.slots[:reuse], kv, 0)
-        plan = plan_spans(model, store, ids, units, header=template.bos_ids, start=reuse,
-                          previous=(prev_ids, prev_kv), segments=local)
+        extra = previous_spans(prev_ids, prev_kv, ids, local, reuse)
+        plan = plan_spans(model, store, ids, units, header=template.bos_ids, start=reuse, extra=extra)
         res = blend_prefill(model, torch.tensor(ids[reuse:]), kv, plan.spans, ratio, start=reuse)
         blend.last = res, plan, reuse  # type: ignore[attr-defined]
         return int(res.logits.argmax())

@@ -37,7 +37,9 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from engine.api import FinishReason, RequestStats
+from engine.blend import blend_sequence, previous_spans
 from engine.cache import RadixCache, RadixNode, common_prefix_len
+from engine.chunks import ChunkStore
 from engine.sampler import Sampler
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Prompt(NamedTuple):
     ids: list[int]
     allowed_first: torch.Tensor | None = None  # [n] int64: token healing's first-token set
     healed_tokens: int = 0
+    blend: Any = None  # engine.blend.BlendRequest: prefill the chunks by CacheBlend (context="blend")
 
 
 class TokenSink(Protocol):
@@ -85,6 +88,8 @@ class Job:
     healed: int = 0
     t_admit: float = 0.0
     t_first: float = 0.0
+    blend: Any = None  # engine.blend.BlendRequest
+    blend_spans: Any = ()  # local segments found in the document's previous sequence
 
 
 class Workspace(NamedTuple):
@@ -136,6 +141,7 @@ class Scheduler:
         self._prefilling: list[Job] = []
         self._decoding: list[Job] = []
         self._spare: collections.OrderedDict[str, Workspace] = collections.OrderedDict()
+        self.chunk_store = ChunkStore(cache)  # CacheBlend's chunk KV, in held slots of the same pool
         self._stepping = False
 
     # ------------------------------------------------------------ any thread
@@ -190,6 +196,7 @@ class Scheduler:
             self._stepping = False
         if self.check_integrity and self.idle():
             self.cache.check_integrity()
+            self.chunk_store.check_integrity()
 
     def _step(self) -> None:
         # Cancelled jobs go first, so a superseding request of the same document finds
@@ -239,6 +246,9 @@ class Scheduler:
         if match is not None:
             job.pinned = self.cache.pin_match(match)  # before anything can evict it
         reuse = min(max(have, match.n_tokens if match else 0), n - 1)
+        job.blend = prompt.blend if job.cache and prompt.blend is not None and prompt.blend.wanted(reuse) else None
+        if job.blend is not None and ws is not None:  # copied before the workspace is reused below
+            job.blend_spans = previous_spans(ws.ids, ws.kv, ids, job.blend.segments, reuse)
         if ws is not None and ws.kv.capacity >= want_cap:
             kv = ws.kv
         else:
@@ -260,10 +270,17 @@ class Scheduler:
             self._finish(job, reason)
             return
         lo = job.n_valid
-        hi = min(job.n_prompt, lo + self.chunk_tokens)
-        last = hi == job.n_prompt
-        ids = torch.tensor(job.tokens[lo:hi], dtype=torch.int64)  # [T]
-        logits = self.model.forward(ids, job.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
+        if job.blend is not None:  # CacheBlend: the whole rest in one pass (it is the cheap part)
+            hi, last = job.n_prompt, True
+            out = blend_sequence(self.model, self.chunk_store, job.tokens[:hi], job.kv, lo, job.blend, job.blend_spans)
+            logits, job.blend, job.blend_spans = out.logits, None, ()
+            job.reused += out.reused
+            job.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
+        else:
+            hi = min(job.n_prompt, lo + self.chunk_tokens)
+            last = hi == job.n_prompt
+            ids = torch.tensor(job.tokens[lo:hi], dtype=torch.int64)  # [T]
+            logits = self.model.forward(ids, job.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
         job.n_valid = hi
         job.prefilled += hi - lo
         if job.cache:

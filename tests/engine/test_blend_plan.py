@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from engine.api import ContextChunk, InfillRequest
-from engine.blend import BlendRequest, blend_prefill, blend_sequence, chunk_units, find_run, plan_spans
+from engine.blend import (
+    BlendRequest,
+    blend_prefill,
+    blend_request,
+    blend_sequence,
+    chunk_units,
+    find_run,
+    plan_spans,
+    previous_spans,
+)
 from engine.cache import RadixCache
 from engine.chunks import ChunkStore
 from engine.templates import detect_template
@@ -77,7 +86,8 @@ def test_plan_uses_the_store_and_the_previous_sequence(tiny):
 
     units2 = chunk_units(second.spans)
     local2 = [(s.start, s.end) for s in second.spans if s.role in ("prefix", "suffix")]
-    plan2 = plan_spans(model, store, second.ids, units2, previous=(first.ids, kv1), segments=local2)
+    extra = previous_spans(first.ids, kv1, second.ids, local2)
+    plan2 = plan_spans(model, store, second.ids, units2, extra=extra)
     assert (plan2.chunk_hits, plan2.chunk_misses, plan2.prefilled) == (2, 0, 0)
     (p_start, p_end) = next((s.start, s.end) for s in second.spans if s.role == "prefix")
     assert plan2.from_previous == p_end - p_start  # the suffix "\n" is shorter than MIN_REUSED_RUN
@@ -91,6 +101,7 @@ def test_plan_uses_the_store_and_the_previous_sequence(tiny):
 
 
 def test_blend_sequence_at_ratio_one_after_a_reorder_equals_full_prefill(tiny):
+    assert blend_request(InfillRequest(key="k", prefix="x"), _encode(*tiny[1:], (), "x"), tiny[1]) is None
     model, tpl, tok = tiny
     source = stdlib_sources(("shlex.py",))[0]
     first = _encode(tpl, tok, CHUNKS, source[:800], suffix=source[800:900])
@@ -98,15 +109,14 @@ def test_blend_sequence_at_ratio_one_after_a_reorder_equals_full_prefill(tiny):
     cache, store = _store(model)
     kv1 = model.new_kv(len(first.ids))
     model.forward(torch.tensor(first.ids), kv1, 0, "none")
-    req = BlendRequest(
-        ratio=1.0,
-        units=tuple(chunk_units(second.spans)),
-        segments=tuple((s.start, s.end) for s in second.spans if s.role in ("prefix", "suffix")),
-        header=tpl.bos_ids,
-    )
+    request = InfillRequest(key="k", prefix=source[:800], suffix=source[800:900], chunks=CHUNKS[::-1], blend_ratio=1.0)
+    req = blend_request(request, second, tpl)
+    assert req.units == tuple(chunk_units(second.spans)) and req.origins == ("pkg/b.py", "pkg/a.py")
+    assert [second.spans[i].role for i in range(len(second.spans)) if (second.spans[i].start, second.spans[i].end) in req.segments] == ["prefix", "suffix"]
     assert req.wanted(0) and not req.wanted(len(second.ids))
     # Writing into the very workspace that holds the previous sequence (the scheduler reuses it).
-    out = blend_sequence(model, store, second.ids, kv1, 0, req, previous=(list(first.ids), kv1))
+    extra = previous_spans(first.ids, kv1, second.ids, req.segments)
+    out = blend_sequence(model, store, second.ids, kv1, 0, req, extra)
     assert out.reused == 0 and out.recomputed == len(second.ids)
     ref = model.new_kv(len(second.ids))
     want = model.forward(torch.tensor(second.ids), ref, 0, "last")
@@ -115,5 +125,6 @@ def test_blend_sequence_at_ratio_one_after_a_reorder_equals_full_prefill(tiny):
     # At 0.15 most cached rows are kept, and the result is still close to the full prefill.
     kv2 = model.new_kv(len(first.ids))
     model.forward(torch.tensor(first.ids), kv2, 0, "none")
-    part = blend_sequence(model, store, second.ids, kv2, 0, req._replace(ratio=0.15), previous=(list(first.ids), kv2))
+    extra = previous_spans(first.ids, kv2, second.ids, req.segments)
+    part = blend_sequence(model, store, second.ids, kv2, 0, req._replace(ratio=0.15), extra)
     assert part.reused > part.recomputed
