@@ -50,8 +50,8 @@ def module_path(name: str) -> Path:
 class LiveView:
     """Prints one line per answer: latency, the cursor's line, the suggestion after it."""
 
-    def __init__(self, out=sys.stdout) -> None:
-        self.out = out
+    def __init__(self, out=None) -> None:
+        self.out = out or sys.stdout
         self.tty = out.isatty()
         self.width = shutil.get_terminal_size((100, 24)).columns
 

@@ -107,8 +107,10 @@ def planned_requests(traces, users: int, limit: int | None) -> int:
     return total
 
 
-def execute(args: argparse.Namespace, observer=None, out=sys.stdout) -> int:
-    """Run the replay described by parsed `efim replay` arguments; print the table to `out`."""
+def execute(args: argparse.Namespace, observer=None, out=None) -> int:
+    """Run the replay described by parsed `efim replay` arguments; print the table to `out`
+    (stdout by default, looked up at call time)."""
+    out = out or sys.stdout
     import asyncio
 
     from efim_lsp.trace.format import read_traces
