@@ -5,8 +5,9 @@ On-disk format "efim-lora/1" (a folder; what the model loader merges):
     adapter_model.safetensors
         {module}.lora_A.weight      [r, in]    module = HF name, e.g. model.layers.0.self_attn.q_proj
         {module}.lora_B.weight      [out, r]
-        model.embed_tokens.added_rows   [k, hidden]   appended to the input embedding
-        lm_head.added_rows              [k, hidden]   only for untied heads (tied heads reuse the rows above)
+        model.embed_tokens.extra    [k, hidden]   rows appended to the input embedding
+        lm_head.extra               [k, hidden]   only for untied heads (tied heads reuse the rows above)
+      metadata: format, rank, alpha (W += alpha / rank · B @ A), added_tokens (JSON [[id, content], ...])
     adapter_config.json   format, r, lora_alpha, scale, target_modules, base_vocab_size,
                           added_tokens [{id, content}], tie_word_embeddings, fragment_trained, training stats
     added_tokens.json     {content: id} (the Hugging Face file of the same name)
@@ -31,8 +32,10 @@ ADAPTER_FORMAT = "efim-lora/1"
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 ADDED_TOKENS_FILE = "added_tokens.json"
-EMBED_ROWS_KEY = "model.embed_tokens.added_rows"
-HEAD_ROWS_KEY = "lm_head.added_rows"
+# Names shared with `engine.model.loader.merge_adapter` (same tensor names and metadata keys).
+EMBED_ROWS_KEY = "model.embed_tokens.extra"
+HEAD_ROWS_KEY = "lm_head.extra"
+_LEGACY_ROW_SUFFIX = ".added_rows"  # checkpoints written before the names were agreed
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -160,6 +163,7 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 def load_adapter_tensors(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Copy saved tensors back into an `attach_lora`-ed model (for resuming)."""
     current = dict(_adapter_parameters(model))
+    tensors = {k.replace(_LEGACY_ROW_SUFFIX, ".extra") if k.endswith(_LEGACY_ROW_SUFFIX) else k: v for k, v in tensors.items()}
     missing = set(current) - set(tensors)
     if missing:
         raise ValueError(f"adapter lacks {sorted(missing)[:3]}... ({len(missing)} tensors)")
@@ -190,7 +194,13 @@ def save_adapter(model: nn.Module, dest: Path, config: LoraConfig, added_tokens:
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.to(dtype).contiguous() for k, v in adapter_tensors(model).items()}
-    save_file(tensors, str(dest / WEIGHTS_FILE), metadata={"format": ADAPTER_FORMAT})
+    metadata = {
+        "format": ADAPTER_FORMAT,
+        "rank": str(config.r),
+        "alpha": str(config.alpha),
+        "added_tokens": json.dumps(sorted((i, t) for t, i in added_tokens.items())),
+    }
+    save_file(tensors, str(dest / WEIGHTS_FILE), metadata=metadata)
     cfg = {
         "format": ADAPTER_FORMAT,
         "r": config.r,

@@ -109,3 +109,26 @@ def test_tokenizer_json_additions_keep_ids(plain_tiny):
     assert [tok.token_to_id(t) for _, t in added] == [i for i, _ in added]
     with pytest.raises(ValueError):
         lora.add_tokens_to_tokenizer_json(tj, [(vocab + 7, "<|endoftext|>")])
+
+
+def test_engine_loader_merges_the_adapter_like_ours(plain_tiny, tmp_path):
+    """The engine's loader (`engine.model.loader.merge_adapter`) and our merge agree on the
+    shared format: same LoRA deltas (alpha from metadata), same appended rows."""
+    from safetensors.torch import load_file
+
+    loader = pytest.importorskip("engine.model.loader")
+    model = _load(plain_tiny)
+    vocab = model.config.vocab_size
+    cfg = lora.LoraConfig(r=4, alpha=12)
+    lora.attach_lora(model, cfg, n_added_tokens=4)
+    _train_a_little(model, vocab, steps=2)
+    added = {t: vocab + i for i, t in enumerate(FIM_SENTINELS)}
+    dest = lora.save_adapter(model, tmp_path / "adapter", cfg, added, vocab)
+    base = load_file(str(plain_tiny / "model.safetensors"))
+    ours = lora.merge_state_dict(base, lora.read_adapter(dest), tied=True)
+    theirs = dict(base)
+    config = loader.merge_adapter(dest / lora.WEIGHTS_FILE, json.loads((plain_tiny / "config.json").read_text()), theirs)
+    assert config["vocab_size"] == vocab + 4
+    for key in ("model.layers.0.self_attn.q_proj.weight", "model.layers.2.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        torch.testing.assert_close(theirs[key], ours[key])
+    assert not torch.equal(ours["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
