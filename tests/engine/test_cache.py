@@ -188,8 +188,11 @@ def test_random_operations_keep_integrity(seq):
                 assert torch.equal(ws.k, workspace_for(ids).k[:, :, : len(ids)])
         elif op == "pin":
             m = cache.match(ids)
-            cache.pin(m.node)
-            pinned.append(m.node)
+            if k % 2:
+                pinned.append(cache.pin_match(m))
+            else:
+                cache.pin(m.node)
+                pinned.append(m.node)
         elif op == "unpin" and pinned:
             cache.unpin(pinned.pop(k % len(pinned)))
         elif op == "evict":
