@@ -31,6 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--verbose-results", action="store_true", help="also list every task's result (with --json)")
     _common(h)
     h.set_defaults(func=run_humaneval)
+    t = targets.add_parser("table", help="the comparison table: base prefix-only, each adapter under FIM and EFIM (healing off/on)")
+    t.add_argument("--model", default="default")
+    t.add_argument("--adapters", nargs="+", required=True, help="adapter folders to compare (e.g. with and without fragment tokenization)")
+    t.add_argument("--split", choices=("single-line", "multi-line", "random-span-light"), default="single-line")
+    t.add_argument("--data", default=None)
+    t.add_argument("--limit", type=int, default=30, help="HumanEval tasks per configuration")
+    t.add_argument("--line-limit", type=int, default=0, help="held-out stdlib line completions per configuration (0 = skip)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--jsonl", default=None, help="append every row (with per-task results) to this file")
+    t.set_defaults(func=run_table)
     lines = targets.add_parser("lines", help="line completion exact match / edit similarity on held-out stdlib modules")
     _common(lines)
     lines.set_defaults(func=run_lines)
@@ -77,4 +88,16 @@ def run_lines(args: argparse.Namespace) -> int:
         print(json.dumps({"task": "lines", "format": score.format, "heal": score.heal, "n": score.n, "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
     else:
         print(f"{completer.em.name} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
+    return 0
+
+
+def run_table(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    from engine.evaluation.table import markdown, run_table  # noqa: PLC0415
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = run_table(args.model, args.adapters, split=args.split, limit=args.limit, line_limit=args.line_limit, data=args.data, seed=args.seed, out_jsonl=args.jsonl)
+    print(markdown(rows))
     return 0
