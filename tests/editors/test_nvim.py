@@ -189,6 +189,19 @@ def test_accept_word_escape_and_toggle(nvim, efim_serve, tiny_model_dir, tmp_pat
     assert _status(nvim)["counters"]["requests"] == before
     assert nvim.lua("return require('efim.ghost').read(0)") == ""
 
+    # :EfimRestart brings up a new server attached to the same buffer, and it answers.
+    old_client = _status(nvim)["client_id"]
+    nvim.input("<Esc>")
+    nvim.command("EfimToggle")
+    nvim.command("EfimRestart")
+    nvim.wait_for(f"local s = require('efim').status() return s.client_id and s.client_id ~= {old_client} and s.state == 'ready'",
+                  timeout=30, what="a restarted, ready server")
+    before = _status(nvim)["counters"]["requests"]
+    nvim.input("Ay")
+    nvim.wait_for(f"return require('efim').status().counters.requests > {before}", timeout=5, what="a request to the new server")
+    nvim.wait_for("return not require('efim').status().pending", timeout=15, what="the new server's answer")
+    assert _status(nvim).get("last_error") is None
+
 
 TEXT_CASES = """
 local t = require("efim.text")

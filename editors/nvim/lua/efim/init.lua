@@ -247,6 +247,20 @@ function M.toggle()
   return enabled
 end
 
+--- Restarts the server (e.g. after it died, or to reload it) and re-attaches every buffer it had.
+function M.restart()
+  M.dismiss()
+  local buffers = vim.tbl_filter(function(b)
+    return vim.api.nvim_buf_is_loaded(b) and vim.b[b].efim_attached
+  end, vim.api.nvim_list_bufs())
+  server.stop(function()
+    for _, b in ipairs(buffers) do
+      vim.b[b].efim_attached = nil
+      M.attach(b)
+    end
+  end)
+end
+
 --- Client-side view of things: server state, counters, the ghost on screen (for status lines and tests).
 function M.status()
   local client = server.client()
@@ -388,6 +402,7 @@ function M.setup(opts)
   vim.cmd("highlight default link EfimSuggestion Comment")
   vim.api.nvim_create_user_command("EfimStats", stats_command, { desc = "efim: server statistics" })
   vim.api.nvim_create_user_command("EfimToggle", M.toggle, { desc = "efim: completions on/off" })
+  vim.api.nvim_create_user_command("EfimRestart", M.restart, { desc = "efim: restart the server" })
   local group = vim.api.nvim_create_augroup("efim", { clear = true })
   vim.api.nvim_create_autocmd("FileType", {
     group = group,

@@ -79,19 +79,19 @@ local function client_config(cfg, bufnr)
     flags = { debounce_text_changes = 0, allow_incremental_sync = true },
     handlers = {
       ["$/progress"] = function(err, result, ctx, config)
-        on_progress(result)
+        if ctx and ctx.client_id == client_id then
+          on_progress(result)
+        end
         local default = vim.lsp.handlers["$/progress"]
         if default then
           return default(err, result, ctx, config)
         end
       end,
     },
-    on_init = function()
-      if M.status.state == "stopped" or M.status.state == "starting" then
-        M.status = { state = "starting", detail = "" }
+    on_exit = function(code, signal, id)
+      if id ~= client_id then
+        return -- an earlier server (restart): the current one's state stands
       end
-    end,
-    on_exit = function(code, signal)
       open_progress = {}
       if code ~= 0 then
         M.status = { state = "error", detail = string.format("efim serve exited (code %s, signal %s)", code, signal) }
@@ -106,7 +106,6 @@ end
 --- or nil and an error message (a missing executable is reported, not thrown).
 function M.attach(cfg, bufnr)
   local config = client_config(cfg, bufnr)
-  M.status = M.status.state == "ready" and M.status or { state = "starting", detail = "" }
   local ok, id = pcall(function()
     if vim.lsp.start then
       return vim.lsp.start(config, { bufnr = bufnr })
@@ -127,15 +126,44 @@ function M.attach(cfg, bufnr)
     M.status = { state = "error", detail = message }
     return nil, message
   end
+  if id ~= client_id then
+    M.status = { state = "starting", detail = "" } -- a new server: not ready until its progress ends
+    open_progress = {}
+  end
   client_id = id
   return id
+end
+
+--- Stops the server; `on_stopped()` runs once it has exited (forced after 3 s).
+function M.stop(on_stopped)
+  local client = client_id and vim.lsp.get_client_by_id(client_id)
+  client_id = nil
+  if stopped(client) then
+    return on_stopped and on_stopped()
+  end
+  vim.lsp.stop_client(client.id)
+  local timer, waited = (vim.uv or vim.loop).new_timer(), 0
+  timer:start(50, 50, vim.schedule_wrap(function()
+    waited = waited + 50
+    if not stopped(client) and waited < 3000 then
+      return
+    end
+    if not stopped(client) then
+      vim.lsp.stop_client(client.id, true)
+    end
+    timer:stop()
+    timer:close()
+    if on_stopped then
+      on_stopped()
+    end
+  end))
 end
 
 --- The running client attached to `bufnr` (any buffer when nil), or nil.
 function M.client(bufnr)
   local client = client_id and vim.lsp.get_client_by_id(client_id)
-  if stopped(client) then
-    return nil
+  if stopped(client) or not client.initialized then
+    return nil -- before `initialized` the server knows no documents yet
   end
   if bufnr and vim.lsp.buf_is_attached and not vim.lsp.buf_is_attached(bufnr, client.id) then
     return nil
