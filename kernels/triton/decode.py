@@ -6,9 +6,9 @@ BLOCK_G rows so `tl.dot` gets a legal tile) attend to keys
 `slot_table[b]`. With one split it writes the normalised output directly; otherwise it
 writes the split's normalised partial output and its log-sum-exp (base 2).
 
-Pass 2, program (b, head): merges the splits, weighting each partial output by
-`exp2(lse_split - lse_max)`. An empty split (past the sequence's end) has lse = -inf and
-weight 0.
+Pass 2 (`online_softmax._merge_splits_kernel`), program (b, head): merges the splits,
+weighting each partial output by `exp2(lse_split - lse_max)`. An empty split (past the
+sequence's end) has lse = -inf and weight 0.
 
 Splitting the keys is what keeps a GPU busy when B * H_kv is small and the context is
 long (flash-decoding). The split count is chosen from `S_max` (the table's width), not
@@ -24,12 +24,15 @@ import triton
 import triton.language as tl
 
 from kernels.triton import checks
-from kernels.triton.online_softmax import _online_softmax_step
+from kernels.triton.online_softmax import (
+    _merge_splits_kernel,
+    _online_softmax_step,
+    _store_split,
+    choose_num_splits,
+)
 from kernels.triton.prefill import LOG2_E
 
 BLOCK_N = 64
-MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism it adds
-TARGET_PROGRAMS = 256  # enough programs to fill a large GPU a few times over
 
 
 @triton.jit
@@ -86,51 +89,13 @@ def _decode_split_kernel(
         visible = g_ok[:, None] & n_ok[None, :]  # the decode query sees every key of its sequence
         m_i, l_i, acc = _online_softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2, UPCAST, PRECISION)
 
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [BLOCK_G, BLOCK_D]
     if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [BLOCK_G, BLOCK_D]
         o_ptrs = OUT + b * stride_ob + head[:, None] * stride_oh + d[None, :] * stride_od
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=q_mask)
     else:
-        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))  # [BLOCK_G]
         part = (b * (GROUP * tl.num_programs(1)) + head) * NUM_SPLITS + split  # [BLOCK_G]
-        tl.store(PART_OUT + part[:, None] * HEAD_DIM + d[None, :], out, mask=q_mask)
-        tl.store(PART_LSE + part, lse, mask=g_ok)
-
-
-@triton.jit
-def _decode_reduce_kernel(
-    PART_OUT,  # [B, H, NUM_SPLITS, D] float32
-    PART_LSE,  # [B, H, NUM_SPLITS] float32
-    OUT,  # [B, H, D]
-    stride_ob, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_SPLITS: tl.constexpr,
-):
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    base = (b * tl.num_programs(1) + head) * NUM_SPLITS
-    s = tl.arange(0, BLOCK_SPLITS)
-    s_ok = s < NUM_SPLITS
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    lse = tl.load(PART_LSE + base + s, mask=s_ok, other=float("-inf"))  # [BLOCK_SPLITS]
-    lse_max = tl.max(lse, 0)
-    lse_ref = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    w = tl.exp2(lse - lse_ref)  # [BLOCK_SPLITS], 0 for empty splits
-    part = tl.load(PART_OUT + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(part * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
-    tl.store(OUT + b * stride_ob + head * stride_oh + d * stride_od, out.to(OUT.dtype.element_ty), mask=d_ok)
-
-
-def choose_num_splits(batch: int, kv_heads: int, s_max: int) -> int:
-    """Splits per sequence: enough programs to fill the device, never a split shorter
-    than MIN_KEYS_PER_SPLIT keys."""
-    by_length = max(1, s_max // MIN_KEYS_PER_SPLIT)
-    by_occupancy = max(1, math.ceil(TARGET_PROGRAMS / max(1, batch * kv_heads)))
-    return min(by_length, by_occupancy)
+        _store_split(PART_OUT, PART_LSE, part, d, q_mask, m_i, l_i, acc, HEAD_DIM)
 
 
 def decode(
@@ -141,7 +106,7 @@ def decode(
     seq_lens: torch.Tensor,  # [B]
     scale: float,
     *,
-    num_splits: int | None = None,  # None = choose_num_splits(...)
+    num_splits: int | None = None,  # None: online_softmax.choose_num_splits
 ) -> torch.Tensor:  # [B, H, D]
     """`paged_attention_decode` with the split count exposed (tests force several splits
     on short sequences)."""
@@ -171,7 +136,7 @@ def decode(
     out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [B, H, D]
     if B == 0:
         return out
-    splits = num_splits if num_splits is not None else choose_num_splits(B, H_kv, S_max)
+    splits = num_splits if num_splits is not None else choose_num_splits(B * H_kv, S_max)
     checks.require(splits >= 1, f"num_splits must be >= 1, got {splits}")
     chunk = triton.cdiv(triton.cdiv(S_max, splits), BLOCK_N) * BLOCK_N
     splits = triton.cdiv(S_max, chunk)  # no split that starts past S_max
@@ -195,7 +160,7 @@ def decode(
         num_stages=2,
     )
     if splits > 1:
-        _decode_reduce_kernel[(B, H)](
+        _merge_splits_kernel[(B, H)](
             part_out, part_lse, out, *out.stride(),
             HEAD_DIM=D,
             BLOCK_D=block_d,

@@ -27,21 +27,28 @@ def _pool(n: int, d: int, dtype: torch.dtype, gen: torch.Generator) -> tuple[tor
     return k_pool, v_pool
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+# Split-K runs in float32 and bfloat16 only: the interpreter is slow, and the merge pass
+# is float32 whatever the input dtype.
+SPLIT_CASES = [(None, dt) for dt in DTYPES] + [(3, torch.float32), (3, torch.bfloat16)]
+SPLIT_IDS = [f"{'auto' if n is None else 'split3'}-{str(dt).removeprefix('torch.')}" for n, dt in SPLIT_CASES]
+
+
+@pytest.mark.parametrize("num_splits,dtype", SPLIT_CASES, ids=SPLIT_IDS)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("ratio", GQA_RATIOS)
-def test_prefill_matches_reference(ratio, head_dim, dtype):
-    """New tokens at the end of a 70-key sequence (not a multiple of the 64-key block),
-    keys scattered over the pool."""
+def test_prefill_matches_reference(ratio, head_dim, num_splits, dtype):
+    """Scattered query rows over a 130-key sequence (not a multiple of the 64-key block),
+    keys scattered over the pool; with 3 key splits, the splits after the first are
+    partly or wholly invisible to the earliest query rows."""
     gen = torch.Generator().manual_seed(ratio * 1000 + head_dim)
-    S, T, N = 70, 5, 96
+    S, T, N = 130, 5, 160
     k_pool, v_pool = _pool(N, head_dim, dtype, gen)
     q = torch.randn(T, H_KV * ratio, head_dim, generator=gen).to(dtype)  # [T, H, D]
     slots = torch.randperm(N, generator=gen)[:S]  # [S]
     k_pos = torch.arange(S)
-    q_pos = torch.arange(S - T, S)
     scale = 1 / math.sqrt(head_dim)
-    out = triton_prefill.paged_attention_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, scale)
+    q_pos = torch.tensor([0, 64, 100, 128, 129])  # a scattered recompute set
+    out = triton_prefill.paged_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, scale, num_splits=num_splits)
     assert_close(out, reference.paged_attention_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, scale))
 
 
@@ -75,9 +82,10 @@ def test_prefill_unsorted_positions_and_fully_masked_rows():
     k_pos = torch.randperm(S, generator=gen) + 10  # positions 10..159, shuffled
     q_pos = torch.tensor([5, 10, 90, 159])  # row 0 sees nothing, row 1 exactly one key
     q = torch.randn(T, H, D, generator=gen)
-    out = triton_prefill.paged_attention_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, 0.1)
     expected = reference.paged_attention_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, 0.1)
-    assert_close(out, expected)
+    for splits in (1, 3):
+        out = triton_prefill.paged_prefill(q, k_pool, v_pool, slots, k_pos, q_pos, 0.1, num_splits=splits)
+        assert_close(out, expected)
     assert torch.count_nonzero(out[0]) == 0
     assert torch.allclose(out[1], v_pool[slots[k_pos == 10][0]].repeat_interleave(3, dim=0))
 
@@ -99,6 +107,21 @@ def test_contiguous_attention_matches_reference(q_pos, k_pos, dtype):
     assert_close(triton_prefill.attention(q, k, v, qp, kp, 0.125), reference.attention(q, k, v, qp, kp, 0.125))
 
 
+def test_keystroke_prefill_splits_the_keys():
+    """EFIM's keystroke: 2 new tokens against a long context is a decode-shaped launch;
+    the automatic choice splits the keys, and the result still equals the reference."""
+    from kernels.triton.online_softmax import choose_num_splits
+
+    assert choose_num_splits(programs=1 * 2, keys=1024) == 4
+    assert choose_num_splits(programs=64 * 8, keys=4096) == 1  # a long prefill fills the GPU by rows
+    gen = torch.Generator().manual_seed(8)
+    H, H_kv, S, D = 6, 2, 1024, 64
+    q = torch.randn(H, 2, D, generator=gen)  # [H, T=2, D]
+    k = torch.randn(H_kv, S, D, generator=gen)
+    v = torch.randn(H_kv, S, D, generator=gen)
+    assert_close(triton_prefill.attention(q, k, v, None, None, 0.125), reference.attention(q, k, v, None, None, 0.125))
+
+
 def test_attention_single_query_and_strided_inputs():
     """T == 1 (the reference's unmasked fast path) and q/k/v that are transposed views."""
     gen = torch.Generator().manual_seed(5)
@@ -108,11 +131,10 @@ def test_attention_single_query_and_strided_inputs():
     assert_close(triton_prefill.attention(q, k, v, None, None, 0.125), reference.attention(q, k, v, None, None, 0.125))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_splits,dtype", SPLIT_CASES, ids=SPLIT_IDS)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("ratio", GQA_RATIOS)
-@pytest.mark.parametrize("num_splits", [None, 3], ids=["auto", "split3"])
-def test_decode_matches_reference(num_splits, ratio, head_dim, dtype):
+def test_decode_matches_reference(ratio, head_dim, num_splits, dtype):
     """Three sequences of lengths 1, 77 and 130 in one launch; with 3 splits the
     1-token sequence has two empty splits that the reduction must ignore."""
     gen = torch.Generator().manual_seed(ratio * 100 + head_dim)
@@ -128,9 +150,9 @@ def test_decode_matches_reference(num_splits, ratio, head_dim, dtype):
 
 
 def test_decode_split_choice():
-    assert triton_decode.choose_num_splits(batch=1, kv_heads=2, s_max=100) == 1
-    assert triton_decode.choose_num_splits(batch=1, kv_heads=2, s_max=4096) == 16
-    assert triton_decode.choose_num_splits(batch=64, kv_heads=8, s_max=4096) == 1
+    assert triton_decode.choose_num_splits(programs=1 * 2, keys=100) == 1
+    assert triton_decode.choose_num_splits(programs=1 * 2, keys=4096) == 16
+    assert triton_decode.choose_num_splits(programs=64 * 8, keys=4096) == 1
 
 
 def test_bad_inputs_are_refused_with_a_clear_message():

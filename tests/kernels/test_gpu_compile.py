@@ -28,9 +28,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from kernels.triton.checks import interpreted
-from kernels.triton.decode import _decode_reduce_kernel, _decode_split_kernel
+from kernels.triton.decode import _decode_split_kernel
 from kernels.triton.kv import _kv_deviation_kernel, _kv_gather_kernel, _kv_store_kernel
 from kernels.triton.norm import _rms_norm_kernel
+from kernels.triton.online_softmax import _merge_splits_kernel
 from kernels.triton.prefill import _prefill_kernel
 from kernels.triton.rope import _rope_apply_kernel, _rope_shift_kernel
 
@@ -62,11 +63,13 @@ def attn_ptrs(dt):
 
 
 for dt, d, group, precision in (("bf16", 128, 8, "tf32"), ("fp16", 64, 1, "tf32"), ("fp32", 64, 3, "ieee")):
-    compile_one(_prefill_kernel, attn_ptrs(dt), dict(
-        GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, BLOCK_N=64, HAS_SLOTS=True, UPCAST=False, PRECISION=precision))
+    for splits in (1, 4):
+        compile_one(_prefill_kernel, attn_ptrs(dt), dict(
+            GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_M=64, BLOCK_N=64, HAS_SLOTS=splits == 1, NUM_SPLITS=splits,
+            UPCAST=False, PRECISION=precision))
     compile_one(_decode_split_kernel, attn_ptrs(dt), dict(
         GROUP=group, HEAD_DIM=d, BLOCK_D=d, BLOCK_G=16, BLOCK_N=64, NUM_SPLITS=4, UPCAST=False, PRECISION=precision))
-compile_one(_decode_reduce_kernel, {"PART_OUT": "fp32", "PART_LSE": "fp32", "OUT": "bf16"},
+compile_one(_merge_splits_kernel, {"PART_OUT": "fp32", "PART_LSE": "fp32", "OUT": "bf16"},
             dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=4, BLOCK_SPLITS=4))
 for neox in (True, False):
     compile_one(_rope_apply_kernel, {"X": "bf16", "COS": "bf16", "SIN": "bf16", "OUT": "bf16"},
