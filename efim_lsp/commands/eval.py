@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.set_defaults(func=run_humaneval)
     t = targets.add_parser("table", help="the comparison table: base prefix-only, each adapter under FIM and EFIM (healing off/on)")
     t.add_argument("--model", default="default")
-    t.add_argument("--adapters", nargs="+", required=True, help="adapter folders to compare (e.g. with and without fragment tokenization)")
+    t.add_argument("--adapters", nargs="*", default=[], help="adapter folders to compare (e.g. with and without fragment tokenization)")
+    t.add_argument("--skip-base", action="store_true", help="leave out the base model's prefix-only rows")
     t.add_argument("--split", choices=("single-line", "multi-line", "random-span-light"), default="single-line")
     t.add_argument("--data", default=None)
     t.add_argument("--limit", type=int, default=30, help="HumanEval tasks per configuration")
@@ -98,6 +99,6 @@ def run_table(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = run_table(args.model, args.adapters, split=args.split, limit=args.limit, line_limit=args.line_limit, data=args.data, seed=args.seed, out_jsonl=args.jsonl)
+    rows = run_table(args.model, args.adapters, base=not args.skip_base, split=args.split, limit=args.limit, line_limit=args.line_limit, data=args.data, seed=args.seed, out_jsonl=args.jsonl)
     print(markdown(rows))
     return 0

@@ -39,11 +39,11 @@ BASE_CONFIGS = (("prefix", "none", False), ("prefix", "cut", False), ("prefix", 
 ADAPTER_CONFIGS = (("fim", "none", False), ("efim", "cut", False), ("efim", "cut", True))
 
 
-def run_table(model: str, adapters: list[str], *, split: str = "single-line", limit: int = 30, line_limit: int = 0, data: Path | None = None, seed: int = 0, out_jsonl: Path | None = None) -> list[Row]:
+def run_table(model: str, adapters: list[str], *, base: bool = True, split: str = "single-line", limit: int = 30, line_limit: int = 0, data: Path | None = None, seed: int = 0, out_jsonl: Path | None = None) -> list[Row]:
     tasks = humaneval.select(humaneval.load_tasks(split, data), limit, seed)
     cases = line_cases(n=line_limit, seed=seed) if line_limit else []
     rows: list[Row] = []
-    plan = [("none", BASE_CONFIGS)] + [(a, ADAPTER_CONFIGS) for a in adapters]
+    plan = ([("none", BASE_CONFIGS)] if base else []) + [(a, ADAPTER_CONFIGS) for a in adapters]
     for adapter, configs in plan:
         em = load_eval_model(model, adapter)
         completer = Completer(em)
