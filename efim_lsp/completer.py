@@ -53,6 +53,7 @@ class Answer(NamedTuple):
 
 
 class Declined(NamedTuple):
+    code: str  # camelCase key of `efim/stats` "declined"
     reason: str
 
 
@@ -205,13 +206,13 @@ class Completer:
         doc = self.documents.get(uri)
         state = self._states.get(uri)
         if doc is None or state is None:
-            return self._decline("unknown document")
+            return self._decline("unknownDocument", "unknown document")
         if version is not None and doc.version != version:
-            return self._decline("stale: the document changed before the request started")
+            return self._decline("stale", "the document changed before the request started")
         if not doc.in_sync:
-            return self._decline(f"document out of sync ({doc.sync_problem}); waiting for the client to re-send it")
+            return self._decline("outOfSync", f"document out of sync ({doc.sync_problem}); waiting for the client to re-send it")
         if doc.unsupported:
-            return self._decline(doc.unsupported)
+            return self._decline("unsupportedDocument", doc.unsupported)
         version = doc.version
         if state.inflight is not None:
             state.inflight.supersede("a newer request")
@@ -225,8 +226,8 @@ class Completer:
 
         if not self.slot.ready:
             if self.slot.state == "failed":
-                return self._decline(f"model failed to load: {self.slot.error}")
-            return self._decline("model loading")
+                return self._decline("modelFailed", f"model failed to load: {self.slot.error}")
+            return self._decline("modelLoading", "model loading")
 
         inflight = _Inflight(version)
         state.inflight = inflight
@@ -246,10 +247,10 @@ class Completer:
             await asyncio.sleep(settings.debounce_ms / 1000)
             if inflight.superseded:
                 self.stats.cancelled += 1
-                return self._decline(f"superseded: {inflight.superseded}")
+                return self._decline("superseded", f"superseded: {inflight.superseded}")
         engine, info = self.slot.engine, self.slot.info
         if engine is None:
-            return self._decline("model loading")
+            return self._decline("modelLoading", "model loading")
         fmt = prompt_format(settings, info)
         segments = state.session.segments(doc.index, cursor, budget_for(settings, info, fmt))
         if segments.rebased:
@@ -289,16 +290,16 @@ class Completer:
 
         if inflight.superseded:
             self.stats.cancelled += 1
-            return self._decline(f"superseded: {inflight.superseded}")
+            return self._decline("superseded", f"superseded: {inflight.superseded}")
         if self.documents.get(uri) is not doc or doc.version != inflight.version:
-            return self._decline("stale: the document changed while generating")
+            return self._decline("stale", "the document changed while generating")
         if streamed.error:
             log.warning("%s: engine error: %s", uri, streamed.error)
-            return self._decline(f"engine error: {streamed.error}")
+            return self._decline("engineError", f"engine error: {streamed.error}")
         self.stats.latency.add((time.monotonic() - arrival) * 1000)
         text = shape(streamed.text, ctx, mode, done=True).text
         if not text:
-            return self._decline("empty suggestion")
+            return self._decline("empty", "empty suggestion")
         eol = doc.eol
         if eol != "\n":
             text = text.replace("\n", eol)
@@ -372,11 +373,10 @@ class Completer:
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
-    def _decline(self, reason: str) -> Declined:
-        key = reason.split(":")[0].split(" (")[0]
-        self.stats.declined[key] += 1
+    def _decline(self, code: str, reason: str) -> Declined:
+        self.stats.declined[code] += 1
         log.debug("completion declined: %s", reason)
-        return Declined(reason)
+        return Declined(code, reason)
 
     def _count_tokens(self, text: str) -> int:
         engine = self.slot.engine

@@ -299,7 +299,7 @@ def build_server(
 
     @server.command(ACCEPTED_COMMAND)
     def accepted(ls: EfimServer, *args: Any) -> None:
-        info = args[0] if args and isinstance(args[0], dict) else {}
+        info = _mapping(args[0]) if args else {}
         ls.stats.accepted += 1
         length = info.get("length")
         if isinstance(length, int) and length >= 0:
@@ -312,7 +312,7 @@ def build_server(
     @server.feature(DID_PARTIALLY_ACCEPT)
     def did_partially_accept(ls: EfimServer, params: Any) -> None:
         ls.stats.partially_accepted += 1
-        length = params.get("acceptedLength") if isinstance(params, dict) else getattr(params, "acceptedLength", None)
+        length = _mapping(params).get("acceptedLength")
         if isinstance(length, int) and length >= 0:
             ls.stats.accepted_chars += length
 
@@ -346,6 +346,15 @@ def build_server(
         return {"ok": not problems, "engine": _jsonable(engine_report), "problems": problems}
 
     return server
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """Params of custom methods arrive as dicts or (pygls) namedtuples."""
+    if isinstance(value, dict):
+        return value
+    if hasattr(value, "_asdict"):
+        return value._asdict()
+    return {}
 
 
 def _info_dict(info) -> dict[str, Any] | None:
