@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -18,6 +19,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--backend", choices=("transformers", "engine"), default="transformers",
+                   help="generate with transformers' forward (default) or the product engine on a merged copy of the model")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,13 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _completer(args: argparse.Namespace):
     import torch  # noqa: PLC0415
 
-    from engine.evaluation.completer import Completer  # noqa: PLC0415
-    from engine.evaluation.model import load_eval_model  # noqa: PLC0415
+    from engine.evaluation.completer import Completer, EngineCompleter  # noqa: PLC0415
+    from engine.evaluation.model import export_merged, load_eval_model  # noqa: PLC0415
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit must be positive")
+    if args.backend == "engine":
+        import tempfile  # noqa: PLC0415
+
+        folder = export_merged(args.model, args.adapter, Path(tempfile.mkdtemp(prefix="efim-eval-merged-")))
+        return EngineCompleter(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
     return Completer(load_eval_model(args.model, args.adapter))
 
 
@@ -72,10 +80,10 @@ def run_humaneval(args: argparse.Namespace) -> int:
     if args.json:
         doc = {"split": res.split, "format": res.format, "n": res.n, "pass_at_1": res.pass_at_1}
         if args.verbose_results:
-            doc.update(model=completer.em.name, heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
+            doc.update(model=_name(completer), heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
         print(json.dumps(doc))
     else:
-        print(f"{completer.em.name} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
+        print(f"{_name(completer)} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
     return 0
 
 
@@ -88,7 +96,7 @@ def run_lines(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"task": "lines", "format": score.format, "heal": score.heal, "n": score.n, "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
     else:
-        print(f"{completer.em.name} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
+        print(f"{_name(completer)} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
     return 0
 
 
@@ -102,3 +110,7 @@ def run_table(args: argparse.Namespace) -> int:
     rows = run_table(args.model, args.adapters, base=not args.skip_base, split=args.split, limit=args.limit, line_limit=args.line_limit, data=args.data, seed=args.seed, out_jsonl=args.jsonl)
     print(markdown(rows))
     return 0
+
+
+def _name(completer) -> str:
+    return getattr(completer, "name", None) or completer.em.name

@@ -127,4 +127,36 @@ class Completer:
         return Infill(body, len(ids), len(generated), bool(healed_text), finish)
 
 
-__all__ = ["Completer", "Infill", "Format"]
+class EngineCompleter:
+    """The same `complete` contract through the product engine (`engine.local`): the
+    merged model folder is loaded by the engine's loader and the request goes through its
+    template detection, per-segment tokenization, healing and stop rules. Differences:
+    single-line stops at the first newline even before any text."""
+
+    def __init__(self, model_dir, name: str, threads: int | None = None, dtype: str | None = None):
+        from engine.local import load_engine  # noqa: PLC0415
+
+        self.engine = load_engine(str(model_dir), threads=threads, dtype=dtype, fragment_trained=False)
+        info = self.engine.info()
+        if not info.supports_fim:
+            raise ValueError(f"the engine found no FIM template in {model_dir} ({info.template})")
+        self.name = name
+        self._n = 0
+
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill:
+        from engine.api import InfillRequest  # noqa: PLC0415
+
+        self._n += 1
+        req = InfillRequest(key=f"eval-{self._n}", prefix=prefix, suffix=suffix, increment=increment, format=fmt, context="off",
+                            max_tokens=max_tokens, stop=("\n",) if single_line else (), heal=heal, temperature=0.0)
+        done = self.engine.submit(req).result(timeout=600)
+        if done.finish_reason == "error":
+            raise RuntimeError(done.error or "engine error")
+        text = done.text.split("\n", 1)[0] if single_line else done.text
+        return Infill(text, done.stats.prompt_tokens, done.stats.generated_tokens, done.stats.healed_tokens > 0, "stop" if done.finish_reason == "stop" else "eos" if done.finish_reason in ("eos",) else "length")
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+__all__ = ["Completer", "EngineCompleter", "Infill", "Format"]

@@ -75,4 +75,40 @@ def load_eval_model(model_spec: str = "default", adapter: str | None = "auto") -
     return EvalModel(model, tokenizer, FimIds.from_tokenizer(tokenizer) if has_fim else None, name)
 
 
-__all__ = ["EvalModel", "load_eval_model", "resolve_adapter", "SHIPPED_ADAPTER"]
+def export_merged(model_spec: str, adapter: str | None, dest: Path) -> Path:
+    """Write a Hugging Face folder with the adapter merged in and its tokens added to
+    `tokenizer.json`, so any HF-folder consumer (the product engine's loader included)
+    detects the FIM template from the tokenizer like for any other model."""
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from safetensors.torch import load_file, save_file  # noqa: PLC0415
+
+    from engine.training import lora  # noqa: PLC0415
+    from engine.training.base import base_model_dir  # noqa: PLC0415
+
+    src = base_model_dir(model_spec)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    adapter_dir = resolve_adapter(model_spec, adapter)
+    config = json.loads((src / "config.json").read_text())
+    state = load_file(str(src / "model.safetensors"))
+    tokenizer_json = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    if adapter_dir is not None:
+        ad = lora.read_adapter(adapter_dir)
+        tied = bool(config.get("tie_word_embeddings", False))
+        state = lora.merge_state_dict(state, ad, tied=tied)
+        if tied:
+            state.pop("lm_head.weight", None)
+        config["vocab_size"] = int(state["model.embed_tokens.weight"].shape[0])
+        tokenizer_json = lora.add_tokens_to_tokenizer_json(tokenizer_json, ad.added_tokens)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (dest / "tokenizer.json").write_text(json.dumps(tokenizer_json, ensure_ascii=False), encoding="utf-8")
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, dest / name)
+    return dest
+
+
+__all__ = ["EvalModel", "load_eval_model", "resolve_adapter", "export_merged", "SHIPPED_ADAPTER"]
