@@ -189,6 +189,10 @@ def test_accept_word_escape_and_toggle(nvim, efim_serve, tiny_model_dir, tmp_pat
     assert _status(nvim)["counters"]["requests"] == before
     assert nvim.lua("return require('efim.ghost').read(0)") == ""
 
+    # Settings changes reach the server in its flat camelCase shape: a bad value comes back as a warning.
+    assert nvim.lua("return require('efim').configure({ maxTokens = 0 })") is not False
+    nvim.wait_for("return vim.fn.execute('messages'):find('maxTokens=0', 1, true) ~= nil", timeout=5, what="the server's warning")
+
     # :EfimRestart brings up a new server attached to the same buffer, and it answers.
     old_client = _status(nvim)["client_id"]
     nvim.input("<Esc>")

@@ -286,6 +286,15 @@ test('open, type, request, receive a suggestion, report show and accept against 
     assert.equal(progressKinds[0], 'begin', `progress: ${progressKinds}`);
     assert.equal(progressKinds[progressKinds.length - 1], 'end', `progress: ${progressKinds}`);
 
+    // Settings changes go out in the same flat camelCase shape; the server reads them (a bad value is reported).
+    const warned = new Promise<string>((resolve) => {
+        connection.onNotification('window/showMessage', (m: { type: number; message: string }) => {
+            if (m.message.includes('maxTokens')) resolve(m.message);
+        });
+    });
+    await connection.sendNotification('workspace/didChangeConfiguration', { settings: { ...serverOptions(settings), maxTokens: 0 } });
+    assert.match(await call(warned, 5_000, 'a warning about maxTokens=0'), /maxTokens/);
+
     await call(connection.sendRequest('shutdown'), 5_000, 'shutdown');
     shuttingDown = true;
     await connection.sendNotification('exit');
