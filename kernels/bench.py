@@ -161,6 +161,13 @@ def _cases(args: argparse.Namespace, torch: Any, device: str, dtype: Any) -> lis
         "paged_attention_prefill", f"T={T} S={S} H={H}/{H_kv} D={D}", 4.0 * D * H * pairs, "TFLOP/s",
         lambda: (q_pre, k_pool, v_pool, slots_pre, k_pos, q_pos, scale),
     ))
+    # EFIM's keystroke on the engine's contiguous per-sequence KV: 3 new tokens over S keys.
+    q_key = rand(H, 3, D)  # [H, 3, D]
+    k_seq, v_seq = rand(H_kv, S, D), rand(H_kv, S, D)  # [H_kv, S, D]
+    cases.append(Case(
+        "attention", f"T=3 S={S} H={H}/{H_kv} D={D}", 2.0 * S * H_kv * D * size, "GB/s",
+        lambda: (q_key, k_seq, v_seq, None, None, scale),
+    ))
     # Decode: one query for each of B sequences of S keys.
     q_dec = rand(B, H, D)  # [B, H, D]
     table = perm[: B * S].view(B, S)  # [B, S]

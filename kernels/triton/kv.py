@@ -24,7 +24,7 @@ BLOCK_S = 16
 
 @triton.jit
 def _row_tile(h, d, H_KV, HEAD_DIM: tl.constexpr):
-    """Offsets helper: the [BLOCK_H, BLOCK_D] mask of one token's row."""
+    """The [BLOCK_H, BLOCK_D] mask of one token's row (padding heads and dims off)."""
     return (h < H_KV)[:, None] & (d < HEAD_DIM)[None, :]
 
 
