@@ -186,6 +186,10 @@ class Completer:
     def rebases(self) -> int:
         return sum(s.session.rebases for s in self._states.values())
 
+    @property
+    def uris(self) -> list[str]:
+        return list(self._states)
+
     def session(self, uri: str) -> EditSession | None:
         state = self._states.get(uri)
         return state.session if state else None

