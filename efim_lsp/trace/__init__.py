@@ -8,6 +8,7 @@ server, and replay through a real `efim serve` subprocess with a comparison repo
     synth.py     sessions → traces
     record.py    `efim serve --record DIR`
     client.py    a small asyncio JSON-RPC/LSP client over a subprocess's stdio
-    replay.py    replaying traces (users, speed, cancellation, accepting suggestions)
+    person.py    one simulated person replaying a trace (timing, cancelling, accepting)
+    replay.py    configurations on fresh servers, users in parallel, readiness, stats
     report.py    percentiles, the comparison table, JSON and plot
 """
