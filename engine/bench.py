@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tokens", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--keystrokes", type=int, default=20)
-    p.add_argument("--repeats", type=int, default=3, help="best of N for prefill/decode timings")
+    p.add_argument("--repeats", type=int, default=2, help="best of N for prefill/decode timings")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out the transformers baseline")
 
