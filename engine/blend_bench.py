@@ -2,23 +2,27 @@
 
 Prompts come from real multi-file code: a CPython standard-library package. For each
 sample, a cursor in one of its modules gives the local window (the ~`--local-tokens`
-tokens before the cursor), and `efim_lsp.context.ContextGatherer` picks `--chunks`
-chunks of ~`--chunk-tokens` tokens from the sibling modules, exactly as the server
-does. The prompt is rendered and tokenized by the engine's own template code.
+tokens before the cursor, plus ~20 lines after it for FIM models), and
+`efim_lsp.context.ContextGatherer` picks `--chunks` chunks of ~`--chunk-tokens` tokens
+from the sibling modules, exactly as the server does. The prompt is rendered and
+tokenized by the engine's own template code.
 
 Quality, per blend ratio, against a full prefill of the same prompt:
 - agreement: the full prefill's greedy continuation (`--gen` tokens) is fed after the
-  blended prompt (teacher forcing); agreement is the fraction of those steps at which
-  the blended sequence's argmax equals the full one's;
+  prompt in one pass on both sides (teacher forcing); agreement is the fraction of
+  steps at which the blended sequence's argmax equals the full prefill's;
 - kl: KL(full || blended) of the first generated token's distribution.
-The chunks' KV is computed with each chunk prefilled alone; the local window is not
-cached (the first request after the context changed).
+Two settings: `ratios` — the chunks' KV from each chunk prefilled alone, the local
+window uncached (the first request after the context changed); `ratios_reordered` —
+in addition the local window's rows come from the previous request of the document,
+which had the chunks in the opposite order (what the engine does on a reorder).
 
-Speed (TTFT = prompt in, first token out), for the first sample's prompt when the chunk
-order changed since the previous request of the same document: `full` prefills every
-token; `prefix` reuses the radix-cache prefix left by the previous request (which ends
-where the chunk order differs); `blend` takes the chunks from the chunk store and the
-local window from the previous request's sequence, and recomputes `--speed-ratio`.
+Speed (TTFT = prompt in, first token out; median of `--repeats`), for the first
+sample's prompt when the chunk order changed since the previous request: `full`
+prefills every token; `prefix` reuses the radix-cache prefix the previous request left
+(it ends where the chunk order differs); `blend` takes the chunks from the chunk store
+and the local window from the previous request's sequence and recomputes
+`--speed-ratio` of them (setup.speed also has the time with the local window uncached).
 
 Module top level imports only the stdlib (the CLI imports it to add arguments).
 """
@@ -44,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="model folder, .gguf, or 'default' (SmolLM2-135M)")
     parser.add_argument("--dtype", default=None, help="bf16 | fp32 (default: bf16 where the CPU has it)")
     parser.add_argument("--package", default="asyncio", help="stdlib package the prompts come from (default: asyncio)")
-    parser.add_argument("--samples", type=int, default=6, help="cursor positions for the quality part (default: 6)")
+    parser.add_argument("--samples", type=int, default=4, help="cursor positions for the quality part (default: 4)")
     parser.add_argument("--chunks", type=int, default=4, help="context chunks per prompt (default: 4)")
     parser.add_argument("--chunk-tokens", type=int, default=256, help="tokens per chunk (default: 256)")
     parser.add_argument("--local-tokens", type=int, default=1000, help="local window tokens (default: 1000)")
@@ -97,7 +101,8 @@ def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[Sample]:
     gatherer.set_workspaces([pkg])
     gatherer.wait_idle(60)
     files = sorted(
-        (p for p in pkg.glob("*.py") if p.stat().st_size > 20_000), key=lambda p: p.name
+        # Big enough that a cursor in its second half has a full local window before it.
+        (p for p in pkg.glob("*.py") if p.stat().st_size > 8 * args.local_tokens), key=lambda p: p.name
     )
     if not files:
         raise ValueError(f"package {args.package!r} has no module large enough for a {args.local_tokens}-token window")
@@ -136,73 +141,91 @@ def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[Sample]:
     return samples
 
 
-def _greedy(model, ids, n_gen):
-    """Full prefill + greedy decode: (first-token logits [V], continuation ids)."""
+def _reference(model, ids, n_gen):
+    """Full prefill, greedy decode of `n_gen` tokens, then the same tokens fed again in
+    one pass (teacher forcing, as the blended side is measured): (first-token logits [V],
+    continuation, the argmax at each continuation step)."""
     import torch  # noqa: PLC0415
 
-    kv = model.new_kv(len(ids) + n_gen + 1)
-    logits = model.forward(torch.tensor(ids), kv, 0, "last")[0]
-    first = logits
-    out = [int(logits.argmax())]
+    n = len(ids)
+    kv = model.new_kv(n + n_gen + 1)
+    first = model.forward(torch.tensor(ids), kv, 0, "last")[0]
+    cont = [int(first.argmax())]
     for j in range(n_gen - 1):
-        logits = model.forward(torch.tensor([out[-1]]), kv, len(ids) + j, "last")[0]
-        out.append(int(logits.argmax()))
-    return first, out
+        cont.append(int(model.forward(torch.tensor([cont[-1]]), kv, n + j, "last")[0].argmax()))
+    forced = model.forward(torch.tensor(cont[:-1]), kv, n, "all")  # [gen-1, V]
+    return first, cont, [cont[0]] + forced.argmax(-1).tolist()
 
 
-def quality(model, cache, template, samples: list[Sample], ratios, n_gen: int) -> dict[str, dict[str, float]]:
+def _reordered(sample: Sample) -> list[int]:
+    """The sample's prompt with its chunks in the opposite order (same local window)."""
+    units = sample.units
+    body = [sample.ids[s:e] for s, e in units]
+    return sample.ids[: units[0][0]] + [t for chunk in reversed(body) for t in chunk] + sample.ids[units[-1][1] :]
+
+
+def quality(model, cache, template, samples: list[Sample], ratios, n_gen: int) -> dict[str, dict]:
+    """Agreement and KL per ratio in two settings: "fresh" (chunks prefilled alone, the
+    local window uncached) and "reordered" (the previous request had the chunks in the
+    opposite order: its local-window rows are reused too)."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
 
-    from engine.blend import blend_prefill, plan_spans  # noqa: PLC0415
+    from engine.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
     from engine.chunks import ChunkStore  # noqa: PLC0415
 
     store = ChunkStore(cache, max_fraction=0.5)
-    agree: dict[float, list[float]] = {r: [] for r in ratios}
-    kls: dict[float, list[float]] = {r: [] for r in ratios}
+    settings = ("fresh", "reordered")
+    agree = {(k, r): [] for k in settings for r in ratios}
+    kls = {(k, r): [] for k in settings for r in ratios}
     for sample in samples:
         t0 = time.perf_counter()
-        ref_logits, cont = _greedy(model, sample.ids, n_gen)
+        n = len(sample.ids)
+        ref_logits, cont, ref_preds = _reference(model, sample.ids, n_gen)
         ref_logp = F.log_softmax(ref_logits.float(), -1)
         plan = plan_spans(model, store, sample.ids, sample.units, header=template.bos_ids)
-        for r in ratios:
-            kv = model.new_kv(len(sample.ids) + n_gen + 1)
-            res = blend_prefill(model, torch.tensor(sample.ids), kv, plan.spans, r)
-            logp = F.log_softmax(res.logits[0].float(), -1)
-            kls[r].append(float((ref_logp.exp() * (ref_logp - logp)).sum()))
-            forced = model.forward(torch.tensor(cont[:-1]), kv, len(sample.ids), "all")  # [gen-1, V]
-            preds = [int(res.logits[0].argmax())] + forced.argmax(-1).tolist()
-            agree[r].append(sum(p == c for p, c in zip(preds, cont)) / len(cont))
-        log.info("blend bench: %s (%d tokens, %d in chunks) in %.1f s", sample.name, len(sample.ids),
+        prev_ids = _reordered(sample)
+        prev_kv = model.new_kv(n + 1)
+        model.forward(torch.tensor(prev_ids), prev_kv, 0, "none")
+        extra = previous_spans(prev_ids, prev_kv, sample.ids, sample.local)
+        for setting, spans in (("fresh", plan.spans), ("reordered", plan.spans + extra)):
+            for r in ratios:
+                kv = model.new_kv(n + n_gen + 1)
+                res = blend_prefill(model, torch.tensor(sample.ids), kv, spans, r)
+                logp = F.log_softmax(res.logits[0].float(), -1)
+                kls[setting, r].append(float((ref_logp.exp() * (ref_logp - logp)).sum()))
+                forced = model.forward(torch.tensor(cont[:-1]), kv, n, "all")  # [gen-1, V]
+                preds = [int(res.logits[0].argmax())] + forced.argmax(-1).tolist()
+                agree[setting, r].append(sum(p == q for p, q in zip(preds, ref_preds)) / len(ref_preds))
+        log.info("blend bench: %s (%d tokens, %d in chunks) in %.1f s", sample.name, n,
                  sum(e - s for s, e in sample.units), time.perf_counter() - t0)
-    return {f"{r:g}": {"agreement": statistics.fmean(agree[r]), "kl": statistics.fmean(kls[r])} for r in ratios}
+    return {
+        setting: {
+            f"{r:g}": {"agreement": statistics.fmean(agree[setting, r]), "kl": statistics.fmean(kls[setting, r])}
+            for r in ratios
+        }
+        for setting in settings
+    }
 
 
 def speed(model, cache_factory, template, sample: Sample, ratio: float, repeats: int) -> dict[str, Any]:
-    """TTFT of the three paths for `sample` after a previous request with the chunk
-    order reversed (chunk KV already in the store, as it is after the first request)."""
+    """TTFT of the three paths for `sample` after a previous request of the same document
+    with the chunk order reversed (chunk KV already in the store, as after that request).
+    Each path runs the same functions the scheduler runs, without its thread hand-offs."""
     import torch  # noqa: PLC0415
 
     from engine.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
     from engine.chunks import ChunkStore  # noqa: PLC0415
 
-    # The previous request: the same chunks in the opposite order, same local window.
-    units = sample.units
-    body = [sample.ids[s:e] for s, e in units]
-    head = sample.ids[: units[0][0]]
-    tail = sample.ids[units[-1][1] :]
-    prev_ids = head + [t for chunk in reversed(body) for t in chunk] + tail
-    ids = sample.ids
+    ids, units, local = sample.ids, sample.units, sample.local
+    prev_ids = _reordered(sample)
     n = len(ids)
-    local = [(s, e) for s, e in sample.local]
-
     cache = cache_factory()
     store = ChunkStore(cache, max_fraction=0.5)
     prev_kv = model.new_kv(n + 1)
     model.forward(torch.tensor(prev_ids), prev_kv, 0, "none")
     cache.commit(prev_ids, prev_kv, n, key="doc")
-    for s, e in units:
-        plan_spans(model, store, ids, [(s, e)], header=template.bos_ids)  # chunks seen before: stored
+    plan_spans(model, store, ids, units, header=template.bos_ids)  # the chunks were seen before: stored
 
     def full() -> int:
         kv = model.new_kv(n + 1)
@@ -215,37 +238,52 @@ def speed(model, cache_factory, template, sample: Sample, ratio: float, repeats:
         cache.gather(m.slots[:reuse], kv, 0)
         return int(model.forward(torch.tensor(ids[reuse:]), kv, reuse, "last").argmax())
 
-    def blend() -> int:
+    def blend(with_previous: bool = True) -> int:
         m = cache.match(ids)
         reuse = min(m.n_tokens, n - 1)
+        extra = previous_spans(prev_ids, prev_kv, ids, local, reuse) if with_previous else []
         kv = model.new_kv(n + 1)
         cache.gather(m.slots[:reuse], kv, 0)
-        extra = previous_spans(prev_ids, prev_kv, ids, local, reuse)
         plan = plan_spans(model, store, ids, units, header=template.bos_ids, start=reuse, extra=extra)
         res = blend_prefill(model, torch.tensor(ids[reuse:]), kv, plan.spans, ratio, start=reuse)
-        blend.last = res, plan, reuse  # type: ignore[attr-defined]
+        stats[with_previous] = int(res.recomputed.numel()), res.reused
         return int(res.logits.argmax())
 
-    times: dict[str, list[float]] = {"full": [], "prefix": [], "blend": []}
-    paths = {"full": full, "prefix": prefix, "blend": blend}
-    firsts = {}
+    stats: dict[bool, tuple[int, int]] = {}
+    paths = {"full": full, "prefix": prefix, "blend": blend, "blend_local_uncached": lambda: blend(False)}
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    firsts: dict[str, int] = {}
     for _ in range(max(1, repeats)):
         for name, fn in paths.items():
             t0 = time.perf_counter()
             firsts[name] = fn()
             times[name].append((time.perf_counter() - t0) * 1e3)
-    res, plan, reuse = blend.last  # type: ignore[attr-defined]
+    med = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "ttft_ms": {k: statistics.median(v) for k, v in times.items()},
+        "ttft_ms": {k: med[k] for k in ("full", "prefix", "blend")},
+        "blend_local_uncached_ms": med["blend_local_uncached"],
         "prompt_tokens": n,
-        "prefix_reused_tokens": cache.match(ids).n_tokens,
-        "blend_recomputed_rows": int(res.recomputed.numel()),
-        "blend_reused_rows": res.reused,
-        "first_token_equal": {k: firsts[k] == firsts["full"] for k in ("prefix", "blend")},
+        "prefix_reused_tokens": min(cache.match(ids).n_tokens, n - 1),
+        "blend_recomputed_rows": stats[True][0],
+        "blend_reused_rows": stats[True][1],
+        "blend_local_uncached_recomputed_rows": stats[False][0],
+        "first_token_equal_full": {k: firsts[k] == firsts["full"] for k in paths if k != "full"},
     }
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    import torch  # noqa: PLC0415
+
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(threads)  # a process-wide setting: leave it as found
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
     from engine.cache import RadixCache  # noqa: PLC0415
@@ -253,8 +291,6 @@ def run_cli(args: argparse.Namespace) -> int:
     from engine.templates import detect_template  # noqa: PLC0415
     from engine.tokenize import SegmentTokenizer  # noqa: PLC0415
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype)
     model = loaded.model
@@ -273,8 +309,9 @@ def run_cli(args: argparse.Namespace) -> int:
         qual = quality(model, cache_factory(), template, samples, RATIOS, args.gen)
         spd = speed(model, cache_factory, template, samples[0], args.speed_ratio, args.repeats)
     result = {
-        "ratios": qual,
+        "ratios": qual["fresh"],
         "ttft_ms": spd["ttft_ms"],
+        "ratios_reordered": qual["reordered"],
         "setup": {
             "model": loaded.name,
             "dtype": str(model.dtype).removeprefix("torch."),
@@ -295,14 +332,18 @@ def run_cli(args: argparse.Namespace) -> int:
     print(f"CacheBlend on {loaded.name} ({result['setup']['dtype']}), stdlib package {args.package!r}, "
           f"{len(samples)} prompts of ~{result['setup']['prompt_tokens_mean']:.0f} tokens "
           f"(~{result['setup']['chunk_tokens_mean']:.0f} in chunks)", file=out)
-    print(f"{'ratio':>6} {'agreement':>10} {'KL':>9}", file=out)
-    for r, q in qual.items():
-        print(f"{r:>6} {q['agreement']:>10.3f} {q['kl']:>9.4f}", file=out)
+    print("quality vs full prefill: fresh = chunks prefilled alone, local window uncached; "
+          "reordered = local window also reused from a request with the chunks in the opposite order", file=out)
+    print(f"{'ratio':>6} {'agree fresh':>12} {'KL fresh':>9} {'agree reord':>12} {'KL reord':>9}", file=out)
+    for r, q in qual["fresh"].items():
+        q2 = qual["reordered"][r]
+        print(f"{r:>6} {q['agreement']:>12.3f} {q['kl']:>9.4f} {q2['agreement']:>12.3f} {q2['kl']:>9.4f}", file=out)
     t = spd["ttft_ms"]
-    print(f"TTFT, chunk order changed ({spd['prompt_tokens']} tokens): full {t['full']:.0f} ms, "
-          f"prefix cache {t['prefix']:.0f} ms (reused {spd['prefix_reused_tokens']}), "
+    print(f"TTFT, chunk order changed ({spd['prompt_tokens']} tokens, median of {args.repeats}): "
+          f"full {t['full']:.0f} ms, prefix cache {t['prefix']:.0f} ms (reused {spd['prefix_reused_tokens']}), "
           f"blend@{args.speed_ratio:g} {t['blend']:.0f} ms (recomputed {spd['blend_recomputed_rows']} rows) "
-          f"-> full/blend {t['full'] / t['blend']:.2f}x", file=out)
+          f"-> full/blend {t['full'] / t['blend']:.2f}x; local window uncached: "
+          f"{spd['blend_local_uncached_ms']:.0f} ms ({spd['blend_local_uncached_recomputed_rows']} rows)", file=out)
     return 0
 
 

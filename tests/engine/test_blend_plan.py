@@ -128,3 +128,26 @@ def test_blend_sequence_at_ratio_one_after_a_reorder_equals_full_prefill(tiny):
     extra = previous_spans(first.ids, kv2, second.ids, req.segments)
     part = blend_sequence(model, store, second.ids, kv2, 0, req._replace(ratio=0.15), extra)
     assert part.reused > part.recomputed
+
+
+def test_previous_spans_reuse_runs_of_moved_windows(tiny):
+    """After a cursor move the prefix window grew and the suffix lost its first lines:
+    runs of both are still found in the previous sequence, at their old rows."""
+    model, tpl, tok = tiny
+    src = stdlib_sources(("textwrap.py",))[0]
+    a, b = 3000, 3400  # cursor before and after the move
+    old = _encode(tpl, tok, CHUNKS, src[1000:a], suffix=src[a:a + 1200])
+    new = _encode(tpl, tok, CHUNKS[::-1], src[1000:b], suffix=src[b:a + 1500])
+    kv = model.new_kv(len(old.ids))
+    model.forward(torch.tensor(old.ids), kv, 0, "none")
+    segs = [(s.start, s.end) for s in new.spans if s.role in ("prefix", "suffix")]
+    spans = previous_spans(old.ids, kv, new.ids, segs)
+    covered = sum(sp.k.shape[1] for sp in spans)
+    old_text_tokens = sum(e - s for s, e in segs) - tok.count(src[a + 1200 : a + 1500])  # text the old prompt had
+    assert covered >= 0.8 * old_text_tokens
+    for sp in spans:
+        n = sp.k.shape[1]
+        old_rows = sp.positions
+        assert [old.ids[int(r)] for r in old_rows] == new.ids[sp.start : sp.start + n]
+        assert torch.equal(sp.k, kv.k[:, :, int(old_rows[0]) : int(old_rows[0]) + n].transpose(1, 2))
+    assert previous_spans(old.ids, kv, new.ids, segs, start=len(new.ids)) == []
