@@ -33,21 +33,51 @@ class Linear(Protocol):
 
 
 class DenseLinear:
-    """`y = x @ W.T + b` in the weight's dtype."""
+    """`y = x @ W.T + b` in the weight's dtype.
 
-    __slots__ = ("weight", "bias", "out_features", "in_features")
+    bf16 weights on a CPU are pre-packed once into oneDNN's blocked layout
+    (`mkldnn._reorder_linear_weight`) and multiplied with `mkldnn._linear_pointwise`: the
+    plain `F.linear` re-lays the weight out on every call, which halves its speed (a
+    1536x576 GEMV: 37 us packed vs 74 us here). fp32 keeps `F.linear` (MKL), which is
+    already fast and is the path correctness tests compare against transformers.
+    """
+
+    __slots__ = ("weight", "bias", "out_features", "in_features", "_packed")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight = weight.contiguous()  # [N, K]
-        self.bias = bias  # [N] | None
         self.out_features, self.in_features = weight.shape
+        self.bias = bias  # [N] | None
+        self._packed = _pack_bf16(weight)
+        # The packed copy replaces the plain one (same bytes, opaque layout).
+        self.weight = weight.contiguous() if self._packed is None else None  # [N, K]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
+    def dense_weight(self) -> torch.Tensor:  # [N, K]
+        if self.weight is not None:
+            return self.weight
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16, device="cpu")  # recover W.T column by column
+        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "").t().contiguous()
+
     def nbytes(self) -> int:
-        n = self.weight.numel() * self.weight.element_size()
+        n = self.out_features * self.in_features * (2 if self._packed is not None else self.weight.element_size())
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+def _pack_bf16(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN-packed copy of a bf16 CPU weight, or None where packing is unavailable."""
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
+        probe = torch.zeros(1, weight.shape[1], dtype=torch.bfloat16)
+        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+    except (RuntimeError, AttributeError):  # a torch build without these oneDNN ops
+        return None
+    return packed
 
 
 class Int8Linear:

@@ -38,18 +38,45 @@ class SequenceKV(NamedTuple):
         return self.k.shape[2]
 
 
+# Up to this many rows, RMSNorm runs as one fused LayerNorm over [x, -x] (see _Norm).
+_SMALL_ROWS = 16
+
+
+class _Norm:
+    """RMSNorm or LayerNorm with its parameters in the compute dtype.
+
+    RMSNorm has no fused CPU kernel in torch (it is ~9 small ops), LayerNorm does. For
+    the few rows of a decode step, RMSNorm runs as LayerNorm over `[x, -x]`: that row
+    has mean 0 and variance mean(x^2), so its first half is exactly x / rms(x) * w —
+    three cheap calls instead of nine. Larger inputs use `kernels.rms_norm`."""
+
+    __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm")
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, eps: float, rms: bool, rms_norm) -> None:
+        self.w, self.b, self.eps, self.rms, self.rms_norm = w, b, eps, rms, rms_norm
+        self.w2 = torch.cat((w, w)) if rms else None  # [2 hidden]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        d = x.shape[-1]
+        if not self.rms:
+            return F.layer_norm(x, (d,), self.w, self.b, self.eps)
+        if x.shape[0] <= _SMALL_ROWS:
+            return F.layer_norm(torch.cat((x, x.neg()), -1), (2 * d,), self.w2, None, self.eps)[:, :d]
+        return self.rms_norm(x, self.w, self.eps)
+
+
 class _Layer:
-    """One decoder block's weights (norm weights/biases in the compute dtype)."""
+    """One decoder block's weights."""
 
-    __slots__ = ("norm1_w", "norm1_b", "qkv", "o", "norm2_w", "norm2_b", "up", "down")
+    __slots__ = ("norm1", "qkv", "o", "norm2", "up", "down")
 
-    def __init__(self, norm1_w, norm1_b, qkv, o, norm2_w, norm2_b, up, down) -> None:
-        self.norm1_w, self.norm1_b = norm1_w, norm1_b
-        self.qkv: Linear = qkv  # [(H + 2 H_kv) D, hidden]
-        self.o: Linear = o  # [hidden, H D]
-        self.norm2_w, self.norm2_b = norm2_w, norm2_b
-        self.up: Linear = up  # gated: [2 I, hidden] (gate rows first); gelu: [I, hidden]
-        self.down: Linear = down  # [hidden, I]
+    def __init__(self, norm1: _Norm, qkv: Linear, o: Linear, norm2: _Norm, up: Linear, down: Linear) -> None:
+        self.norm1 = norm1
+        self.qkv = qkv  # [(H + 2 H_kv) D, hidden]
+        self.o = o  # [hidden, H D]
+        self.norm2 = norm2
+        self.up = up  # gated: [2 I, hidden] (gate rows first); gelu: [I, hidden]
+        self.down = down  # [hidden, I]
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:  # [D/2] float32
@@ -95,14 +122,15 @@ class Transformer:
         self.quant = quant
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
+        self._rms_norm = kernels.resolve("rms_norm", self.inv_freq)
+        self.gated = config.mlp == "gated_silu"
         self._build(weights)
         self._cos = torch.empty(0, config.head_dim // 2, dtype=dtype, device=self.device)
         self._sin = self._cos
         self._grow_rope(min(config.max_position, 4096))
-        probe = self.norm_w
+        probe = self.inv_freq
         self._attention = kernels.resolve("attention", probe)
         self._rope_apply = kernels.resolve("rope_apply", probe)
-        self._rms_norm = kernels.resolve("rms_norm", probe)
 
     # ----------------------------------------------------------------- weights
 
@@ -122,6 +150,11 @@ class Transformer:
         def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             return make_linear(weight, bias, dt, self.quant)
 
+        def norm(prefix: str) -> _Norm:
+            rms = c.norm == "rms"
+            bias = None if rms else param(prefix + ".bias")
+            return _Norm(param(prefix + ".weight"), bias, c.norm_eps, rms, self._rms_norm)
+
         layers = []
         for i in range(c.n_layers):
             p = f"model.layers.{i}."
@@ -140,22 +173,18 @@ class Transformer:
                 up_w = take(p + "mlp.c_fc.weight")  # [I, hidden]
                 up_b = take(p + "mlp.c_fc.bias") if c.mlp_bias else None
                 down = linear(take(p + "mlp.c_proj.weight"), take(p + "mlp.c_proj.bias") if c.mlp_bias else None)
-            layered_norm = c.norm == "layer"
             layers.append(
                 _Layer(
-                    param(p + "input_layernorm.weight"),
-                    param(p + "input_layernorm.bias") if layered_norm else None,
+                    norm(p + "input_layernorm"),
                     linear(qkv_w, qkv_b),
                     o,
-                    param(p + "post_attention_layernorm.weight"),
-                    param(p + "post_attention_layernorm.bias") if layered_norm else None,
+                    norm(p + "post_attention_layernorm"),
                     linear(up_w, up_b),
                     down,
                 )
             )
         self.layers = layers
-        self.norm_w = param("model.norm.weight")
-        self.norm_b = param("model.norm.bias") if c.norm == "layer" else None
+        self.norm = norm("model.norm")
 
         embed = take("model.embed_tokens.weight")  # [V, hidden]
         head = take("lm_head.weight", required=False)
@@ -218,37 +247,27 @@ class Transformer:
         rows = head.weight.index_select(0, ids).to(self.dtype)  # [T, hidden]
         return rows * head.scales.index_select(0, ids).unsqueeze(1)
 
-    def _norm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        if b is None:
-            return self._rms_norm(x, w, self.config.norm_eps)
-        return F.layer_norm(x, (x.shape[-1],), w, b, self.config.norm_eps)
-
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        up = layer.up(x)  # [T, 2I] or [T, I]
-        if self.config.mlp == "gated_silu":
-            i = self.config.intermediate_size
-            act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]
-        else:
-            act = F.gelu(up, approximate="tanh")  # [T, I]
-        return layer.down(act)
-
     def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed projections with RoPE applied: (q [H, T, D], k [H_kv, T, D], v [H_kv, T, D])."""
         c = self.config
         t = h.shape[0]
-        x = self._norm(h, layer.norm1_w, layer.norm1_b)
-        qkv = layer.qkv(x)  # [T, (H + 2 H_kv) D]
+        qkv = layer.qkv(layer.norm1(h)).view(t, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [T, H + 2 H_kv, D]
+        qkv = qkv.transpose(0, 1)  # [H + 2 H_kv, T, D]
         n_qk = c.n_heads + c.n_kv_heads
-        qk = qkv[:, : n_qk * c.head_dim].view(t, n_qk, c.head_dim).transpose(0, 1)  # [H + H_kv, T, D]
-        qk = self._rope_apply(qk, cos, sin, c.rope_style)  # [H + H_kv, T, D]
-        v = qkv[:, n_qk * c.head_dim :].view(t, c.n_kv_heads, c.head_dim).transpose(0, 1)  # [H_kv, T, D]
-        return qk[: c.n_heads], qk[c.n_heads :], v
+        qk = self._rope_apply(qkv[:n_qk], cos, sin, c.rope_style)  # [H + H_kv, T, D]
+        return qk[: c.n_heads], qk[c.n_heads :], qkv[n_qk:]
 
     def _finish(self, layer: _Layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection + MLP, residuals added into h in place. attn: [H, T, D]."""
         t = h.shape[0]
         h.add_(layer.o(attn.transpose(0, 1).reshape(t, self.config.q_size)))  # [T, hidden]
-        h.add_(self._mlp(layer, self._norm(h, layer.norm2_w, layer.norm2_b)))
+        up = layer.up(layer.norm2(h))  # [T, 2I] or [T, I]
+        if self.gated:
+            i = self.config.intermediate_size
+            act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]
+        else:
+            act = F.gelu(up, approximate="tanh")  # [T, I]
+        h.add_(layer.down(act))
         return h
 
     # ------------------------------------------------------------------ forward
@@ -277,9 +296,10 @@ class Transformer:
         attention, scale = self._attention, self.scale
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
-            kv.k[i, :, start:end].copy_(k)
-            kv.v[i, :, start:end].copy_(v)
-            attn = attention(q, kv.k[i, :, :end], kv.v[i, :, :end], None, None, scale)  # [H, T, D]
+            k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
+            k_cache.narrow(1, start, t).copy_(k)
+            v_cache.narrow(1, start, t).copy_(v)
+            attn = attention(q, k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end), None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)
         return self._select_logits(h, logits)
 
@@ -365,8 +385,7 @@ class Transformer:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=h.device)
         elif logits != "all":
             raise ValueError(f"logits must be 'last', 'all', 'none' or a LongTensor, not {logits!r}")
-        x = self._norm(h, self.norm_w, self.norm_b)  # [n, hidden]
-        return self.lm_head(x).float()  # [n, V]
+        return self.lm_head(self.norm(h)).float()  # [n, V]
 
 
 __all__ = ["Transformer", "SequenceKV", "rope_inv_freq"]
