@@ -185,24 +185,66 @@ def add_fim_tokens(tokenizer, config: dict, weights: dict[str, torch.Tensor]) ->
     return {**config, "vocab_size": new_vocab}, missing
 
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def adapter_weights_file(adapter: Path) -> Path:
+    """The safetensors file of an adapter given as that file or as its folder."""
+    path = adapter / ADAPTER_WEIGHTS if adapter.is_dir() else adapter
+    if not path.is_file():
+        raise EngineError(f"adapter {adapter} not found (expected a LoRA .safetensors file or a folder with {ADAPTER_WEIGHTS})")
+    return path
+
+
+def adapter_added_tokens(adapter: Path) -> list[tuple[int, str]]:
+    """(id, content) of the tokens an adapter was trained with: from the safetensors
+    metadata key "added_tokens" (JSON [[id, content], ...]) or the folder's added_tokens.json."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(adapter_weights_file(adapter)), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("added_tokens"):
+        return sorted((int(i), str(t)) for i, t in json.loads(meta["added_tokens"]))
+    side = adapter / "added_tokens.json" if adapter.is_dir() else adapter.with_name("added_tokens.json")
+    if side.is_file():
+        return sorted((int(i), str(t)) for t, i in json.loads(side.read_text(encoding="utf-8")).items())
+    return []
+
+
+def add_tokens_with_ids(tokenizer, added: list[tuple[int, str]]) -> None:
+    """Append special tokens so that each gets exactly its id; EngineError if it cannot."""
+    from tokenizers import AddedToken  # noqa: PLC0415
+
+    for token_id, content in sorted(added):
+        have = tokenizer.token_to_id(content)
+        if have == token_id:
+            continue
+        if have is not None:
+            raise EngineError(f"adapter token {content!r} has id {token_id} but the tokenizer already gives it {have}")
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        if token_id != size:
+            raise EngineError(f"adapter token {content!r} needs id {token_id}, but the next free id is {size}")
+        tokenizer.add_special_tokens([AddedToken(content, special=True, normalized=False)])
+
+
 def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor]) -> dict:
     """Merge a LoRA adapter into `weights` in place; returns the (possibly grown) config.
 
-    Format (one safetensors file; metadata may carry "alpha" and "rank"):
+    `adapter` is the safetensors file or a folder holding `adapter_model.safetensors`
+    (the format `engine.training.lora` writes: "efim-lora/1").
+    Format (metadata may carry "alpha", "rank" and "added_tokens"):
     - `<param>.lora_A` [r, in] and `<param>.lora_B` [out, r] for a weight `<param>` named as
       in the base checkpoint (e.g. `model.layers.0.self_attn.q_proj.weight`); PEFT-style
       names `base_model.model.<module>.lora_A.weight` are accepted too. The merge is
       `W += (alpha / r) * B @ A`, with alpha = r (scale 1) unless the metadata says otherwise.
     - `model.embed_tokens.extra` [n, hidden] (and `lm_head.extra` for an untied head):
-      rows appended to the vocabulary (tokens the adapter was trained with; the
-      tokenizer must already contain them, or be given them with fim_tokens="add").
+      rows appended to the vocabulary for the tokens the adapter was trained with
+      (`adapter_added_tokens`; `load_model` adds them to the tokenizer with those ids).
     - Any other tensor whose name is a base parameter replaces it (e.g. trained norms).
     """
     from safetensors import safe_open  # noqa: PLC0415
 
-    if not adapter.is_file():
-        raise EngineError(f"adapter {adapter} not found (expected a LoRA .safetensors file)")
-    with safe_open(str(adapter), framework="pt") as f:
+    with safe_open(str(adapter_weights_file(adapter)), framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     pairs: dict[str, dict[str, torch.Tensor]] = {}
@@ -266,12 +308,15 @@ def load_model(
     config = ModelConfig.from_hf(hf_config)  # fail early on an unsupported architecture
     tokenizer = read_tokenizer(folder)
     weights = read_safetensors(folder)
+    if adapter is not None:
+        # Before any FIM-token addition: the adapter's trained rows take the ids it was trained with.
+        adapter = Path(adapter)
+        hf_config = merge_adapter(adapter, hf_config, weights)
+        add_tokens_with_ids(tokenizer, adapter_added_tokens(adapter))
     if fim_tokens == "add":
         hf_config, added = add_fim_tokens(tokenizer, hf_config, weights)
         if added:
             log.warning("added FIM tokens %s with untrained embeddings (speed measurements only)", added)
-    if adapter is not None:
-        hf_config = merge_adapter(Path(adapter), hf_config, weights)
     config = ModelConfig.from_hf(hf_config)
     if tokenizer.get_vocab_size(with_added_tokens=True) > config.vocab_size:
         raise EngineError(

@@ -225,12 +225,20 @@ def test_lora_adapter_is_merged(tiny_model_factory, tmp_path):
             "model.embed_tokens.extra": extra,
         },
         str(adapter),
-        metadata={"alpha": "8"},
+        metadata={"alpha": "8", "added_tokens": json.dumps([[1536, "<new_a>"], [1537, "<new_b>"]])},
     )
     merged = load_model(folder, dtype="fp32", adapter=adapter)
     v = base.model.vocab_size
+    assert v == 1536 == base.tokenizer.get_vocab_size()
     assert merged.model.vocab_size == v + 2
     torch.testing.assert_close(merged.model.embed_weight[v:], extra)
+    assert merged.special_tokens["<new_a>"] == 1536 and merged.special_tokens["<new_b>"] == 1537
+    assert 1537 in merged.tokenizer.encode("x = 1<new_b>").ids
+    # the folder form (engine.training.lora's layout) loads the same
+    (tmp_path / "adapter_dir").mkdir()
+    shutil.copy(adapter, tmp_path / "adapter_dir" / "adapter_model.safetensors")
+    again = load_model(folder, dtype="fp32", adapter=tmp_path / "adapter_dir")
+    torch.testing.assert_close(again.model.layers[0].qkv.weight, merged.model.layers[0].qkv.weight)
     q_rows = base.model.config.q_size
     delta = merged.model.layers[0].qkv.weight[:q_rows] - base.model.layers[0].qkv.weight[:q_rows]
     torch.testing.assert_close(delta, 2.0 * (b @ a), atol=1e-6, rtol=1e-5)  # alpha / r = 8 / 4
