@@ -332,6 +332,11 @@ class LocalEngine:
     def count_tokens(self, text: str) -> int:
         return self.tokenizer.count(text)
 
+    def forget_context(self, path: str) -> None:
+        """The file `path` (a `ContextChunk.path`) changed: drop its chunks' cached KV
+        (CacheBlend). Thread-safe; takes effect at the engine's next step."""
+        self.scheduler.forget_chunks(path)
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; running requests end "cancelled". Idempotent."""
         with self._lock:

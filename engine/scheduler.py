@@ -142,6 +142,7 @@ class Scheduler:
         self._decoding: list[Job] = []
         self._spare: collections.OrderedDict[str, Workspace] = collections.OrderedDict()
         self.chunk_store = ChunkStore(cache)  # CacheBlend's chunk KV, in held slots of the same pool
+        self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
         self._stepping = False
 
     # ------------------------------------------------------------ any thread
@@ -157,6 +158,10 @@ class Scheduler:
         job.cancelled = True
         with self._cond:
             self._cond.notify()
+
+    def forget_chunks(self, origin: str) -> None:
+        """Drop the chunk KV that came from `origin` (a file that changed) at the next step."""
+        self._forget.append(origin)
 
     def close(self) -> None:
         with self._cond:
@@ -204,6 +209,8 @@ class Scheduler:
         for group in (self._prefilling, self._decoding):
             for job in [j for j in group if j.cancelled]:
                 self._finish(job, "cancelled")
+        while self._forget:
+            self.chunk_store.forget_origin(self._forget.popleft())
         while True:
             with self._cond:
                 if not self._inbox:

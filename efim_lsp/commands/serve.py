@@ -97,12 +97,17 @@ def run(args: argparse.Namespace) -> int:
     if args.fim_tokens:
         defaults["fimTokens"] = args.fim_tokens
     observer = _recorder(args.record) if args.record else None
-    server = build_server(engine_factory(args), message_observer=observer, defaults=defaults)
+    from efim_lsp.context.source import WorkspaceContext  # cross-file context (issue 6); idle while `context` is off
+
+    context = WorkspaceContext()
+    server = build_server(engine_factory(args), message_observer=observer, defaults=defaults, context_source=context)
+    context.bind(server)
     protocol_out = _claim_stdout()
     try:
         server.start_io(sys.stdin.buffer, protocol_out)
     finally:
         server.close()
+        context.close()
         close = getattr(observer, "close", None)
         if close is not None:
             close()

@@ -103,3 +103,17 @@ def test_blend_falls_back_cleanly(engine, texts):
     ok = _run(engine, key="bad", prefix=src[:300], chunks=_chunks(texts)[:1], context="blend")
     assert ok.finish_reason != "error"
     _settle(engine)
+
+
+def test_forget_context_drops_a_files_chunk_kv(engine, texts):
+    src = texts[0]
+    chunks = _chunks(texts)
+    _run(engine, key="forget", prefix=src[:700], chunks=chunks, context="blend")
+    store = engine.scheduler.chunk_store
+    origins = {e.origin for e in store._entries.values()}
+    assert {"shlex.py", "bisect.py"} <= origins
+    engine.forget_context("shlex.py")
+    _run(engine, key="forget-2", prefix=src[:100], max_tokens=1)  # any request: the engine steps
+    origins = {e.origin for e in store._entries.values()}
+    assert "shlex.py" not in origins and "bisect.py" in origins
+    _settle(engine)
