@@ -73,8 +73,6 @@ def _pack_bf16(weight: torch.Tensor) -> torch.Tensor | None:
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 1)
-        probe = torch.zeros(1, weight.shape[1], dtype=torch.bfloat16)
-        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
     except (RuntimeError, AttributeError):  # a torch build without these oneDNN ops
         return None
     return packed
@@ -118,10 +116,10 @@ def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tenso
 
     The scale is rounded to `dtype` before quantising, so `q * scale` reconstructs with
     exactly the scale the kernel will use."""
-    w = weight.float()  # [N, K]
-    amax = w.abs().amax(dim=1).clamp(min=1e-8)  # [N]
-    scales = (amax / 127.0).to(dtype)  # [N]
-    q = torch.round(w / scales.float().unsqueeze(1)).clamp_(-127, 127).to(torch.int8)  # [N, K]
+    amax = torch.linalg.vector_norm(weight, ord=float("inf"), dim=1, dtype=torch.float32)  # [N]
+    scales = (amax.clamp_(min=1e-8) / 127.0).to(dtype)  # [N]
+    inv = 1.0 / scales.float()  # [N]
+    q = torch.mul(weight, inv.unsqueeze(1)).round_().clamp_(-127, 127).to(torch.int8)  # [N, K]
     return q, scales
 
 
