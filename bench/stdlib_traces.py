@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", choices=("max", "realtime"), default="max")
     parser.add_argument("--model", default="default", help='server model (default: the embedded SmolLM2-135M)')
     parser.add_argument("--config", action="append", default=[], help="extra settings JSON merged into every configuration")
+    parser.add_argument(
+        "--accept", action="store_true",
+        help="let the simulated people accept matching suggestions (default: off, so every configuration "
+        "replays exactly the same key presses and the comparison is like for like)",
+    )
     parser.add_argument("--out", type=Path, help="keep the traces here (default: a temporary directory)")
     parser.add_argument("--json", type=Path, help="write the comparison as JSON")
     args, passthrough = parser.parse_known_args(argv)
@@ -54,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             settings.update(json.loads(extra))
         replay = [*efim, "replay", str(out), "--compare", "--limit", str(args.limit), "--users", str(args.users),
                   "--speed", args.speed, "--config", json.dumps(settings)]
+        if not args.accept:
+            replay.append("--no-accept")
         if args.json:
             replay += ["--json", str(args.json)]
         replay += passthrough

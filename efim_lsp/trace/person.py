@@ -26,7 +26,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Protocol
 
 import msgspec
 
@@ -119,6 +119,27 @@ def server_ttft(result: Any) -> float | None:
     return None
 
 
+class FirstRequestProbe(Protocol):
+    """Brackets each trace's first completion request (serial replays only), so the cold
+    start of a document can be told apart from the keystrokes after it."""
+
+    async def before_first(self) -> None: ...
+
+    async def after_first(self) -> None: ...
+
+
+class Stage(NamedTuple):
+    """What every person of one configuration's replay shares."""
+
+    client: LspClient
+    options: ReplayOptions
+    result: ConfigResult
+    clock0: float  # perf_counter() when the replay started
+    observer: Observer
+    counter: list[int]  # completion requests sent so far, all people together
+    probe: FirstRequestProbe | None = None
+
+
 class Answer(NamedTuple):
     version: int
     cursor: int
@@ -129,16 +150,17 @@ class Answer(NamedTuple):
 class Person:
     """One simulated person replaying one trace."""
 
-    def __init__(self, client: LspClient, trace: Trace, user: int, copy: int, options: ReplayOptions, result: ConfigResult, clock0: float, observer: Observer, counter: list[int]) -> None:
-        self.client = client
+    def __init__(self, stage: Stage, trace: Trace, user: int, copy: int) -> None:
+        self.client = stage.client
         self.trace = trace
         self.user = user
         self.copy = copy
-        self.options = options
-        self.result = result
-        self.clock0 = clock0
-        self.observer = observer
-        self.counter = counter
+        self.options = stage.options
+        self.result = stage.result
+        self.clock0 = stage.clock0
+        self.observer = stage.observer
+        self.counter = stage.counter
+        self.probe = stage.probe
         self.encoding = trace.header.position_encoding
         self.docs: dict[str, TextDocument] = {}
         self.inflight: dict[str, tuple[Pending, RequestRecord, asyncio.Task | None]] = {}
@@ -249,6 +271,9 @@ class Person:
         params = self._params(event)
         cursor = doc.offset_at(params["position"]) if doc is not None and "position" in params else 0
         version = doc.version if doc is not None else 0
+        first = self.completes == 0
+        if first and self.probe is not None:
+            await self.probe.before_first()
         pending = await self.client.send_request(event.lsp_method, params)
         if event.id is not None:
             self.id_map[event.id] = pending
@@ -266,6 +291,8 @@ class Person:
             self.observer.on_request(self.counter[0])
         if self.options.speed == "max":
             await self._await_answer(uri, pending, record, version, cursor)
+            if first and self.probe is not None:
+                await self.probe.after_first()
         else:
             task = asyncio.create_task(self._await_answer(uri, pending, record, version, cursor))
             self.tasks.append(task)

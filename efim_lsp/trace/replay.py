@@ -20,7 +20,7 @@ import msgspec
 
 from efim_lsp.trace.client import LspClient, ResponseError, ServerCrashed
 from efim_lsp.trace.format import Trace
-from efim_lsp.trace.person import Moment, Observer, Outcome, Person, RequestRecord
+from efim_lsp.trace.person import Moment, Observer, Outcome, Person, RequestRecord, Stage
 
 __all__ = [
     "STANDARD_CONFIGS", "Config", "ConfigResult", "ModelFailed", "Moment", "Observer", "Outcome",
@@ -79,6 +79,8 @@ class ConfigResult(msgspec.Struct, kw_only=True):
     cancels_sent: int = 0
     crashed: str | None = None  # exit message and stderr tail
     server_returncode: int | None = None
+    # counter deltas over the traces' first requests (serial replays; see ColdStartProbe)
+    first_requests: dict[str, float] | None = None
     # sha1 of each document's text as this client last held it, by "trace name:uri"
     # (lets tests check that accepted suggestions left the same text as typing would)
     final_digests: dict[str, str] = {}
@@ -152,6 +154,37 @@ async def settled_stats(client: LspClient, timeout_s: float = 3.0) -> dict[str, 
         await asyncio.sleep(0.15)
 
 
+COUNTERS = ("requests", "promptTokens", "reusedTokens", "prefilledTokens")
+
+
+class ColdStartProbe:
+    """Counter deltas over each trace's first completion request (a document's cold start:
+    nothing of it is cached yet, whatever the configuration)."""
+
+    def __init__(self, client: LspClient) -> None:
+        self.client = client
+        self.first: dict[str, float] = {key: 0.0 for key in COUNTERS}
+        self.paused_s = 0.0
+        self._before: dict[str, Any] | None = None
+
+    async def _snapshot(self) -> dict[str, Any] | None:
+        t = time.perf_counter()
+        stats = await settled_stats(self.client)
+        self.paused_s += time.perf_counter() - t
+        return stats
+
+    async def before_first(self) -> None:
+        self._before = await self._snapshot()
+
+    async def after_first(self) -> None:
+        after = await self._snapshot()
+        if isinstance(after, dict) and isinstance(self._before, dict):
+            for key in COUNTERS:
+                if isinstance(after.get(key), (int, float)) and isinstance(self._before.get(key), (int, float)):
+                    self.first[key] += after[key] - self._before[key]
+        self.first["traces"] = self.first.get("traces", 0) + 1
+
+
 async def replay_config(config: Config, traces: list[Trace], options: ReplayOptions, observer: Observer = Observer()) -> ConfigResult:
     """Replay `traces` on a fresh server under `config`; never raises for a server crash
     (the result says `crashed` and keeps the records gathered so far)."""
@@ -181,10 +214,15 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
         counter = [0]
         clock0 = time.perf_counter()
 
+        # A serial replay can bracket each trace's first request with counter snapshots
+        # (the time they take is kept out of the wall clock).
+        probe = ColdStartProbe(client) if options.users == 1 and options.speed == "max" else None
+        stage = Stage(client, options, result, clock0, observer, counter, probe)
+
         async def person(user: int) -> None:
             while not jobs.empty():
                 trace, copy = jobs.get_nowait()
-                await Person(client, trace, user, copy, options, result, clock0, observer, counter).run()
+                await Person(stage, trace, user, copy).run()
 
         workers = [asyncio.create_task(person(u)) for u in range(min(options.users, copies))]
         try:
@@ -192,7 +230,9 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
         finally:
             for w in workers:
                 w.cancel()
-        result.wall_s = time.perf_counter() - clock0
+        result.wall_s = time.perf_counter() - clock0 - (probe.paused_s if probe else 0.0)
+        if probe is not None:
+            result.first_requests = probe.first
         result.stats_after = await settled_stats(client)
     except (ServerCrashed, TimeoutError, ModelFailed) as exc:
         result.crashed = str(exc) if not isinstance(exc, ServerCrashed) else _crash_text(exc)

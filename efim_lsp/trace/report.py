@@ -34,6 +34,10 @@ class Summary(msgspec.Struct, kw_only=True):
     reuse_ratio: float | None
     completions_per_s: float
     requests: int
+    # the same two without each trace's first request (a document's cold start);
+    # measured in serial replays only (--users 1 --speed max), else None
+    prefilled_per_request_warm: float | None = None
+    reuse_ratio_warm: float | None = None
     answered: int = 0
     cancelled: int = 0
     late: int = 0
@@ -86,7 +90,18 @@ def summarize(result: ConfigResult) -> Summary:
     reused = _delta(result.stats_after, result.stats_before, "reusedTokens")
     hits = _delta(result.stats_after, result.stats_before, "typingThroughHits")
     answered = sum(1 for r in records if r.outcome == "answered")
+    warm_prefill = warm_reuse = None
+    first = result.first_requests
+    if first and prefilled is not None and prompt is not None and reused is not None:
+        warm_n = n - int(first.get("traces", 0))
+        if warm_n > 0:
+            warm_prefill = (prefilled - first["prefilledTokens"]) / warm_n
+        warm_prompt = prompt - first["promptTokens"]
+        if warm_prompt > 0:
+            warm_reuse = (reused - first["reusedTokens"]) / warm_prompt
     return Summary(
+        prefilled_per_request_warm=warm_prefill,
+        reuse_ratio_warm=warm_reuse,
         ttft_ms_p50=ttft[0],
         ttft_ms_p95=ttft[1],
         ttft_ms_p99=ttft[2],
@@ -129,24 +144,29 @@ def _fmt_ratio(value: float | None) -> str:
 def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
     """Plain-text comparison table; ratio columns are against `baseline` when present."""
     base = summaries.get(baseline)
+    warm = any(s.prefilled_per_request_warm is not None for s in summaries.values())
     head = (
         f"{'config':<12} {'TTFT p50':>9} {'p95':>8} {'p99':>8} {'lat p50':>9} {'p95':>8} "
-        f"{'prefill/req':>11} {'reuse':>6} {'compl/s':>8} {'reqs':>5}"
+        f"{'prefill/req':>11} {'reuse':>6}" + (f" {'warm':>7} {'reuse':>6}" if warm else "")
+        + f" {'compl/s':>8} {'reqs':>5}"
     )
     if base is not None:
-        head += f" | vs {baseline}: {'TTFT p50':>8} {'prefill':>8} {'compl/s':>8}"
+        head += f" | vs {baseline}: {'TTFT p50':>8} {'prefill':>8}" + (f" {'warm':>7}" if warm else "") + f" {'compl/s':>8}"
     lines = [head, "-" * len(head)]
     for name, s in summaries.items():
         line = (
             f"{name:<12} {fmt_number(s.ttft_ms_p50):>9} {fmt_number(s.ttft_ms_p95):>8} {fmt_number(s.ttft_ms_p99):>8} "
             f"{fmt_number(s.latency_ms_p50):>9} {fmt_number(s.latency_ms_p95):>8} {fmt_number(s.prefilled_per_request):>11} "
-            f"{fmt_number(s.reuse_ratio, 3):>6} {fmt_number(s.completions_per_s, 2):>8} {s.requests:>5}"
+            f"{fmt_number(s.reuse_ratio, 3):>6}"
+            + (f" {fmt_number(s.prefilled_per_request_warm):>7} {fmt_number(s.reuse_ratio_warm, 3):>6}" if warm else "")
+            + f" {fmt_number(s.completions_per_s, 2):>8} {s.requests:>5}"
         )
         if base is not None:
             line += (
                 f" | {'':>{len(baseline) + 4}}{_fmt_ratio(ratio(s.ttft_ms_p50, base.ttft_ms_p50)):>8} "
-                f"{_fmt_ratio(ratio(s.prefilled_per_request, base.prefilled_per_request)):>8} "
-                f"{_fmt_ratio(ratio(s.completions_per_s, base.completions_per_s)):>8}"
+                f"{_fmt_ratio(ratio(s.prefilled_per_request, base.prefilled_per_request)):>8}"
+                + (f" {_fmt_ratio(ratio(s.prefilled_per_request_warm, base.prefilled_per_request_warm)):>7}" if warm else "")
+                + f" {_fmt_ratio(ratio(s.completions_per_s, base.completions_per_s)):>8}"
             )
         lines.append(line)
     sources = sorted({s.ttft_source for s in summaries.values()})
@@ -164,6 +184,11 @@ def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
         )
         + "; latency: client-side (request written -> answer read)"
     )
+    if warm:
+        lines.append(
+            "warm: prefilled tokens per request and reuse without each trace's first request "
+            "(a document's cold start, which no cache can help)"
+        )
     for name, s in summaries.items():
         extra = f"{name}: {s.answered} answered"
         if s.cancelled or s.late:
@@ -199,6 +224,7 @@ def to_json(summaries: dict[str, Summary], meta: dict[str, Any], baseline: str =
                 "ttft_ms_p50": ratio(s.ttft_ms_p50, base.ttft_ms_p50),
                 "latency_ms_p50": ratio(s.latency_ms_p50, base.latency_ms_p50),
                 "prefilled_per_request": ratio(s.prefilled_per_request, base.prefilled_per_request),
+                "prefilled_per_request_warm": ratio(s.prefilled_per_request_warm, base.prefilled_per_request_warm),
                 "completions_per_s": ratio(s.completions_per_s, base.completions_per_s),
             }
     return {"configs": configs, "ratios_vs_" + baseline: ratios, "meta": meta}

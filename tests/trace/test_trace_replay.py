@@ -105,6 +105,11 @@ async def test_accepting_oracle_suggestions_rebuilds_the_file(workload):
     summary = summarize(result)
     assert summary.errors == 0 and summary.answered == len(result.records)
     assert summary.prefilled_per_request is not None and summary.reuse_ratio is not None
+    # a serial replay measures each trace's first request (cold start) on its own
+    assert result.first_requests["traces"] == 2 and result.first_requests["requests"] == 2
+    assert result.first_requests["prefilledTokens"] >= len(SOURCE) // 2  # the oracle's cold prompt
+    assert summary.prefilled_per_request_warm < summary.prefilled_per_request
+    assert summary.reuse_ratio_warm > summary.reuse_ratio
 
 
 async def test_realtime_users_cancel_running_requests(workload, tmp_path):
