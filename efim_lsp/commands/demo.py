@@ -52,7 +52,7 @@ class LiveView:
 
     def __init__(self, out=None) -> None:
         self.out = out or sys.stdout
-        self.tty = out.isatty()
+        self.tty = self.out.isatty()
         self.width = shutil.get_terminal_size((100, 24)).columns
 
     def answer(self, moment) -> None:
