@@ -12,9 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import sysconfig
 from pathlib import Path
+
+# Before torch loads: spinning OpenMP waits stall badly on a shared 2-core machine
+# (set OMP_WAIT_POLICY=ACTIVE in the environment to measure the spinning policy).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     result["decode_floor_ms.bf16"] = round(bf16.model.weight_bytes() / bandwidth / 1e6, 2)
     result["decode_floor_ms.int8"] = round(int8.model.weight_bytes() / bandwidth / 1e6, 2)
     result["threads"] = torch.get_num_threads()
+    result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     result["prefill_tokens"] = int(prefill_ids.shape[0])
     if "decode_ms.transformers_bf16" in result:
         hf_dec, hf_pre = result["decode_ms.transformers_bf16"], result["prefill_tok_s.transformers_bf16"]

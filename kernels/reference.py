@@ -47,6 +47,8 @@ def attention(
                 q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True, scale=scale, enable_gqa=gqa
             )  # [1, H, T, D]
             return out.squeeze(0)
+        if T <= _TAIL_ROWS and S - T >= _TAIL_MIN_PREFIX and _FLASH_LSE is not None and q.device.type == "cpu":
+            return _attention_tail(q, k, v, scale)
         q_pos = torch.arange(S - T, S, device=q.device)
     if k_pos is None:
         k_pos = torch.arange(S, device=q.device)
@@ -57,6 +59,40 @@ def attention(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=gqa
     )  # [1, H, T, D]
     return out.squeeze(0)
+
+
+# A few new tokens at the end of a long sequence (an EFIM keystroke): the prefix needs no
+# mask, so it runs as one unmasked SDPA with the GQA groups as query rows, and only the
+# T x T tail is masked; the two halves merge through their log-sum-exps. About 1.5x
+# faster than one masked SDPA at T = 2..4, S = 2000 on a CPU.
+_TAIL_ROWS = 16
+_TAIL_MIN_PREFIX = 256
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _attention_tail(
+    q: torch.Tensor,  # [H, T, D]
+    k: torch.Tensor,  # [H_kv, S, D]
+    v: torch.Tensor,  # [H_kv, S, D]
+    scale: float,
+) -> torch.Tensor:  # [H, T, D]
+    H, T, D = q.shape
+    H_kv, S = k.shape[0], k.shape[1]
+    G = H // H_kv
+    rows = q.reshape(H_kv, G * T, D)  # query heads of a KV group as rows; row g*T + t
+    out_p, lse_p = _FLASH_LSE(
+        rows.unsqueeze(0), k[:, : S - T].unsqueeze(0), v[:, : S - T].unsqueeze(0), 0.0, False, scale=scale
+    )  # [1, H_kv, G T, D], [1, H_kv, G T]
+    scores = torch.matmul(rows.float(), k[:, S - T :].float().transpose(1, 2)).mul_(scale)  # [H_kv, G T, T]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)  # [T, T] key after query
+    scores = scores.view(H_kv, G, T, T).masked_fill_(future, float("-inf")).view(H_kv, G * T, T)
+    lse_t = torch.logsumexp(scores, -1)  # [H_kv, G T]
+    out_t = torch.matmul(torch.exp(scores - lse_t.unsqueeze(-1)), v[:, S - T :].float())  # [H_kv, G T, D]
+    lse_p = lse_p[0]  # [H_kv, G T]
+    lse = torch.logaddexp(lse_p, lse_t)  # [H_kv, G T]
+    out = out_p[0].float().mul_(torch.exp(lse_p - lse).unsqueeze(-1))  # [H_kv, G T, D]
+    out.add_(out_t.mul_(torch.exp(lse_t - lse).unsqueeze(-1)))
+    return out.to(q.dtype).view(H, T, D)
 
 
 def paged_attention_prefill(

@@ -48,19 +48,21 @@ class _Norm:
     RMSNorm has no fused CPU kernel in torch (it is ~9 small ops), LayerNorm does. For
     the few rows of a decode step, RMSNorm runs as LayerNorm over `[x, -x]`: that row
     has mean 0 and variance mean(x^2), so its first half is exactly x / rms(x) * w —
-    three cheap calls instead of nine. Larger inputs use `kernels.rms_norm`."""
+    three cheap calls instead of nine. Larger inputs, and any non-reference (Triton)
+    `kernels.rms_norm`, which is fused already, go through `kernels.rms_norm`."""
 
-    __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm")
+    __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm", "small_rows")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None, eps: float, rms: bool, rms_norm) -> None:
         self.w, self.b, self.eps, self.rms, self.rms_norm = w, b, eps, rms, rms_norm
         self.w2 = torch.cat((w, w)) if rms else None  # [2 hidden]
+        self.small_rows = _SMALL_ROWS if rms_norm is kernels.reference.rms_norm else 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         d = x.shape[-1]
         if not self.rms:
             return F.layer_norm(x, (d,), self.w, self.b, self.eps)
-        if x.shape[0] <= _SMALL_ROWS:
+        if x.shape[0] <= self.small_rows:
             return F.layer_norm(torch.cat((x, x.neg()), -1), (2 * d,), self.w2, None, self.eps)[:, :d]
         return self.rms_norm(x, self.w, self.eps)
 

@@ -102,6 +102,31 @@ def test_decode_batch_matches_individual_forwards(pair):
     torch.testing.assert_close(got2, expected[nxt], atol=ATOL, rtol=RTOL)
 
 
+def test_keystroke_tail_after_long_prefix(pair):
+    """A few tokens after a long cached prefix (an EFIM keystroke) take the split
+    prefix/tail attention path; still transformers' logits."""
+    model, ref, _ = pair
+    text = stdlib_sources(("shlex.py",))[0]
+    ids = torch.tensor(load_tokens(text, model, 300))
+    expected = ref_logits(ref, ids)
+    kv = model.new_kv(300)
+    model.forward(ids[:290], kv, 0, "none")
+    for start, end in ((290, 293), (293, 294), (294, 300)):
+        got = model.forward(ids[start:end], kv, start, "all")
+        torch.testing.assert_close(got, expected[start:end], atol=ATOL, rtol=RTOL)
+
+
+def load_tokens(text: str, model, n: int) -> list[int]:
+    """The first n ids of text under the tiny models' tokenizer (all variants share it)."""
+    from tokenizers import Tokenizer
+
+    from engine.testing import tiny_tokenizer_json
+
+    ids = Tokenizer.from_str(tiny_tokenizer_json(True)).encode(text).ids[:n]
+    assert len(ids) == n and max(ids) < model.vocab_size
+    return ids
+
+
 def test_layer_api_with_explicit_positions(pair):
     """Rows recomputed out of order through `layer` see exactly the keys at positions <=
     their own — the CacheBlend contract — and give transformers' logits."""
