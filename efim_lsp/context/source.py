@@ -86,8 +86,11 @@ class WorkspaceContext:
             self.gatherer.set_workspaces(list(roots))
 
     def _sync_documents(self, server: Any) -> None:
-        open_uris = set(getattr(server.workspace, "text_documents", {}) or {})
         store = getattr(server, "documents", None)
+        if store is not None and callable(getattr(store, "uris", None)):
+            open_uris = set(store.uris())  # efim's DocumentStore: pygls keeps no copies there
+        else:
+            open_uris = set(getattr(server.workspace, "text_documents", {}) or {})
         for uri in open_uris:
             doc = store.get(uri) if store is not None else None
             if doc is None:
