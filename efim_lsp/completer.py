@@ -37,6 +37,11 @@ from efim_lsp.window import TokenMeter
 
 log = logging.getLogger(__name__)
 
+# No stream event for this long means the engine is stuck: cancel and decline rather than
+# leave the request (and the client's ghost text) hanging. Generous: a cold prefill of a
+# full window on a loaded 2-core machine takes tens of seconds.
+STREAM_STALL_SECONDS = 180.0
+
 # Tokens kept free in the model's context beside the two windows: the increment
 # (session limit ~384 chars) and the template's sentinels.
 INCREMENT_RESERVE_TOKENS = 192
@@ -186,6 +191,12 @@ class Completer:
     def rebases(self) -> int:
         return sum(s.session.rebases for s in self._states.values())
 
+    def reset_counters(self) -> None:
+        self.stats.reset()
+        for state in self._states.values():
+            state.session.rebases = 0
+            state.session.reasons.clear()
+
     @property
     def uris(self) -> list[str]:
         return list(self._states)
@@ -286,8 +297,14 @@ class Completer:
             cache=settings.cache,
             blend_ratio=settings.blend_ratio,
         )
-        handle = engine.submit(request)
+        try:
+            handle = engine.submit(request)
+        except Exception as exc:  # a closed engine (reload in progress), a request it refuses
+            log.warning("%s: the engine refused the request: %s", uri, exc)
+            return self._decline("engineError", f"engine error: {type(exc).__name__}: {exc}")
         inflight.handle = handle
+        if inflight.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
+            handle.cancel()
         streamed = await self._stream(handle, ctx, mode)
         if streamed.first_token_at is not None:
             self.stats.ttft.add((streamed.first_token_at - arrival) * 1000)
@@ -332,11 +349,21 @@ class Completer:
                 put((time.monotonic(), StreamEvent(kind="error", error=f"{type(exc).__name__}: {exc}")))
 
         self._streams.submit(pump)
+        stalled = StreamEvent(kind="error", error=f"no output from the engine for {STREAM_STALL_SECONDS:.0f} s")
+        # A timer rather than asyncio.wait_for: on 3.11, wait_for can swallow a cancellation
+        # that races with a queue item, and `$/cancelRequest` must always cancel.
+        timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
         text = ""
         first: float | None = None
         try:
             while True:
                 at, event = await queue.get()
+                timer.cancel()
+                if event is stalled:
+                    handle.cancel()
+                    self._drain(queue)
+                    return _Streamed(text, first, None, stalled.error)
+                timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
                 if event is None:
                     return _Streamed(text, first, None, "the engine's stream ended without a result")
                 if event.kind == "token":
@@ -361,6 +388,8 @@ class Completer:
             handle.cancel()
             self._drain(queue)
             raise
+        finally:
+            timer.cancel()
 
     def _drain(self, queue: asyncio.Queue) -> None:
         """Read a stopped stream to its terminal event in the background (for its stats)."""

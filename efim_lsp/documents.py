@@ -149,6 +149,11 @@ class DocumentStore:
     def get(self, uri: str) -> Document | None:
         return self._docs.get(uri)
 
+    def uris(self) -> list[str]:
+        """The open documents. (pygls' `workspace.text_documents` is empty in this server:
+        the store is the one copy of each document.)"""
+        return list(self._docs)
+
     def open(self, uri: str, language_id: str, version: int, text: str) -> Document:
         doc = Document(uri, language_id, version, text)
         self._docs[uri] = doc

