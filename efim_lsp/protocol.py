@@ -23,7 +23,7 @@ from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.protocol.json_rpc import RPCRequest
 
@@ -67,6 +67,12 @@ class EfimProtocol(LanguageServerProtocol):
             return _Malformed(data.get("id"), data.get("method"), reason)
 
     def handle_message(self, message) -> None:
+        if isinstance(message, dict):  # no "jsonrpc" member: not a JSON-RPC 2.0 message
+            log.warning("ignored a message that is not JSON-RPC 2.0: %.200r", message)
+            if message.get("id") is not None:
+                error = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message").to_response_error()
+                self._send_response(message["id"], error=error)
+            return
         if isinstance(message, _Malformed):
             log.warning("%s", message.reason)
             if message.id is not None and message.method:

@@ -115,6 +115,9 @@ async def test_bad_input_gets_errors_or_empty_results_and_the_server_lives(clien
     with pytest.raises(Exception, match="malformed"):
         await send_raw(client, {"jsonrpc": "2.0", "id": "bad-1", "method": "textDocument/inlineCompletion",
                                 "params": {"textDocument": {"uri": URI}, "position": "x"}})
+    with pytest.raises(Exception, match="not a JSON-RPC 2.0 message"):
+        await send_raw(client, {"id": "bad-2", "method": "textDocument/inlineCompletion"})
+    change(client, 1, 0, 0, "x", uri="file:///never-opened.py")  # logged and ignored
     open_doc(client, "a\0b = ", uri="file:///bin.py")
     assert not (await inline(client, t.Position(0, 3), uri="file:///bin.py")).items
     # a position past the end of a line means the end of that line (LSP spec), not an error
@@ -219,3 +222,14 @@ async def test_completion_before_the_model_is_ready_is_empty_not_an_error(loadin
     assert stats["model"]["state"] == "failed" and "/missing/model" in stats["model"]["error"]
     assert any("failed to load" in m.message for m in loading_client.messages)
     assert not (await inline(loading_client, BODY)).items
+
+
+async def test_configuration_is_pulled_when_the_notification_carries_none(client: LanguageClient):
+    """VS Code's pull model: didChangeConfiguration with null settings, then workspace/configuration."""
+    client.set_configuration({"maxTokens": "many"}, section="efim")
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=None))
+    for _ in range(100):
+        if any("'many'" in m.message for m in client.messages):
+            break
+        await asyncio.sleep(0.02)
+    assert any("maxTokens='many'" in m.message for m in client.messages)
