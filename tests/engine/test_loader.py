@@ -54,6 +54,20 @@ def test_gguf_conversion_gives_identical_logits_and_tokens(arch, tiny_model_fact
     assert converted.special_tokens == original.special_tokens
 
 
+def test_gguf_conversion_agrees_with_transformers_gguf_loader(tiny_model_factory, tmp_path, cache_dir):
+    """transformers' own GGUF loading (it needs `accelerate`, not a project dependency)
+    of the same file gives the same logits as our conversion."""
+    pytest.importorskip("accelerate")
+    import transformers
+
+    gguf_file = write_tiny_gguf(tiny_model_factory("llama"), tmp_path / "hf.gguf", q8_0=("mlp",))
+    ours, ids = logits_of(load_model(gguf_file, dtype="fp32"))
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf_file.name, dtype=torch.float32)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(ours, want, atol=2e-3, rtol=2e-3)  # our fp16 storage of dequantised Q8_0
+
+
 def test_gguf_with_q8_0_tensors_dequantises(tiny_model_factory, tmp_path, cache_dir):
     folder = tiny_model_factory("llama")
     gguf_file = write_tiny_gguf(folder, tmp_path / "q8.gguf", q8_0=("mlp", "self_attn"))
