@@ -9,7 +9,8 @@ change at every keystroke.
 Stability: a selection is remembered per document and returned again while the
 identifiers around the cursor stay close to those it was chosen for (Jaccard ≥
 `STABLE_JACCARD`), the caller's `anchor` (e.g. the edit session's rebase count) is
-unchanged, and none of its chunks was invalidated. Typing in one place therefore keeps
+unchanged, and the index has not changed since (a file edited elsewhere, or indexing
+still in progress: a selection made from a half-built index must not stick). Typing in one place therefore keeps
 the same chunks in the same order, which keeps the prompt prefix — and its KV — stable.
 """
 
@@ -56,6 +57,7 @@ class Selection(NamedTuple):
     terms: frozenset[str]
     anchor: Hashable
     budget: tuple[int, int]
+    index_version: int  # ChunkIndex.version it was chosen at
     digests: tuple[str, ...]  # the index chunks the selection was cut from
     chunks: tuple[ContextChunk, ...]
 
@@ -205,10 +207,11 @@ class ContextGatherer:
                 last is not None
                 and last.anchor == anchor
                 and last.budget == budget
+                and last.index_version == self.index.version
                 and jaccard(last.terms, terms) >= STABLE_JACCARD
-                and all(d in self.index for d in last.digests)
             ):
                 return last.chunks
+            version = self.index.version
         local = _significant_lines(_window_text(text, cursor, window))
         picked = self._pick(key, terms, local, max_chunks, max_tokens)
         picked.sort(key=lambda item: (item[0], item[1].path, item[1].start_line))  # ascending relevance
@@ -216,6 +219,7 @@ class ContextGatherer:
             terms=terms,
             anchor=anchor,
             budget=budget,
+            index_version=version,
             digests=tuple(source.digest for _score, _chunk, source in picked),
             chunks=tuple(ContextChunk(path=self.display_path(c.path), text=c.text) for _s, c, _src in picked),
         )

@@ -36,6 +36,7 @@ class ChunkIndex:
         self._postings: dict[str, set[str]] = defaultdict(set)  # term -> chunk digests
         self._total_length = 0
         self._lock = threading.RLock()
+        self.version = 0  # bumped by every change: selections made at another version may be stale
 
     def __len__(self) -> int:
         with self._lock:
@@ -61,6 +62,7 @@ class ChunkIndex:
             if [c.digest for c in old] == [c.digest for c in chunks]:
                 return False
             self._drop(path)
+            self.version += 1
             if chunks:
                 self._by_path[path] = chunks
                 for chunk in chunks:
@@ -75,6 +77,7 @@ class ChunkIndex:
             if path not in self._by_path:
                 return False
             self._drop(path)
+            self.version += 1
             return True
 
     def _drop(self, path: str) -> None:

@@ -188,13 +188,26 @@ def test_selection_is_stable_while_typing_in_one_place(gatherer, repo):
     assert {c.path for c in moved} == {"geometry/matrix.py", "geometry/vector.py"}
     back = gatherer.select(path, CHECKOUT, len(CHECKOUT), max_chunks=2, max_tokens=1000)
     assert back == first
-    # A better candidate appearing does not disturb typing; a new anchor (the edit session
-    # rebased) forces a fresh selection, which picks it up.
+    # A new anchor (the edit session rebased) forces a fresh selection of the same chunks.
+    rebased = gatherer.select(path, CHECKOUT, len(CHECKOUT), max_chunks=2, max_tokens=1000, anchor=1)
+    assert rebased == back and rebased is not back
+    # A better candidate appearing (another file changed) is picked up at the next request.
     extra = "def apply_discount_twice(price, discount, cart):\n    return apply_discount(apply_discount(cart.subtotal(), discount), discount)\n"
     gatherer.open_document(str(repo / "shop" / "extra.py"), extra)
-    assert gatherer.select(path, CHECKOUT, len(CHECKOUT), max_chunks=2, max_tokens=1000) is back
-    rebased = gatherer.select(path, CHECKOUT, len(CHECKOUT), max_chunks=2, max_tokens=1000, anchor=1)
-    assert "shop/extra.py" in [c.path for c in rebased]
+    again = gatherer.select(path, CHECKOUT, len(CHECKOUT), max_chunks=2, max_tokens=1000, anchor=1)
+    assert "shop/extra.py" in [c.path for c in again]
+
+
+def test_a_selection_from_a_half_built_index_does_not_stick(repo):
+    """Regression: the first request after a folder was added came before its scan; the
+    empty selection was then returned for as long as the user typed in that place."""
+    g = ContextGatherer(count_tokens=words, watch=False)
+    path = str(repo / "shop" / "checkout.py")
+    assert g.select(path, CHECKOUT, len(CHECKOUT)) == ()  # nothing indexed yet
+    g.set_workspaces([repo])
+    assert g.wait_idle(10)
+    assert g.select(path, CHECKOUT, len(CHECKOUT)) != ()
+    g.close()
 
 
 def test_open_documents_are_candidates_and_edits_invalidate(gatherer, repo):
