@@ -15,7 +15,9 @@ fragment-tokenization adapter.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -29,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--module", default="textwrap", help="standard-library module to retype a function of (default textwrap)")
     p.add_argument("--seed", type=int, default=1, help="which function, and how it is typed")
     p.add_argument("--model", default="default", help='model for the server (default: the embedded SmolLM2-135M)')
-    p.add_argument("--limit", type=int, default=80, metavar="N", help="completion requests shown live (default 80)")
-    p.add_argument("--compare-limit", type=int, default=12, metavar="N", help="requests per configuration in the comparison (default 12)")
+    p.add_argument("--limit", type=int, default=60, metavar="N", help="completion requests shown live (default 60)")
+    p.add_argument("--compare-limit", type=int, default=10, metavar="N", help="requests per configuration in the comparison (default 10)")
+    p.add_argument("--max-tokens", type=int, default=32, metavar="N", help="longest suggestion in tokens (default 32: snappy on a CPU)")
     p.add_argument("--no-compare", dest="compare", action="store_false", help="skip the comparison table")
     p.add_argument("--speed", choices=("max", "realtime"), default="max", help="max: next key when the answer arrives (default); realtime: a person's pace")
     p.add_argument("--server", metavar="CMD", help="server command line (default: this Python's `efim serve`)")
@@ -91,12 +94,12 @@ def run(args: argparse.Namespace) -> int:
     folder.mkdir(mode=0o700, exist_ok=True)
     trace_path = write_trace(folder / "demo-trace.jsonl", trace)
     meta = trace.header.meta
-    settings = {"model": args.model, "fimTokens": "add"}
+    settings = {"model": args.model, "fimTokens": "add", "maxTokens": args.max_tokens}
     out = sys.stdout
     print(
         f"efim demo: retyping {source.name}:{meta['function']} ({meta['body_chars']} characters, "
         f"{trace.completions} key presses at ~{meta['wpm'] * 5:.0f}/min, typos and all)\n"
-        f"through `efim serve` (model {args.model}, promptFormat efim, fimTokens add).\n"
+        f"through `efim serve` (model {args.model}, promptFormat efim, fimTokens add, maxTokens {args.max_tokens}).\n"
         f"Trace: {trace_path}\n"
         f"Each line: answer time, the line up to the cursor, then the suggestion.\n",
         file=out,
@@ -138,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
         progress.end(f"{len(result.records)} requests in {result.wall_s:.1f} s")
         results.append(result)
     print("\n" + report.table({r.name: report.summarize(r) for r in results}), file=out, flush=True)
+    shown = {k: v for k, v in settings.items() if not (k == "model" and v == "default")}
     print(
         f"\nSame comparison from the command line:\n  efim replay {trace_path} --compare --limit {args.compare_limit} "
-        f"--config '{{\"fimTokens\": \"add\"}}'",
+        f"--config {shlex.quote(json.dumps(shown))}",
         file=out,
         flush=True,
     )
