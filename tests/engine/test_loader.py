@@ -287,3 +287,38 @@ def test_default_model_greedy_matches_transformers():
     assert "fibonacci" in loaded.tokenizer.decode(out).lower()
     # digits split one by one, as SmolLM2's own tokenizer does
     assert len(loaded.tokenizer.encode("12345").ids) == 5
+
+
+def test_sharded_checkpoint_loads(tiny_model_factory, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny_model_factory("starcoder2")
+    sharded = tmp_path / "sharded"
+    shutil.copytree(folder, sharded)
+    (sharded / "model.safetensors").unlink()
+    tensors = load_file(str(folder / "model.safetensors"))
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, str(sharded / shard))
+        weight_map.update({k: shard for k in keys})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    want, _ = logits_of(load_model(folder, dtype="fp32"))
+    got, _ = logits_of(load_model(sharded, dtype="fp32"))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_positions_past_the_initial_rope_table(tiny_model_factory):
+    """The cos/sin table grows on demand (here past max_position_embeddings = 1024)."""
+    import transformers
+
+    folder = tiny_model_factory("llama")
+    model = load_model(folder, dtype="fp32").model
+    ref = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = torch.randint(20, 1500, (1100,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = ref(ids.unsqueeze(0)).logits[0, -3:]
+    kv = model.new_kv(1100)
+    model.forward(ids[:1097], kv, 0, "none")
+    torch.testing.assert_close(model.forward(ids[1097:], kv, 1097, "all"), want, atol=2e-5, rtol=2e-5)
