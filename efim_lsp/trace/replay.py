@@ -205,7 +205,14 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
             },
         )
         await client.notify("initialized", {})
-        result.stats_before = await wait_ready(client, options.ready_timeout_s)
+        ready = await wait_ready(client, options.ready_timeout_s)
+        if ready is not None:
+            # Zero the server's counters and latency series (a server that cannot reset
+            # leaves them; deltas against this snapshot still hold, and a TTFT series with
+            # samples from before the replay is not reported as the replay's own).
+            await client.request("efim/stats", {"reset": True})
+            ready = await client.request("efim/stats", None)
+        result.stats_before = ready
         result.ready_s = time.perf_counter() - t_start
         jobs: asyncio.Queue = asyncio.Queue()
         copies = max(len(traces), options.users)
