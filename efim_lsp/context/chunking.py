@@ -46,10 +46,7 @@ class Chunk(NamedTuple):
     text: str
     terms: Counter[str]  # identifier counts (see `identifiers`)
     digest: str  # hash of (path, text): identity for caches and selections
-
-    @property
-    def length(self) -> int:
-        return sum(self.terms.values())
+    length: int  # identifiers in all (BM25's document length)
 
 
 def chunk_digest(path: str, text: str) -> str:
@@ -67,7 +64,8 @@ def split_chunks(path: str, text: str, lines_per_chunk: int = CHUNK_LINES) -> li
         if not body.strip():
             continue
         end = min(start + lines_per_chunk, len(lines))
-        chunks.append(Chunk(path, start, end, body, identifiers(body), chunk_digest(path, body)))
+        terms = identifiers(body)
+        chunks.append(Chunk(path, start, end, body, terms, chunk_digest(path, body), sum(terms.values())))
     return chunks
 
 
@@ -77,7 +75,8 @@ def sub_chunk(chunk: Chunk, start_line: int, end_line: int) -> Chunk:
     lo = max(0, start_line - chunk.start_line)
     hi = min(len(lines), end_line - chunk.start_line)
     body = "".join(lines[lo:hi])
-    return Chunk(chunk.path, chunk.start_line + lo, chunk.start_line + hi, body, identifiers(body), chunk_digest(chunk.path, body))
+    terms = identifiers(body)
+    return Chunk(chunk.path, chunk.start_line + lo, chunk.start_line + hi, body, terms, chunk_digest(chunk.path, body), sum(terms.values()))
 
 
 __all__ = ["Chunk", "CHUNK_LINES", "STOP_WORDS", "identifiers", "split_chunks", "sub_chunk", "chunk_digest"]

@@ -6,9 +6,10 @@ chunks that mention at least one query identifier are scored.
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict  # noqa: F401 - Counter in annotations
 from typing import Iterable, NamedTuple
 
 from efim_lsp.context.chunking import Chunk
@@ -16,6 +17,7 @@ from efim_lsp.context.chunking import Chunk
 # Okapi BM25 constants (the usual values).
 K1 = 1.2
 B = 0.75
+MAX_QUERY_TERMS = 48
 
 
 class Scored(NamedTuple):
@@ -102,20 +104,27 @@ class ChunkIndex:
             if n == 0 or not terms:
                 return []
             avg_len = max(self._total_length / n, 1.0)
-            scores: Counter[str] = Counter()
-            for term in terms:
-                posting = self._postings.get(term)
-                if not posting:
-                    continue
+            scores: dict[str, float] = {}
+            by_digest = self._by_digest
+            base, slope = K1 * (1.0 - B), K1 * B / avg_len
+            # The rarest query identifiers carry the score; common ones cost long posting
+            # walks for little: keep the MAX_QUERY_TERMS rarest.
+            present = sorted((len(self._postings[t]), t) for t in terms if t in self._postings)
+            for _df, term in present[:MAX_QUERY_TERMS]:
+                posting = self._postings[term]
                 idf = math.log(1.0 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
+                gain = idf * (K1 + 1.0)
                 for digest in posting:
-                    chunk = self._by_digest[digest]
+                    chunk = by_digest[digest]
                     tf = chunk.terms[term]
-                    norm = K1 * (1.0 - B + B * chunk.length / avg_len)
-                    scores[digest] += idf * tf * (K1 + 1.0) / (tf + norm)
-            ranked = [
-                Scored(score, self._by_digest[d]) for d, score in scores.items() if self._by_digest[d].path not in excluded
-            ]
+                    scores[digest] = scores.get(digest, 0.0) + gain * tf / (tf + base + slope * chunk.length)
+            for path in excluded:
+                for chunk in self._by_path.get(path, ()):
+                    scores.pop(chunk.digest, None)
+            # A margin past `limit`, then a total order, so equal scores never make the
+            # answer depend on set iteration order.
+            top = heapq.nlargest(limit + 16, scores.items(), key=lambda item: item[1])
+            ranked = [Scored(score, by_digest[d]) for d, score in top]
         ranked.sort(key=lambda s: (-s.score, s.chunk.path, s.chunk.start_line))
         return ranked[:limit]
 
