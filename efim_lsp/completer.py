@@ -317,7 +317,9 @@ class Completer:
         if streamed.error:
             log.warning("%s: engine error: %s", uri, streamed.error)
             return self._decline("engineError", f"engine error: {streamed.error}")
-        self.stats.latency.add((time.monotonic() - arrival) * 1000)
+        elapsed_ms = (time.monotonic() - arrival) * 1000
+        self.stats.latency.add(elapsed_ms)
+        self.stats.engine_latency.add(elapsed_ms)
         text = shape(streamed.text, ctx, mode, done=True).text
         if not text:
             return self._decline("empty", "empty suggestion")

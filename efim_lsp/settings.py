@@ -4,8 +4,8 @@
 
 Validation happens here, at the edge, key by key: an unknown key is logged and
 ignored; a bad value is reported (the caller shows it with `window/showMessage`)
-and that key keeps its previous value (the default at start). Nothing else is
-lost because one key is wrong.
+and that key falls back to its default. Nothing else is lost because one key is
+wrong.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
 class SettingsUpdate(NamedTuple):
     settings: Settings
     changed: frozenset[str]  # attribute names whose value changed
-    problems: tuple[str, ...]  # bad values (each kept its previous value)
+    problems: tuple[str, ...]  # bad values (each fell back to its default)
     unknown: tuple[str, ...]  # keys that are not settings
 
 
@@ -101,7 +101,8 @@ def apply(current: Settings, raw: Any) -> SettingsUpdate:
         try:
             updates[field.name] = msgspec.convert(value, field.type)
         except msgspec.ValidationError as exc:
-            problems.append(f"setting {key}={value!r} is invalid ({exc}); keeping {getattr(current, field.name)!r}")
+            updates[field.name] = field.default
+            problems.append(f"setting {key}={value!r} is invalid ({exc}); using the default {field.default!r}")
     new = msgspec.structs.replace(current, **updates) if updates else current
     changed = frozenset(name for name in updates if getattr(new, name) != getattr(current, name))
     return SettingsUpdate(new, changed, tuple(problems), tuple(unknown))

@@ -2,7 +2,8 @@
 
 Times are measured at the server: `ttft` from a request's arrival (the moment
 its message was read off stdin) to the engine's first generated token as seen
-by the server; `latency` from arrival to the answer being handed to pygls.
+by the server; `latency` from arrival to the answer being handed to pygls (all answered requests;
+`engine_latency` only those the engine computed, typing-through hits excluded).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class ServerStats:
         self.accepted_chars = 0
         self.declined: Counter[str] = Counter()
         self.ttft = LatencySeries()
-        self.latency = LatencySeries()
+        self.latency = LatencySeries()  # every answered request (typing-through hits included)
+        self.engine_latency = LatencySeries()  # requests the engine answered
 
     def add_engine_request(self, stats: RequestStats) -> None:
         self.prompt_tokens += stats.prompt_tokens
@@ -86,6 +88,7 @@ class ServerStats:
             "reuseRatio": round(self.reuse_ratio, 4),
             "ttftMs": self.ttft.summary(),
             "latencyMs": self.latency.summary(),
+            "engineLatencyMs": self.engine_latency.summary(),
             "cacheBytes": engine.cache_bytes_used if engine else 0,
             "sessions": {"active": sessions_active, "rebases": rebases},
             "shown": self.shown,

@@ -1,4 +1,4 @@
-"""Settings: camelCase keys, unknown keys reported, bad values keep the previous value."""
+"""Settings: camelCase keys, unknown keys reported, a bad value falls back to the default."""
 
 from efim_lsp.settings import Settings, apply
 
@@ -22,10 +22,10 @@ def test_section_under_efim_key():
 
 
 def test_unknown_keys_and_bad_values():
-    base = apply(Settings(), {"maxTokens": 16}).settings
+    base = apply(Settings(), {"maxTokens": 16, "promptFormat": "fim"}).settings
     up = apply(base, {"maxTokens": 0, "promptFormat": "xfim", "cache": "yes", "bogus": 1, "suffixTokens": 100})
-    assert up.settings.max_tokens == 16  # kept, not reset to the default
-    assert up.settings.prompt_format == "efim" and up.settings.cache is True
+    assert up.settings.max_tokens == 64 and up.settings.prompt_format == "efim"  # back to the defaults
+    assert up.settings.cache is True
     assert up.settings.suffix_tokens == 100
     assert up.unknown == ("bogus",)
     assert len(up.problems) == 3 and any("maxTokens" in p for p in up.problems)
