@@ -77,7 +77,8 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}) + "\n")
-    tmp.rename(dest) if not dest.exists() else None
+    if not dest.exists():  # another process may have finished the same conversion first
+        tmp.rename(dest)
 
 
 def load_tokenizer(model_dir: Path):

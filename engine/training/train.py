@@ -153,8 +153,11 @@ def train(config: TrainConfig) -> RunResult:
     previous = stored_config(out)
     if previous is not None:
         # The run's meaning (data, method) comes from the checkpoint; only the budget,
-        # thread count and save interval are this invocation's own.
-        config = previous._replace(time_budget=config.time_budget, threads=config.threads, save_every=config.save_every, steps=max(config.steps, previous.steps) if config.steps != TrainConfig().steps else previous.steps)
+        # thread count and save interval are this invocation's own. A `steps` above the
+        # stored plan extends the run (the cosine then restarts from that position); the
+        # default value means "keep the stored plan".
+        steps = max(config.steps, previous.steps) if config.steps != TrainConfig().steps else previous.steps
+        config = previous._replace(time_budget=config.time_budget, threads=config.threads, save_every=config.save_every, steps=steps)
         log.info("resuming %s", out)
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -43,3 +43,22 @@ def test_cosine_schedule_shape():
     assert lrs[0] < lrs[9] == max(lrs)
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
     assert abs(lrs[-1] - 0.1) < 0.01
+
+
+def test_cli_trains_and_reports_json(tiny_model_factory, tmp_path, capsys):
+    from efim_lsp.cli import main
+
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    out = tmp_path / "cli-run"
+    code = main(["train", "--model", str(model_dir), "--out", str(out), "--steps", "1", "--accum", "1", "--window", "24:48", "--threads", "1", "--no-fragment"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["step"] == 1 and doc["finished"] and doc["tokens"] > 0
+    assert read_adapter(out / "adapter").config["fragment_trained"] is False
+
+
+def test_cli_rejects_a_bad_window(tmp_path, capsys):
+    from efim_lsp.cli import main
+
+    assert main(["train", "--out", str(tmp_path), "--window", "big"]) == 2
+    assert "--window" in capsys.readouterr().err
