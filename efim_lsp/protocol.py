@@ -59,6 +59,10 @@ class EfimProtocol(LanguageServerProtocol):
         if not isinstance(data, dict) or "jsonrpc" not in data:
             return data
         self._observe("in", data)
+        if "method" in data and "params" not in data:
+            # JSON-RPC 2.0 lets a request or notification omit params; pygls' message
+            # classes require the member, so `efim/stats` without params was refused.
+            data = {**data, "params": None}
         try:
             return super().structure_message(data)
         except Exception as exc:  # pygls raises JsonRpcInvalidParams / InternalError here

@@ -14,7 +14,7 @@ import pytest_lsp
 from lsprotocol import types as t
 from pytest_lsp import ClientServerConfig, LanguageClient
 
-from lsp_client_helpers import BODY, SRC, URI, change, initialize, inline, inline_params, open_doc, request, send_raw, wait_ready
+from lsp_client_helpers import BODY, SRC, URI, change, initialize, inline, inline_params, open_doc, plain, request, send_raw, wait_ready
 
 # The servers are module-scoped fixtures, so the tests must run in the module's event loop.
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -124,6 +124,14 @@ async def test_bad_input_gets_errors_or_empty_results_and_the_server_lives(clien
     assert (await inline(client, t.Position(3, 99))).items
     stats = await request(client, "efim/stats")
     assert stats["declined"].get("unsupportedDocument", 0) - before["declined"].get("unsupportedDocument", 0) == 1
+
+
+async def test_a_request_without_params_is_answered(client: LanguageClient):
+    """Regression: JSON-RPC lets a request omit `params`, but pygls' message classes require
+    the member, so `efim/stats` without params came back as InvalidParams (seen from the
+    editor clients, which had to send `{}`)."""
+    stats = await send_raw(client, {"jsonrpc": "2.0", "id": "no-params", "method": "efim/stats"})
+    assert "reuseRatio" in plain(stats)
 
 
 async def test_version_skip_declines_until_the_client_resends(client: LanguageClient):
