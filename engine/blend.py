@@ -132,7 +132,7 @@ def blend_prefill(
             raise ValueError(f"span rows {span.start}..{span.end} overlap another span")
         cached[span.start - start : span.end - start] = True
     cached[-1] = False  # the last row's logits pick the first token: always computed fresh
-    place_spans(model, kv, [s for s in spans])
+    place_spans(model, kv, spans)
 
     positions = torch.arange(start, end, dtype=torch.int64, device=device)  # [T]
     uncached_rel = (~cached).nonzero().squeeze(1)  # [U]
@@ -143,7 +143,7 @@ def blend_prefill(
 
     if ratio == 0.0 or n_cached == 0 or n_layers < 2:
         # Full reuse (or nothing to reuse): only the uncached rows run, in every layer.
-        rows = uncached_rel if n_cached else torch.arange(T)
+        rows = uncached_rel  # every row when nothing is cached
         h = h.index_select(0, rows.to(device))  # [R, hidden]
         for i in range(n_layers):
             h = run_layer(model, i, h, positions[rows], kv)
@@ -300,8 +300,8 @@ def plan_spans(
     spans: list[ReusedSpan] = []
     hits = misses = prefilled = 0
     for j, (s, e) in enumerate(units):
-        if s < start:
-            continue  # (partly) inside the exact prefix already
+        if e <= start:
+            continue  # inside the exact prefix already
         chunk = list(ids[s:e])
         entry = store.lookup(chunk)
         if entry is not None:
@@ -312,7 +312,8 @@ def plan_spans(
             store.add(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
             misses += 1
             prefilled += len(chunk)
-        spans.append(ReusedSpan(s, cached.k, cached.v, cached.positions))
+        cut = max(0, start - s)  # rows before `start` are an exact prefix: keep only the rest
+        spans.append(ReusedSpan(s + cut, cached.k[:, cut:], cached.v[:, cut:], cached.positions[cut:]))
     extra = [x for x in extra if x.start >= start]
     spans.extend(extra)
     return SpanPlan(spans, hits, misses, prefilled, sum(x.k.shape[1] for x in extra))

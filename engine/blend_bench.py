@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="TTFT repetitions, median reported (default: 3)")
     parser.add_argument("--speed-ratio", type=float, default=0.15, help="blend ratio for the TTFT part (default: 0.15)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--parts", default="quality,speed",
+                        help="comma-separated parts to run: quality, speed (default: both)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -304,14 +306,19 @@ def _run(args: argparse.Namespace) -> int:
         return RadixCache(n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                           dtype=probe.k.dtype, budget_bytes=per_token * 16384)
 
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    if not parts or parts - {"quality", "speed"}:
+        raise ValueError(f"--parts takes 'quality', 'speed' or both, not {args.parts!r}")
+    if "quality" not in parts:
+        args.samples = 1  # the speed part needs one prompt
     with torch.inference_mode():
         samples = build_samples((template, tok), args)
-        qual = quality(model, cache_factory(), template, samples, RATIOS, args.gen)
-        spd = speed(model, cache_factory, template, samples[0], args.speed_ratio, args.repeats)
+        qual = quality(model, cache_factory(), template, samples, RATIOS, args.gen) if "quality" in parts else None
+        spd = speed(model, cache_factory, template, samples[0], args.speed_ratio, args.repeats) if "speed" in parts else None
     result = {
-        "ratios": qual["fresh"],
-        "ttft_ms": spd["ttft_ms"],
-        "ratios_reordered": qual["reordered"],
+        "ratios": qual["fresh"] if qual else None,
+        "ttft_ms": spd["ttft_ms"] if spd else None,
+        "ratios_reordered": qual["reordered"] if qual else None,
         "setup": {
             "model": loaded.name,
             "dtype": str(model.dtype).removeprefix("torch."),
@@ -319,7 +326,7 @@ def _run(args: argparse.Namespace) -> int:
             "samples": [s.name for s in samples],
             "prompt_tokens_mean": statistics.fmean(len(s.ids) for s in samples),
             "chunk_tokens_mean": statistics.fmean(sum(e - s for s, e in x.units) for x in samples),
-            "speed": {k: v for k, v in spd.items() if k != "ttft_ms"},
+            "speed": {k: v for k, v in spd.items() if k != "ttft_ms"} if spd else None,
             "speed_ratio": args.speed_ratio,
             "threads": torch.get_num_threads(),
             "seconds": round(time.perf_counter() - t0, 1),
@@ -332,12 +339,15 @@ def _run(args: argparse.Namespace) -> int:
     print(f"CacheBlend on {loaded.name} ({result['setup']['dtype']}), stdlib package {args.package!r}, "
           f"{len(samples)} prompts of ~{result['setup']['prompt_tokens_mean']:.0f} tokens "
           f"(~{result['setup']['chunk_tokens_mean']:.0f} in chunks)", file=out)
-    print("quality vs full prefill: fresh = chunks prefilled alone, local window uncached; "
-          "reordered = local window also reused from a request with the chunks in the opposite order", file=out)
-    print(f"{'ratio':>6} {'agree fresh':>12} {'KL fresh':>9} {'agree reord':>12} {'KL reord':>9}", file=out)
-    for r, q in qual["fresh"].items():
-        q2 = qual["reordered"][r]
-        print(f"{r:>6} {q['agreement']:>12.3f} {q['kl']:>9.4f} {q2['agreement']:>12.3f} {q2['kl']:>9.4f}", file=out)
+    if qual:
+        print("quality vs full prefill: fresh = chunks prefilled alone, local window uncached; "
+              "reordered = local window also reused from a request with the chunks in the opposite order", file=out)
+        print(f"{'ratio':>6} {'agree fresh':>12} {'KL fresh':>9} {'agree reord':>12} {'KL reord':>9}", file=out)
+        for r, q in qual["fresh"].items():
+            q2 = qual["reordered"][r]
+            print(f"{r:>6} {q['agreement']:>12.3f} {q['kl']:>9.4f} {q2['agreement']:>12.3f} {q2['kl']:>9.4f}", file=out)
+    if not spd:
+        return 0
     t = spd["ttft_ms"]
     print(f"TTFT, chunk order changed ({spd['prompt_tokens']} tokens, median of {args.repeats}): "
           f"full {t['full']:.0f} ms, prefix cache {t['prefix']:.0f} ms (reused {spd['prefix_reused_tokens']}), "

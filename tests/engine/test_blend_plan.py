@@ -151,3 +151,19 @@ def test_previous_spans_reuse_runs_of_moved_windows(tiny):
         assert [old.ids[int(r)] for r in old_rows] == new.ids[sp.start : sp.start + n]
         assert torch.equal(sp.k, kv.k[:, :, int(old_rows[0]) : int(old_rows[0]) + n].transpose(1, 2))
     assert previous_spans(old.ids, kv, new.ids, segs, start=len(new.ids)) == []
+
+
+def test_a_chunk_cut_by_the_exact_prefix_keeps_its_cached_tail(tiny):
+    """Regression: a radix match ending inside the first chunk (e.g. its shared `# path`
+    header tokens) made the whole chunk count as uncached, recomputing it in every layer."""
+    model, tpl, tok = tiny
+    enc = _encode(tpl, tok, CHUNKS, "x = 1\n")
+    units = chunk_units(enc.spans)
+    cache, store = _store(model)
+    s, e = units[0]
+    plan = plan_spans(model, store, enc.ids, units, start=s + 3)
+    first = plan.spans[0]
+    assert first.start == s + 3 and first.end == e
+    whole = store.load(store.lookup(enc.ids[s:e]))
+    assert torch.equal(first.k, whole.k[:, 3:]) and torch.equal(first.positions, whole.positions[3:])
+    assert len(plan.spans) == len(units)
