@@ -18,7 +18,7 @@ from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lsp_client_helpers import change, inline, open_doc, request, wait_ready  # noqa: E402
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]  # a server process + ~30 requests
 
 SERVER = ClientServerConfig(
     server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
