@@ -10,6 +10,11 @@ from engine.training.data import held_out_files
 
 @pytest.mark.slow
 @pytest.mark.default_model
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8 open: the shipped adapter saw ~80k tokens and does not infill yet "
+    "(EFIM completion of '    count' is ')'); strict, so a trained adapter that passes turns this red",
+)
 def test_default_model_with_adapter_fills_a_held_out_middle():
     from engine.evaluation.completer import Completer
     from engine.evaluation.model import load_eval_model
