@@ -6,7 +6,8 @@ lives elsewhere: sessions (`session.py`), windows (`window.py`), suggestions
 (`suggest.py`), typing-through, the engine slot, stats.
 
 Custom protocol:
-- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`);
+- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`), `model`
+  (state, info) and `context` (index status, when a context source is attached);
   params `{"reset": true}` zero them after answering (benchmarks measure phases).
 - `efim/debug/checkIntegrity` (request) → `{ok, engine, sessions}`: the engine's
   KV pool integrity check (when the engine has one) and every edit session's.
@@ -352,7 +353,13 @@ def build_server(
     def stats(ls: EfimServer, params: Any) -> dict[str, Any]:
         engine = ls.slot.engine
         engine_stats = engine.stats() if engine is not None else None
-        extra = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
+        extra: dict[str, Any] = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
+        context_status = getattr(ls.completer.context_source, "status", None)
+        if context_status is not None:
+            try:
+                extra["context"] = context_status()
+            except Exception:  # counters are informative; never fail the stats request
+                log.exception("context status failed")
         out = ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
         if _mapping(params).get("reset"):
             ls.completer.reset_counters()  # benchmarks: measure a phase on its own

@@ -139,6 +139,17 @@ class ContextGatherer:
         with self._tasks.all_tasks_done:
             return self._tasks.all_tasks_done.wait_for(lambda: self._tasks.unfinished_tasks == 0, timeout)
 
+    def status(self) -> dict[str, object]:
+        """What is indexed and whether disk work is still queued (for `efim/stats`)."""
+        with self._lock:
+            folders = len(self._workspaces)
+        return {
+            "folders": folders,
+            "files": len(self.index.paths()),
+            "chunks": len(self.index),
+            "indexing": self._tasks.unfinished_tasks > 0,
+        }
+
     def wait_watching(self, timeout: float = 5.0) -> bool:
         """Block until the file watcher is installed (tests write files only after this)."""
         return self._watcher is None or self._watcher.wait_started(timeout)

@@ -64,14 +64,18 @@ class WorkspaceContext:
             uri_to_path(uri), text, cursor, max_chunks=settings.context_chunks, max_tokens=settings.context_tokens
         )
 
+    def status(self) -> dict[str, object]:
+        """Index counters for `efim/stats` ("context"): folders, files, chunks, indexing."""
+        return self.gatherer.status()
+
     def close(self) -> None:
         self.gatherer.close()
 
     # -- syncing ----------------------------------------------------------------------
     def _sync(self, server: Any) -> None:
         with self._lock:
+            self._sync_documents(server)  # first: a scan must not read an open document from disk
             self._sync_roots(server)
-            self._sync_documents(server)
             self._sync_engine(server)
 
     def _sync_roots(self, server: Any) -> None:

@@ -76,10 +76,17 @@ async def test_blend_context_enters_the_prompt_and_keystrokes_reuse_it(client: L
         # Reopen: the same request again would be answered from the suggestion on screen.
         client.text_document_did_close(t.DidCloseTextDocumentParams(t.TextDocumentIdentifier(uri=uri)))
         open_doc(client, src, uri)
+        # The folder was indexed completely before this request, so the chunk set it picks
+        # is the one the keystrokes below see (a partial index may pick other chunks later).
+        indexed = await request(client, "efim/stats")
         blend_tokens, _ = await _prompt_tokens(client, pos, uri)
-        if blend_tokens > base_tokens + 50:
+        ready = indexed["context"]["files"] >= 2 and not indexed["context"]["indexing"]
+        if ready and blend_tokens > base_tokens + 50:
             break
         await asyncio.sleep(0.25)
+    # The two siblings from disk; the open document itself is chunked only for other documents.
+    assert indexed["context"] == {"folders": 1, "files": 2, "chunks": indexed["context"]["chunks"], "indexing": False}
+    assert indexed["context"]["chunks"] > 2
     assert blend_tokens > base_tokens + 50  # chunks of the sibling modules were added
 
     typed = "chunks ="

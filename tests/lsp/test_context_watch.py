@@ -99,3 +99,22 @@ def test_open_documents_win_over_disk_and_closing_keeps_chunks(watched):
     os.utime(rates)
     rates.write_text("def exchange_rate(currency):\n    return SAVED_RATES[currency]\n")
     assert eventually(lambda: any("SAVED_RATES" in t for t in texts(g, rates)))
+
+
+def test_status_counts_the_index_and_reports_queued_disk_work(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(3):
+        (root / f"m{i}.py").write_text("".join(f"def f{i}_{n}(x):\n    return x + {n}\n" for n in range(40)))
+    g = ContextGatherer(watch=False)
+    try:
+        assert g.status() == {"folders": 0, "files": 0, "chunks": 0, "indexing": False}
+        with g._lock:  # noqa: SLF001 — holding it stalls the worker's scan, so it is still queued
+            g.set_workspaces([root])
+            assert g.status()["indexing"] is True
+        assert g.wait_idle(10)
+        status = g.status()
+        assert status["folders"] == 1 and status["files"] == 3 and not status["indexing"]
+        assert status["chunks"] >= 6  # 80 lines per file at 64-line chunks: at least two each
+    finally:
+        g.close()
