@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--alpha", type=float, default=32.0)
     p.add_argument("--window", default="256:512", help="min:max tokens per training window")
+    p.add_argument("--line-starts", type=float, default=0.5, help="share of middles starting at a line start or after its indentation")
+    p.add_argument("--init-from", default="", help="new run only: start from this earlier run's checkpoint adapter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")
     p.add_argument("--save-every", type=int, default=10, help="optimizer steps between checkpoints")
@@ -46,6 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.training.train import TrainConfig, train  # noqa: PLC0415
 
     lo, hi = _window(args.window)
+    if not 0 <= args.line_starts <= 1:
+        raise ValueError("--line-starts must be in [0, 1]")
+    if args.init_from and not (Path(args.init_from) / "checkpoint" / "state.json").is_file():
+        raise ValueError(f"--init-from {args.init_from}: no checkpoint there (expected checkpoint/state.json)")
     if args.time_budget < 0 or args.steps <= 0 or args.accum <= 0:
         raise ValueError("--time-budget must be >= 0, --steps and --accum positive")
     config = TrainConfig(
@@ -67,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         save_every=args.save_every,
         threads=args.threads,
         bf16=not args.fp32,
+        line_start_prob=args.line_starts,
+        init_from=args.init_from,
     )
     result = train(config)
     print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)

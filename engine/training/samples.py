@@ -82,12 +82,17 @@ class SampleConfig(NamedTuple):
     middle_line_weights: tuple[float, ...] = (0.5, 0.25, 0.15, 0.1)
     # Chance the middle ends inside its last line (the rest of that line stays in the suffix).
     mid_line_end_prob: float = 0.25
+    # Chance the middle starts where a completer's cursor usually is: at a line start or right
+    # after its indentation (half each); otherwise at a uniformly random character.
+    line_start_prob: float = 0.0
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
             raise ValueError("fim_rate and efim_rate must be >= 0 and sum to at most 1")
         if not 0 <= self.fragment_prob <= 1:
             raise ValueError("fragment_prob must be in [0, 1]")
+        if not 0 <= self.line_start_prob <= 1:
+            raise ValueError("line_start_prob must be in [0, 1]")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
             raise ValueError("need 8 <= min_window_tokens <= max_window_tokens")
         return self
@@ -108,8 +113,17 @@ def draw_window(tokenizer: Tokenizer, text: str, rng: random.Random, n_tokens: i
 
 
 def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tuple[int, int]:
-    """[start, end) of a middle: begins at a random character, spans 1..4 lines."""
+    """[start, end) of a middle: begins at a random character (or, with `line_start_prob`,
+    at a line start or after its indentation), spans 1..4 lines."""
     start = rng.randrange(0, len(window) - 1)
+    # No extra draw when the bias is off: runs configured before it existed keep their stream.
+    if config.line_start_prob > 0 and rng.random() < config.line_start_prob:
+        line = window.rfind("\n", 0, start) + 1  # the line `start` fell in
+        end_of_line = window.find("\n", line)
+        text = window[line : end_of_line if end_of_line >= 0 else len(window)]
+        body = line + len(text) - len(text.lstrip(" \t"))  # first non-blank character
+        at_indent = rng.random() < 0.5 and body < line + len(text)  # a blank line has none
+        start = min(body if at_indent else line, len(window) - 2)
     n_lines = rng.choices(range(1, len(config.middle_line_weights) + 1), weights=config.middle_line_weights)[0]
     end = line_start = start
     for _ in range(n_lines):

@@ -53,6 +53,8 @@ class TrainConfig(NamedTuple):
     save_every: int = 10  # optimizer steps between checkpoints
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     bf16: bool = True
+    line_start_prob: float = 0.5  # middles starting at a line start / after indentation
+    init_from: str = ""  # warm start: a run folder whose checkpoint adapter seeds this run
 
 
 class TrainState(NamedTuple):
@@ -140,11 +142,30 @@ def _load_checkpoint(out: Path, model, optimizer) -> TrainState:
     return TrainState(**doc["state"])
 
 
+def _warm_start(source: Path, model, config: TrainConfig) -> None:
+    """Seed a new run with the adapter of an earlier run's checkpoint (same rank and
+    fragment setting); the optimizer, schedule and data stream start fresh."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    earlier = stored_config(source)
+    if earlier is None:
+        raise ValueError(f"--init-from {source}: no checkpoint/state.json there")
+    if (earlier.rank, earlier.fragment, earlier.model) != (config.rank, config.fragment, config.model):
+        raise ValueError(
+            f"--init-from {source}: rank/fragment/model {earlier.rank}/{earlier.fragment}/{earlier.model} "
+            f"differ from this run's {config.rank}/{config.fragment}/{config.model}"
+        )
+    lora_mod.load_adapter_tensors(model, load_file(str(source / "checkpoint" / "adapter.safetensors")))
+    log.info("warm start from %s", source)
+
+
 def stored_config(out: Path) -> TrainConfig | None:
     path = Path(out) / "checkpoint" / "state.json"
     if not path.is_file():
         return None
-    return TrainConfig(**json.loads(path.read_text())["config"])
+    stored = json.loads(path.read_text())["config"]
+    stored.setdefault("line_start_prob", 0.0)  # runs from before the bias drew middles uniformly
+    return TrainConfig(**stored)
 
 
 def train(config: TrainConfig) -> RunResult:
@@ -186,9 +207,21 @@ def train(config: TrainConfig) -> RunResult:
         weight_decay=0.0,
         betas=(0.9, 0.99),
     )
-    state = _load_checkpoint(out, model, optimizer) if previous is not None else TrainState()
+    if previous is not None:
+        state = _load_checkpoint(out, model, optimizer)
+    else:
+        state = TrainState()
+        if config.init_from:
+            _warm_start(Path(config.init_from), model, config)
 
-    scfg = SampleConfig(fragment=config.fragment, fragment_prob=config.fragment_prob, min_window_tokens=config.min_window, max_window_tokens=config.max_window)
+
+    scfg = SampleConfig(
+        fragment=config.fragment,
+        fragment_prob=config.fragment_prob,
+        min_window_tokens=config.min_window,
+        max_window_tokens=config.max_window,
+        line_start_prob=config.line_start_prob,
+    )
     corpus = Corpus(training_files())
     builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)
     meta = {"base_model": str(model_dir), "base_vocab_size": base_vocab, "corpus_files": len(corpus.files), "corpus_chars": corpus.chars}

@@ -9,7 +9,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from engine.testing import tiny_tokenizer_json
 from engine.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
-from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample
+from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,29 @@ def test_missing_sentinels_is_a_clear_error():
     tok = Tokenizer.from_str(tiny_tokenizer_json(False))
     with pytest.raises(ValueError, match="sentinels"):
         FimIds.from_tokenizer(tok)
+
+
+def test_line_start_bias_puts_middles_where_the_cursor_usually_is():
+    window = "".join(f"    def f{n}(x):\n        return x + {n}\n\n" for n in range(30))
+    line_starts = {0} | {i + 1 for i, ch in enumerate(window) if ch == "\n"}
+    def indent_end(i: int) -> bool:
+        before = window[window.rfind("\n", 0, i) + 1 : i]
+        return window[i] not in " \n" and before != "" and before.strip(" ") == ""
+
+    after_indent = {i for i in range(len(window)) if indent_end(i)}
+
+    def starts(prob: float) -> list[int]:
+        cfg = SampleConfig(line_start_prob=prob)
+        return [choose_middle(window, random.Random(i), cfg)[0] for i in range(400)]
+
+    biased, uniform = starts(1.0), starts(0.0)
+    assert all(s in line_starts or s in after_indent for s in biased)
+    assert sum(s in line_starts for s in biased) > 120 and sum(s in after_indent for s in biased) > 120
+    assert sum(s in line_starts or s in after_indent for s in uniform) < 100  # a random character mostly is neither
+    # Off means no extra random draw: a run configured before the bias existed keeps its data.
+    assert uniform == [random.Random(i).randrange(0, len(window) - 1) for i in range(400)]
+    for i in range(100):
+        start, end = choose_middle(window, random.Random(i), SampleConfig(line_start_prob=0.5))
+        assert 0 <= start < end <= len(window)
+    with pytest.raises(ValueError, match="line_start_prob"):
+        SampleConfig(line_start_prob=1.5).validate()

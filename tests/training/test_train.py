@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from engine.training.lora import read_adapter
 from engine.training.train import TrainConfig, lr_at, stored_config, train
 
@@ -62,3 +65,41 @@ def test_cli_rejects_a_bad_window(tmp_path, capsys):
 
     assert main(["train", "--out", str(tmp_path), "--window", "big"]) == 2
     assert "--window" in capsys.readouterr().err
+
+
+def test_warm_start_seeds_a_new_run_with_an_earlier_adapter(tiny_model_factory, tmp_path):
+    from safetensors.torch import load_file
+
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    base = TrainConfig(model=str(model_dir), steps=1, accum=1, min_window=24, max_window=48, warmup=1, threads=1)
+    first = tmp_path / "first"
+    train(base._replace(out=str(first)))
+    earlier = load_file(str(first / "checkpoint" / "adapter.safetensors"))
+
+    # Zero training steps: the new run's checkpoint is exactly the adapter it started from.
+    second = tmp_path / "second"
+    res = train(base._replace(out=str(second), init_from=str(first), time_budget=1e-9, line_start_prob=1.0))
+    assert res.state.step == 0
+    seeded = load_file(str(second / "checkpoint" / "adapter.safetensors"))
+    assert seeded.keys() == earlier.keys()
+    assert all(torch.equal(seeded[k], earlier[k]) for k in earlier)
+    assert stored_config(second).init_from == str(first) and stored_config(second).line_start_prob == 1.0
+
+    # A mismatched run is refused before anything is trained.
+    with pytest.raises(ValueError, match="rank/fragment/model"):
+        train(base._replace(out=str(tmp_path / "third"), init_from=str(first), rank=4))
+
+
+def test_runs_stored_before_line_start_bias_keep_uniform_middles(tmp_path):
+    (tmp_path / "checkpoint").mkdir()
+    old = TrainConfig()._asdict()
+    del old["line_start_prob"], old["init_from"]
+    (tmp_path / "checkpoint" / "state.json").write_text(json.dumps({"config": old}))
+    assert stored_config(tmp_path).line_start_prob == 0.0
+
+
+def test_cli_rejects_a_missing_init_from(tmp_path, capsys):
+    from efim_lsp.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "nowhere")]) == 2
+    assert "--init-from" in capsys.readouterr().err
