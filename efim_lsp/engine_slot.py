@@ -17,7 +17,7 @@ from engine.api import Engine, EngineInfo, InfillRequest
 
 log = logging.getLogger(__name__)
 
-# factory(model, *, fim_tokens) -> Engine. The serve command wraps engine.local.load_engine;
+# factory(model, *, fim_tokens, adapter) -> Engine. The serve command wraps engine.local.load_engine;
 # tests inject their own.
 EngineFactory = Callable[..., Engine]
 
@@ -27,6 +27,7 @@ SlotState = Literal["empty", "loading", "ready", "failed"]
 class EngineSpec(NamedTuple):
     model: str
     fim_tokens: str
+    adapter: str = "auto"
 
 
 class ProgressSink(Protocol):
@@ -94,7 +95,7 @@ class EngineSlot:
         progress.begin("efim", f"loading model {spec.model}")
         started = time.monotonic()
         try:
-            engine = await loop.run_in_executor(None, lambda: self._factory(spec.model, fim_tokens=spec.fim_tokens))
+            engine = await loop.run_in_executor(None, lambda: self._factory(spec.model, fim_tokens=spec.fim_tokens, adapter=spec.adapter))
             info = engine.info()
         except Exception as exc:
             if generation == self._generation:

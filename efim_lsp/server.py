@@ -119,7 +119,7 @@ class EfimServer(LanguageServer):
         return task
 
     async def _load_engine(self) -> None:
-        spec = EngineSpec(self.settings.model, self.settings.fim_tokens)
+        spec = EngineSpec(self.settings.model, self.settings.fim_tokens, self.settings.adapter)
         progress = await self._progress_sink()
         ok = await self.slot.load(spec, progress)
         if ok:

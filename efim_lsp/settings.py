@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 
 # Keys whose change needs a new engine (everything else applies to the next request).
-ENGINE_KEYS = frozenset({"model", "fim_tokens"})
+ENGINE_KEYS = frozenset({"model", "fim_tokens", "adapter"})
 
 
 class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
@@ -48,6 +48,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
 
     fim_tokens: Literal["auto", "add"] = "auto"
     """auto: use the model's own FIM sentinels (prefix-only if none); add: add StarCoder sentinels (speed tests; quality needs training)."""
+
+    adapter: str = "auto"
+    """LoRA merged at load: auto (the shipped FIM adapter for the default model, when its card marks it ready), none, or a path."""
 
     context: Literal["off", "prefix", "blend"] = "off"
     """Cross-file context: off, plain prefix caching of chunks, or CacheBlend."""

@@ -368,23 +368,26 @@ def load_engine(
     fim_tokens: str = "auto",
     kv_budget: int | str | None = None,
     threads: int | None = None,
-    adapter: Path | str | None = None,
+    adapter: Path | str | None = "auto",
     fragment_trained: bool | None = None,
     **engine_options,
 ) -> LocalEngine:
     """Load `model` (see `engine.model.loader.load_model`) and start an engine on it.
-    `fragment_trained` (token healing off by default) defaults to "an adapter is given":
-    the project's adapters are fragment-tokenization fine-tunes."""
+    `adapter`: "auto" (the shipped FIM adapter for the default model, when marked ready),
+    "none", or a LoRA file/folder (`engine.adapters.resolve_adapter`). `fragment_trained`
+    (token healing off by default) defaults to "an adapter is merged": the project's
+    adapters are fragment-tokenization fine-tunes."""
+    from engine.adapters import resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
 
     if threads is not None:
         if threads < 1:
             raise EngineError(f"threads must be >= 1, not {threads}")
         torch.set_num_threads(threads)
-    loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens,
-                        adapter=Path(adapter) if adapter is not None else None)
+    chosen = resolve_adapter(model, adapter)
+    loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen)
     if fragment_trained is None:
-        fragment_trained = adapter is not None
+        fragment_trained = chosen is not None
     return LocalEngine(loaded, kv_budget=kv_budget, fragment_trained=fragment_trained, quant=quant, **engine_options)
 
 

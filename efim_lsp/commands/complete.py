@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="'add' gives a model without FIM sentinels the StarCoder ones (untrained: for speed "
         "measurements; completion quality needs a trained adapter)",
     )
-    p.add_argument("--adapter", type=Path, help="LoRA adapter (.safetensors) merged at load")
+    p.add_argument("--adapter", default="auto", help="'auto' (the shipped FIM adapter for --model default, when marked ready), 'none', or a LoRA file/folder merged at load")
     p.add_argument("--kv-budget", help="KV pool budget, e.g. 512M or 2G")
     p.add_argument("--threads", type=int, help="torch threads")
     p.add_argument("--prefix-tokens", type=int, default=1536, help="token budget of the prefix window")

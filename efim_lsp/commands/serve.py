@@ -16,6 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the language server over stdio (what an editor starts)")
     p.add_argument("--model", help='"default" (embedded SmolLM2-135M) or a HF folder / GGUF path; initializationOptions may override it')
     p.add_argument("--prompt-format", choices=("efim", "fim"), help="default promptFormat (initializationOptions override it)")
+    p.add_argument("--adapter", help="default adapter: auto (the shipped FIM adapter for the default model, when marked ready), none, or a LoRA path")
     p.add_argument("--fim-tokens", choices=("auto", "add"), help="default fimTokens (add: StarCoder sentinels for models without FIM; quality needs training)")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", help="engine weight quantisation (int8)")
@@ -28,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def engine_factory(args: argparse.Namespace):
-    """`factory(model, *, fim_tokens) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
+    """`factory(model, *, fim_tokens, adapter) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
 
-    def load(model: str, *, fim_tokens: str = "auto"):
+    def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto"):
         from engine.local import load_engine  # torch loads here, in the server's loader thread
 
         kwargs = {}
@@ -38,7 +39,7 @@ def engine_factory(args: argparse.Namespace):
             value = getattr(args, name, None)
             if value is not None:
                 kwargs[name] = value
-        return load_engine(model, fim_tokens=fim_tokens, **kwargs)
+        return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, **kwargs)
 
     return load
 
@@ -96,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         defaults["promptFormat"] = args.prompt_format
     if args.fim_tokens:
         defaults["fimTokens"] = args.fim_tokens
+    if args.adapter:
+        defaults["adapter"] = args.adapter
     observer = _recorder(args.record) if args.record else None
     from efim_lsp.context.source import WorkspaceContext  # cross-file context (issue 6); idle while `context` is off
 

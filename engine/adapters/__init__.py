@@ -1,3 +1,52 @@
 """Adapters shipped with the package (data only): `smollm2-efim/` is the FIM/EFIM LoRA for
 the embedded SmolLM2-135M-Instruct, format `efim-lora/1` (see `engine.training.lora` and
-docs/training.md)."""
+docs/training.md).
+
+`resolve_adapter` turns the `adapter` option ("auto" | "none" | a path) into a folder or
+None. "auto" picks the shipped adapter for the default model only when its config marks
+it `"ready": true` — the card's evaluation decides, not this code."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from engine.api import EngineError
+
+log = logging.getLogger(__name__)
+
+SHIPPED_ADAPTER = Path(__file__).resolve().parent / "smollm2-efim"
+
+
+def shipped_adapter_ready(folder: Path | None = None) -> bool:
+    """True when the shipped adapter is present and its card's evaluation marked it ready."""
+    folder = SHIPPED_ADAPTER if folder is None else folder
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("ready")) and (folder / "adapter_model.safetensors").is_file()
+
+
+def resolve_adapter(model: str | Path, adapter: str | Path | None) -> Path | None:
+    """The adapter folder/file to merge for `model`, or None.
+
+    "none" / "" / None: no adapter. "auto": the shipped adapter when `model` is "default"
+    and the adapter is marked ready, else none. Anything else: a path that must exist."""
+    if adapter is None or str(adapter) in ("", "none"):
+        return None
+    if str(adapter) == "auto":
+        if str(model) != "default":
+            return None
+        if shipped_adapter_ready(SHIPPED_ADAPTER):
+            return SHIPPED_ADAPTER
+        log.info("the shipped FIM adapter is not marked ready; the default model completes prefix-only")
+        return None
+    path = Path(adapter).expanduser()
+    if not path.exists():
+        raise EngineError(f"adapter {path} not found (expected 'auto', 'none', a LoRA .safetensors file or its folder)")
+    return path
+
+
+__all__ = ["SHIPPED_ADAPTER", "resolve_adapter", "shipped_adapter_ready"]

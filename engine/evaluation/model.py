@@ -8,11 +8,10 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from engine.adapters import SHIPPED_ADAPTER
 from engine.training.samples import EOT_TOKEN, FIM_SENTINELS, FimIds
 
 log = logging.getLogger(__name__)
-
-SHIPPED_ADAPTER = Path(__file__).resolve().parent.parent / "adapters" / "smollm2-efim"
 
 
 class EvalModel(NamedTuple):
@@ -23,7 +22,8 @@ class EvalModel(NamedTuple):
 
 
 def resolve_adapter(model_spec: str, adapter: str | None) -> Path | None:
-    """`adapter`: "auto" (the shipped adapter for the default model), "none", or a folder."""
+    """`adapter`: "auto" (the shipped adapter for the default model, ready or not: this
+    is what evaluates it), "none", or a folder."""
     if adapter in (None, "none", ""):
         return None
     if adapter == "auto":

@@ -26,10 +26,12 @@ def main() -> None:
     load_s = float(os.environ.get("EFIM_FAKE_LOAD_MS", "0")) / 1000
     loads = []
 
-    def factory(model: str, *, fim_tokens: str = "auto") -> FakeEngine:
+    def factory(model: str, *, fim_tokens: str = "auto", adapter: str = "auto") -> FakeEngine:
         time.sleep(load_s)
         if model.startswith("/missing"):
             raise FileNotFoundError(f"no model at {model}")
+        if adapter.startswith("/missing"):
+            raise FileNotFoundError(f"no adapter at {adapter}")
         loads.append(model)
         return FakeEngine(lambda req: text, token_delay=token_s)
 

@@ -230,6 +230,17 @@ async def test_completion_before_the_model_is_ready_is_empty_not_an_error(loadin
     assert stats["model"]["state"] == "failed" and "/missing/model" in stats["model"]["error"]
     assert any("failed to load" in m.message for m in loading_client.messages)
     assert not (await inline(loading_client, BODY)).items
+    # the adapter is an engine setting too: changing it reloads, and its failure is reported
+    loading_client.workspace_did_change_configuration(
+        t.DidChangeConfigurationParams(settings={"model": "fake", "adapter": "/missing/adapter"})
+    )
+    await asyncio.sleep(0.05)
+    stats = await wait_ready(loading_client)
+    assert stats["model"]["state"] == "failed" and "/missing/adapter" in stats["model"]["error"]
+    loading_client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"adapter": "none"}))
+    await asyncio.sleep(0.05)
+    assert (await wait_ready(loading_client))["model"]["state"] == "ready"
+    assert (await inline(loading_client, BODY)).items
 
 
 async def test_configuration_is_pulled_when_the_notification_carries_none(client: LanguageClient):

@@ -12,6 +12,7 @@ export interface ServerOptions {
     maxTokens?: number | null;
     multiline?: 'auto' | 'never' | 'always' | null;
     fimTokens?: 'auto' | 'add' | null;
+    adapter?: string | null;
     temperature?: number | null;
     prefixTokens?: number | null;
     suffixTokens?: number | null;
@@ -38,6 +39,7 @@ export const SERVER_OPTION_KEYS = [
     'maxTokens',
     'multiline',
     'fimTokens',
+    'adapter',
     'temperature',
     'prefixTokens',
     'suffixTokens',
