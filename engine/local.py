@@ -241,13 +241,18 @@ class LocalEngine:
         # emits `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too.
         self.end_ids = frozenset(cfg.eos_ids) | self.template.stop_ids | self.tokenizer.vocab.special_ids
         budget = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
+        # One budget for all KV: the pool gets 3/4, the retained per-document workspaces
+        # (contiguous copies the model computes in, kept so the next keystroke of the same
+        # document starts without a gather) at most 1/4.
+        self.kv_budget_bytes = budget
+        workspace_budget = budget // 4 if retain_workspaces > 0 else 0
         probe = self.model.new_kv(1)
         self.cache = RadixCache(
             n_layers=cfg.n_layers,
             n_kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim,
             dtype=probe.k.dtype,
-            budget_bytes=budget,
+            budget_bytes=budget - workspace_budget,
         )
         self.scheduler = Scheduler(
             self.model,
@@ -255,6 +260,7 @@ class LocalEngine:
             chunk_tokens=chunk_tokens,
             check_integrity=check_integrity,
             retain_workspaces=retain_workspaces,
+            workspace_budget_bytes=workspace_budget,
         )
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -315,6 +321,9 @@ class LocalEngine:
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
         used, free = self.cache.usage()
+        workspaces = self.scheduler.workspace_bytes()
+        used += workspaces  # retained workspaces are charged to the same budget
+        free = max(0, self.kv_budget_bytes - used)
         return EngineStats(
             requests=c.requests,
             completed=c.completed,

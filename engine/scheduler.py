@@ -124,6 +124,7 @@ class Scheduler:
         end_ids: frozenset[int] | set[int] = frozenset(),
         chunk_tokens: int = 256,
         retain_workspaces: int = 4,
+        workspace_budget_bytes: int | None = None,
         check_integrity: bool = False,
     ) -> None:
         if not 1 <= chunk_tokens:
@@ -133,6 +134,8 @@ class Scheduler:
         self.context_length = int(model.config.max_position)
         self.chunk_tokens = chunk_tokens
         self.retain_workspaces = retain_workspaces
+        # Retained workspaces live outside the pool; this caps their bytes (None: count only).
+        self.workspace_budget_bytes = workspace_budget_bytes
         self.check_integrity = check_integrity
         self.counters = Counters()
         self._inbox: collections.deque[Job] = collections.deque()
@@ -371,10 +374,7 @@ class Scheduler:
                 log.exception("unpin failed for request %d", job.request_id)
             job.pinned = None
         if job.cache and error is None and job.kv is not None and job.n_valid > 0:
-            self._spare[job.key] = Workspace(job.kv, job.tokens[: job.n_valid])
-            self._spare.move_to_end(job.key)
-            while len(self._spare) > self.retain_workspaces:
-                self._spare.popitem(last=False)
+            self._retain(job.key, Workspace(job.kv, job.tokens[: job.n_valid]))
         job.kv = None
         c = self.counters
         if reason == "cancelled":
@@ -404,8 +404,20 @@ class Scheduler:
         except Exception:
             log.exception("finishing request %d failed", job.request_id)
 
+    def _retain(self, key: str, ws: Workspace) -> None:
+        """Keep `ws` as the document's latest workspace; drop the least recently used ones
+        beyond the count and byte limits (the newest too, if it alone exceeds the bytes:
+        its prompt rows are in the radix cache, only generated rows are lost)."""
+        self._spare[key] = ws
+        self._spare.move_to_end(key)
+        limit = self.workspace_budget_bytes
+        while self._spare and (
+            len(self._spare) > self.retain_workspaces or (limit is not None and self.workspace_bytes() > limit)
+        ):
+            self._spare.popitem(last=False)
+
     def workspace_bytes(self) -> int:
-        """Bytes held by retained per-document workspaces (outside the pool budget)."""
+        """Bytes held by retained per-document workspaces (outside the pool, inside the budget)."""
         return sum(w.kv.k.numel() * w.kv.k.element_size() * 2 for w in list(self._spare.values()))
 
 

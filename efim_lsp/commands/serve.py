@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fim-tokens", choices=("auto", "add"), help="default fimTokens (add: StarCoder sentinels for models without FIM; quality needs training)")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", help="engine weight quantisation (int8)")
-    p.add_argument("--kv-budget", help="KV pool budget, e.g. 512MB")
+    p.add_argument("--kv-budget", help="memory for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 3/4 radix-cached pool, 1/4 per-document workspaces")
     p.add_argument("--threads", type=int, help="torch threads for the engine")
     p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
