@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -44,6 +44,16 @@ MIN_BLOCK_ROWS = 64
 # Runs of the previous sequence are anchored on this many tokens: shorter ones are
 # cheap to recompute and likely coincidences.
 MIN_REUSED_RUN = 16
+
+
+class BlendCancelled(Exception):
+    """Raised between chunk prefills or between layers when the request was cancelled.
+    Chunks already prefilled stay in the store; rows >= `start` of the KV are garbage."""
+
+
+def _check(cancelled: Callable[[], bool] | None) -> None:
+    if cancelled is not None and cancelled():
+        raise BlendCancelled()
 
 
 class ReusedSpan(NamedTuple):
@@ -109,6 +119,7 @@ def blend_prefill(
     spans: Sequence[ReusedSpan],
     ratio: float,
     start: int = 0,
+    cancelled: Callable[[], bool] | None = None,
 ) -> BlendResult:
     """Prefill the tokens `ids` [T] at rows/positions start..start+T-1 of `kv`, reusing
     the cached rows of `spans` (which must lie inside that range and not overlap).
@@ -146,6 +157,7 @@ def blend_prefill(
         rows = uncached_rel  # every row when nothing is cached
         h = h.index_select(0, rows.to(device))  # [R, hidden]
         for i in range(n_layers):
+            _check(cancelled)
             h = run_layer(model, i, h, positions[rows], kv)
         selected = 0
     else:
@@ -161,6 +173,7 @@ def blend_prefill(
         kv.v[1, :, start:end].copy_(v1.transpose(0, 1))
         h = h.index_select(0, rows.to(device))  # [R, hidden]
         for i in range(1, n_layers):
+            _check(cancelled)
             h = run_layer(model, i, h, positions[rows], kv)
     logits = model.norm_logits(h[-1:])  # [1, V]: rows are ascending, the last row is in R
     return BlendResult(
@@ -210,16 +223,18 @@ def blend_sequence(
     start: int,
     request: BlendRequest,
     extra: Sequence[ReusedSpan] = (),
+    cancelled: Callable[[], bool] | None = None,
 ) -> BlendOutcome:
     """The scheduler's entry point: prefill rows start..len(ids)-1 of `kv` by blending
     (rows < start hold an exact prefix), with the chunks from `store` and `extra` spans
-    (see `previous_spans`). Afterwards `kv` is an ordinary sequence KV."""
+    (see `previous_spans`). Afterwards `kv` is an ordinary sequence KV. `cancelled` is
+    polled between chunk prefills and layers; when it turns true, `BlendCancelled`."""
     plan = plan_spans(
         model, store, ids, request.units,
-        header=request.header, start=start, origins=request.origins, extra=extra,
+        header=request.header, start=start, origins=request.origins, extra=extra, cancelled=cancelled,
     )
     tail = torch.tensor(list(ids[start:]), dtype=torch.int64)  # [T]
-    res = blend_prefill(model, tail, kv, plan.spans, request.ratio, start=start)
+    res = blend_prefill(model, tail, kv, plan.spans, request.ratio, start=start, cancelled=cancelled)
     return BlendOutcome(res.logits, int(res.recomputed.numel()), res.reused, plan.prefilled)
 
 
@@ -293,6 +308,7 @@ def plan_spans(
     start: int = 0,
     origins: Sequence[str | None] | None = None,
     extra: Sequence[ReusedSpan] = (),
+    cancelled: Callable[[], bool] | None = None,
 ) -> SpanPlan:
     """Cached K/V for the rows >= `start` of a prompt: each chunk unit from `store`
     (prefilled alone after `header` and stored on a miss), plus `extra` spans (e.g.
@@ -308,6 +324,7 @@ def plan_spans(
             cached = store.load(entry)
             hits += 1
         else:
+            _check(cancelled)  # before each chunk prefilled alone: the expensive part
             cached = prefill_chunk(model, chunk, header)
             store.add(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
             misses += 1
@@ -334,6 +351,7 @@ def blend_request(request: Any, encoded: Any, template: Any) -> BlendRequest | N
 
 
 __all__ = [
+    "BlendCancelled",
     "ReusedSpan",
     "BlendResult",
     "BlendRequest",

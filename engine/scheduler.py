@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from engine.api import FinishReason, RequestStats
-from engine.blend import blend_sequence, previous_spans
+from engine.blend import BlendCancelled, blend_sequence, previous_spans
 from engine.cache import RadixCache, RadixNode, common_prefix_len
 from engine.chunks import ChunkStore
 from engine.sampler import Sampler
@@ -282,7 +282,14 @@ class Scheduler:
         lo = job.n_valid
         if job.blend is not None:  # CacheBlend: the whole rest in one pass (it is the cheap part)
             hi, last = job.n_prompt, True
-            out = blend_sequence(self.model, self.chunk_store, job.tokens[:hi], job.kv, lo, job.blend, job.blend_spans)
+            try:
+                out = blend_sequence(
+                    self.model, self.chunk_store, job.tokens[:hi], job.kv, lo, job.blend, job.blend_spans,
+                    cancelled=lambda: job.cancelled,
+                )
+            except BlendCancelled:  # rows >= lo are garbage; n_valid still says lo
+                self._finish(job, "cancelled")
+                return
             logits, job.blend, job.blend_spans = out.logits, None, ()
             job.reused += out.reused
             job.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from engine.blend import ReusedSpan, blend_prefill, place_spans
+from engine.blend import BlendCancelled, ReusedSpan, blend_prefill, place_spans
 from engine.chunks import prefill_chunk
 
 torch.manual_seed(0)
@@ -180,3 +180,20 @@ def test_bad_spans_are_rejected(models):
         blend_prefill(model, ids[:5], kv, spans, ratio=0.5)
     with pytest.raises(ValueError, match="capacity"):
         blend_prefill(model, ids, model.new_kv(4), spans, ratio=0.5)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.15])
+def test_cancel_is_polled_between_layers(models, ratio):
+    model = models["llama"]
+    ids, spans = _layout(model, seed=7)
+    polls = []
+
+    def cancelled() -> bool:
+        polls.append(1)
+        return len(polls) >= 2  # a cancel arrives while the first polled layer runs
+
+    with pytest.raises(BlendCancelled):
+        blend_prefill(model, ids, model.new_kv(ids.shape[0]), spans, ratio=ratio, cancelled=cancelled)
+    assert len(polls) == 2 < model.config.n_layers
+    res = blend_prefill(model, ids, model.new_kv(ids.shape[0]), spans, ratio=ratio, cancelled=lambda: False)
+    assert res.logits.shape[0] == 1

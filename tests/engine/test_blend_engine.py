@@ -117,3 +117,40 @@ def test_forget_context_drops_a_files_chunk_kv(engine, texts):
     origins = {e.origin for e in store._entries.values()}
     assert "shlex.py" not in origins and "bisect.py" in origins
     _settle(engine)
+
+
+def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_factory, texts, monkeypatch):
+    import engine.blend as blend
+
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M", check_integrity=True)
+    try:
+        src = texts[0]
+        at = src.index("def wrap(")
+        base = dict(key="doc", prefix=src[at - 600 : at], suffix=src[at : at + 200], format="efim",
+                    chunks=_chunks(texts), context="blend", max_tokens=8)
+        request = InfillRequest(**base)
+        real_prefill, handles, calls = blend.prefill_chunk, [], []
+
+        def prefill_then_cancel(*args, **kwargs):
+            out = real_prefill(*args, **kwargs)
+            calls.append(1)
+            handles[0].cancel()  # the user typed on while the first chunk was prefilled alone
+            return out
+
+        monkeypatch.setattr(blend, "prefill_chunk", prefill_then_cancel)
+        handles.append(eng.submit(request))
+        done = handles[0].result(120)
+        assert done.finish_reason == "cancelled" and done.text == ""
+        assert len(calls) == 1  # stopped before the second chunk, not after the whole blend
+        assert len(eng.scheduler.chunk_store) == 1  # the chunk it did prefill is kept
+        _settle(eng)
+
+        monkeypatch.setattr(blend, "prefill_chunk", real_prefill)
+        again = _run(eng, **base)
+        full = _run(eng, **{**base, "key": "full", "context": "prefix", "cache": False})
+        assert again.finish_reason != "cancelled" and again.text
+        assert len(eng.scheduler.chunk_store) == 3
+        assert again.stats.prompt_tokens == full.stats.prompt_tokens
+        _settle(eng)
+    finally:
+        eng.close()
