@@ -127,7 +127,7 @@ def decode(
     checks.require(H_kv > 0 and H % H_kv == 0, f"q has {H} heads, not a multiple of k_pool's {H_kv} KV heads")
     checks.require(math.isfinite(scale), f"scale must be finite, got {scale!r}")
     # Only the first seq_lens[b] entries of a row are used; the rest may hold anything.
-    if B:
+    if B and checks.values_checked():
         lo, hi = int(seq_lens.min()), int(seq_lens.max())
         checks.require(1 <= lo and hi <= S_max, f"seq_lens: lengths must lie in [1, {S_max}] (slot_table width), got {lo}..{hi}")
     used = torch.arange(S_max, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1)  # [B, S_max]

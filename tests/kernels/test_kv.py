@@ -96,3 +96,20 @@ def test_top_rows_find_the_perturbed_tokens():
     assert torch.equal(triton_kv.select_top_rows(dev, 7), reference.select_top_rows(reference.kv_deviation(fresh, cached), 7))
     assert triton_kv.select_top_rows(dev, 0).numel() == 0
     assert triton_kv.select_top_rows(dev, 500).numel() == 50
+
+
+def test_shapes_only_mode_skips_the_index_values_but_not_the_shapes(monkeypatch):
+    from kernels.triton import checks
+
+    k_pool, v_pool, rows = torch.zeros(6, 2, 64), torch.zeros(6, 2, 64), torch.ones(2, 2, 64)
+    monkeypatch.setenv("EFIM_KERNEL_CHECKS", "shapes")
+    assert not checks.values_checked()
+    checks.index_range("slots", torch.tensor([0, 6]), 6)  # trusted: no device sync, no error
+    with pytest.raises(KernelInputError, match="zero or negative stride"):  # layout is still checked
+        triton_kv.kv_store(torch.zeros(1, 2, 64).expand(6, 2, 64), v_pool, rows, rows, torch.tensor([0, 1]))
+    monkeypatch.setenv("EFIM_KERNEL_CHECKS", "all")
+    with pytest.raises(KernelInputError, match="index 6"):
+        triton_kv.kv_store(k_pool, v_pool, rows, rows, torch.tensor([0, 6]))
+    monkeypatch.setenv("EFIM_KERNEL_CHECKS", "some")
+    with pytest.raises(KernelInputError, match="EFIM_KERNEL_CHECKS"):
+        checks.values_checked()
