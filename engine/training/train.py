@@ -277,11 +277,31 @@ def train(config: TrainConfig) -> RunResult:
 
 
 def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config: TrainConfig) -> Path:
-    extra = {
-        "fragment_trained": config.fragment,
-        "training": {"steps": state.step, "samples": state.samples, "tokens_seen": state.tokens, "target_tokens": state.target_tokens, "seconds": round(state.seconds, 1), "config": config._asdict()},
-    }
+    training = {"steps": state.step, "samples": state.samples, "tokens_seen": state.tokens, "target_tokens": state.target_tokens, "seconds": round(state.seconds, 1), "config": config._asdict()}
+    earlier = _earlier_rounds(config)
+    if earlier:
+        # A warm-started run: the adapter has also seen what its seed run saw.
+        training["earlier_rounds"] = earlier
+        training["total_tokens_seen"] = state.tokens + sum(r["tokens_seen"] for r in earlier)
+        training["total_seconds"] = round(state.seconds + sum(r["seconds"] for r in earlier), 1)
+    extra = {"fragment_trained": config.fragment, "training": training}
     return lora_mod.save_adapter(model, out / "adapter", lcfg, added, base_vocab, extra=extra)
+
+
+def _earlier_rounds(config: TrainConfig) -> list[dict[str, Any]]:
+    """The chain of runs this one was warm-started from, oldest first (from their checkpoints)."""
+    rounds: list[dict[str, Any]] = []
+    source, seen = config.init_from, set()
+    while source and source not in seen:
+        seen.add(source)
+        path = Path(source) / "checkpoint" / "state.json"
+        if not path.is_file():
+            break
+        doc = json.loads(path.read_text())
+        st = doc["state"]
+        rounds.insert(0, {"run": source, "steps": st["step"], "tokens_seen": st["tokens"], "seconds": round(st["seconds"], 1)})
+        source = doc["config"].get("init_from", "")
+    return rounds
 
 
 __all__ = ["TrainConfig", "TrainState", "RunResult", "train", "lr_at", "sample_loss", "stored_config"]

@@ -84,6 +84,10 @@ def test_warm_start_seeds_a_new_run_with_an_earlier_adapter(tiny_model_factory, 
     assert seeded.keys() == earlier.keys()
     assert all(torch.equal(seeded[k], earlier[k]) for k in earlier)
     assert stored_config(second).init_from == str(first) and stored_config(second).line_start_prob == 1.0
+    training = read_adapter(res.adapter_dir).config["training"]
+    first_tokens = json.loads((first / "checkpoint" / "state.json").read_text())["state"]["tokens"]
+    assert [r["run"] for r in training["earlier_rounds"]] == [str(first)]
+    assert training["total_tokens_seen"] == res.state.tokens + first_tokens > 0
 
     # A mismatched run is refused before anything is trained.
     with pytest.raises(ValueError, match="rank/fragment/model"):
