@@ -384,9 +384,9 @@ def load_engine(
     """Load `model` (see `engine.model.loader.load_model`) and start an engine on it.
     `adapter`: "auto" (the shipped FIM adapter for the default model, when marked ready),
     "none", or a LoRA file/folder (`engine.adapters.resolve_adapter`). `fragment_trained`
-    (token healing off by default) defaults to "an adapter is merged": the project's
-    adapters are fragment-tokenization fine-tunes."""
-    from engine.adapters import resolve_adapter  # noqa: PLC0415
+    (token healing off) defaults to what the merged adapter's config says
+    (`engine.adapters.adapter_heals`); without an adapter, healing is on."""
+    from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
 
     if threads is not None:
@@ -396,7 +396,7 @@ def load_engine(
     chosen = resolve_adapter(model, adapter)
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen)
     if fragment_trained is None:
-        fragment_trained = chosen is not None
+        fragment_trained = chosen is not None and not adapter_heals(chosen)
     return LocalEngine(loaded, kv_budget=kv_budget, fragment_trained=fragment_trained, quant=quant, **engine_options)
 
 

@@ -29,6 +29,23 @@ def shipped_adapter_ready(folder: Path | None = None) -> bool:
     return bool(config.get("ready")) and (folder / "adapter_model.safetensors").is_file()
 
 
+def adapter_heals(adapter: Path) -> bool:
+    """Whether completions with this adapter merged should use token healing.
+
+    The adapter's `adapter_config.json` decides: `"healing": "on"|"off"` when its card's
+    evaluation measured it; otherwise off for a fragment-trained adapter (it has seen
+    increments that end inside a word), on for any other."""
+    folder = adapter if adapter.is_dir() else adapter.parent
+    try:
+        config = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return True
+    healing = config.get("healing")
+    if healing in ("on", "off"):
+        return healing == "on"
+    return not config.get("fragment_trained", False)
+
+
 def resolve_adapter(model: str | Path, adapter: str | Path | None) -> Path | None:
     """The adapter folder/file to merge for `model`, or None.
 
@@ -49,4 +66,4 @@ def resolve_adapter(model: str | Path, adapter: str | Path | None) -> Path | Non
     return path
 
 
-__all__ = ["SHIPPED_ADAPTER", "resolve_adapter", "shipped_adapter_ready"]
+__all__ = ["SHIPPED_ADAPTER", "adapter_heals", "resolve_adapter", "shipped_adapter_ready"]

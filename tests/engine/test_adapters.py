@@ -51,3 +51,19 @@ def test_an_explicit_path_must_exist(tmp_path):
 def test_the_shipped_card_states_readiness_explicitly():
     config = json.loads((adapters.SHIPPED_ADAPTER / "adapter_config.json").read_text())
     assert isinstance(config.get("ready"), bool), "the card's evaluation decides; say so in adapter_config.json"
+
+
+@pytest.mark.parametrize(
+    ("config", "heals"),
+    [({"fragment_trained": True}, False), ({"fragment_trained": False}, True), ({}, True),
+     ({"fragment_trained": True, "healing": "on"}, True), ({"healing": "off"}, False)],
+)
+def test_healing_follows_the_adapter_card(tmp_path, config, heals):
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    assert adapters.adapter_heals(tmp_path) is heals
+    assert adapters.adapter_heals(tmp_path / "adapter_model.safetensors") is heals  # the file form too
+
+
+def test_the_shipped_card_states_its_healing(tmp_path):
+    config = json.loads((adapters.SHIPPED_ADAPTER / "adapter_config.json").read_text())
+    assert config.get("healing") in ("on", "off"), "measured in the card's table; say which is better"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
 from engine.evaluation.model import SHIPPED_ADAPTER
@@ -12,8 +14,8 @@ from engine.training.data import held_out_files
 @pytest.mark.default_model
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 8 open: the shipped adapter saw ~80k tokens and does not infill yet "
-    "(EFIM completion of '    count' is ')'); strict, so a trained adapter that passes turns this red",
+    reason="issue 8 open: after 1.5 M tokens the shipped adapter infills code-like text, but not a line "
+    "that fits ('    count' + ' in parts)' under EFIM); strict, so an adapter that passes turns this red",
 )
 def test_default_model_with_adapter_fills_a_held_out_middle():
     from engine.evaluation.completer import Completer
@@ -30,6 +32,7 @@ def test_default_model_with_adapter_fills_a_held_out_middle():
     completer = Completer(em)
     fim = completer.complete(prefix, suffix, "", "fim", max_tokens=24, single_line=True)
     efim = completer.complete(prefix, suffix, "    count", "efim", max_tokens=24, single_line=True)
-    for out in (fim, efim):
-        assert out.text.strip(), out
-        assert any(ch.isalnum() for ch in out.text)
+    for line in (fim.text, "    count" + efim.text):
+        assert any(ch.isalnum() for ch in line), line
+        # A usable completion fits where it goes: the module still parses with it in place.
+        ast.parse(text[:body] + line.rstrip("\n") + "\n" + text[line_end:])
