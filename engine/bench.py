@@ -91,16 +91,9 @@ def keystroke_window(text: str, count, prefix_tokens: int = 1500, suffix_tokens:
 
 def memory_bandwidth_gbs(size_mb: int = 512, repeats: int = 5) -> float:
     """Read bandwidth: bytes of a large fp32 tensor / time of its sum (best of repeats)."""
-    import torch  # noqa: PLC0415
+    from engine.model.speed import memory_bandwidth_gbs as measure_bandwidth  # noqa: PLC0415 - torch loads here
 
-    x = torch.ones(size_mb * (1 << 20) // 4, dtype=torch.float32)
-    x.sum()  # touch the pages
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best / 1e9
+    return measure_bandwidth(mib=size_mb, repeats=repeats)
 
 
 def engine_prefill_decode(engine, prompt: str, decode_tokens: int, repeats: int) -> dict[str, float]:

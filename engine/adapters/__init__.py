@@ -19,14 +19,19 @@ log = logging.getLogger(__name__)
 SHIPPED_ADAPTER = Path(__file__).resolve().parent / "smollm2-efim"
 
 
+def _adapter_config(folder: Path) -> dict | None:
+    """The folder's `adapter_config.json`, or None when it is missing or unreadable."""
+    try:
+        return json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def shipped_adapter_ready(folder: Path | None = None) -> bool:
     """True when the shipped adapter is present and its card's evaluation marked it ready."""
     folder = SHIPPED_ADAPTER if folder is None else folder
-    try:
-        config = json.loads((folder / "adapter_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(config.get("ready")) and (folder / "adapter_model.safetensors").is_file()
+    config = _adapter_config(folder)
+    return config is not None and bool(config.get("ready")) and (folder / "adapter_model.safetensors").is_file()
 
 
 def adapter_heals(adapter: Path) -> bool:
@@ -35,10 +40,8 @@ def adapter_heals(adapter: Path) -> bool:
     The adapter's `adapter_config.json` decides: `"healing": "on"|"off"` when its card's
     evaluation measured it; otherwise off for a fragment-trained adapter (it has seen
     increments that end inside a word), on for any other."""
-    folder = adapter if adapter.is_dir() else adapter.parent
-    try:
-        config = json.loads((folder / "adapter_config.json").read_text())
-    except (OSError, ValueError):
+    config = _adapter_config(adapter if adapter.is_dir() else adapter.parent)
+    if config is None:
         return True
     healing = config.get("healing")
     if healing in ("on", "off"):

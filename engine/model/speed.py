@@ -28,6 +28,7 @@ def _timing(samples: list[float]) -> Timing:
 def memory_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
     """Read bandwidth (GB/s) of a sum over a buffer much larger than the last-level cache; best of `repeats`."""
     x = torch.ones(mib * (1 << 20) // 4, dtype=torch.float32)
+    x.sum()  # touch the pages
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()

@@ -214,7 +214,6 @@ def train(config: TrainConfig) -> RunResult:
         if config.init_from:
             _warm_start(Path(config.init_from), model, config)
 
-
     scfg = SampleConfig(
         fragment=config.fragment,
         fragment_prob=config.fragment_prob,
