@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")
     p.add_argument("--save-every", type=int, default=10, help="optimizer steps between checkpoints")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = default; with --workers, the cores split evenly)")
+    p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes on this machine (2 on 2 cores: one 1-thread worker is as fast as one 2-thread one)")
+    p.add_argument("--mix", default="0.45:0.35:0.2", help="FIM:EFIM:plain share of samples (normalised; a new run's setting)")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.set_defaults(func=run)
 
@@ -45,16 +47,30 @@ def _window(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _mix(text: str) -> tuple[float, float]:
+    try:
+        fim, efim, plain = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--mix must look like 0.45:0.35:0.2 (FIM:EFIM:plain), got {text!r}") from None
+    total = fim + efim + plain
+    if min(fim, efim, plain) < 0 or total <= 0:
+        raise ValueError(f"--mix needs non-negative shares with a positive sum, got {text!r}")
+    return fim / total, min(efim / total, 1 - fim / total)  # shares sum to at most 1 despite rounding
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.training.train import TrainConfig, train  # noqa: PLC0415
 
     lo, hi = _window(args.window)
+    fim_rate, efim_rate = _mix(args.mix)
     if not 0 <= args.line_starts <= 1:
         raise ValueError("--line-starts must be in [0, 1]")
     if args.init_from and not (Path(args.init_from) / "checkpoint" / "state.json").is_file():
         raise ValueError(f"--init-from {args.init_from}: no checkpoint there (expected checkpoint/state.json)")
     if args.time_budget < 0 or args.steps <= 0 or args.accum <= 0:
         raise ValueError("--time-budget must be >= 0, --steps and --accum positive")
+    if not 1 <= args.workers <= args.accum:
+        raise ValueError(f"--workers must be between 1 and --accum ({args.accum}), got {args.workers}")
     config = TrainConfig(
         model=args.model,
         out=args.out,
@@ -76,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
         bf16=not args.fp32,
         line_start_prob=args.line_starts,
         init_from=args.init_from,
+        fim_rate=fim_rate,
+        efim_rate=efim_rate,
+        workers=args.workers,
     )
     result = train(config)
     print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)

@@ -10,6 +10,10 @@ Run folder layout (`--out`):
 A run resumes from `checkpoint/` when it exists, with the same data stream (sample i is a
 pure function of the seed and i) and the same schedule; the hyper-parameters stored in
 state.json win over the command line for anything that would change the run's meaning.
+
+With `workers` > 1 the run is data-parallel (`engine.training.parallel`): worker k of N
+takes samples i ≡ k (mod N) of each step's share, and the summed gradients make the same
+optimizer step one process would take on the same samples.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import time
@@ -29,6 +34,7 @@ from torch.nn import functional as F
 from engine.training import lora as lora_mod
 from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer
 from engine.training.data import Corpus, training_files
+from engine.training.parallel import Group, run_workers
 from engine.training.samples import FIM_SENTINELS, Sample, SampleBuilder, SampleConfig
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,9 @@ class TrainConfig(NamedTuple):
     bf16: bool = True
     line_start_prob: float = 0.5  # middles starting at a line start / after indentation
     init_from: str = ""  # warm start: a run folder whose checkpoint adapter seeds this run
+    fim_rate: float = 0.45  # sample mix: FIM, EFIM, and plain left-to-right for the rest
+    efim_rate: float = 0.35
+    workers: int = 1  # data-parallel processes (this invocation's, like threads)
 
 
 class TrainState(NamedTuple):
@@ -178,10 +187,24 @@ def train(config: TrainConfig) -> RunResult:
         # stored plan extends the run (the cosine then restarts from that position); the
         # default value means "keep the stored plan".
         steps = max(config.steps, previous.steps) if config.steps != TrainConfig().steps else previous.steps
-        config = previous._replace(time_budget=config.time_budget, threads=config.threads, save_every=config.save_every, steps=steps)
+        config = previous._replace(time_budget=config.time_budget, threads=config.threads, save_every=config.save_every, steps=steps, workers=config.workers)
         log.info("resuming %s", out)
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    if config.workers > 1:
+        run_workers(_train, config.workers, config, previous is not None)
+        state = stored_state(out)
+        return RunResult(state, out / "adapter", state.step >= config.steps)
+    return _train(Group(), config, previous is not None)
+
+
+def stored_state(out: Path) -> TrainState:
+    return TrainState(**json.loads((Path(out) / "checkpoint" / "state.json").read_text())["state"])
+
+
+def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
+    out = Path(config.out)
+    threads = config.threads or (max(1, (os.cpu_count() or 1) // config.workers) if config.workers > 1 else 0)
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(config.seed)
 
     model_dir = base_model_dir(config.model)
@@ -207,7 +230,7 @@ def train(config: TrainConfig) -> RunResult:
         weight_decay=0.0,
         betas=(0.9, 0.99),
     )
-    if previous is not None:
+    if resume:
         state = _load_checkpoint(out, model, optimizer)
     else:
         state = TrainState()
@@ -220,6 +243,8 @@ def train(config: TrainConfig) -> RunResult:
         min_window_tokens=config.min_window,
         max_window_tokens=config.max_window,
         line_start_prob=config.line_start_prob,
+        fim_rate=config.fim_rate,
+        efim_rate=config.efim_rate,
     )
     corpus = Corpus(training_files())
     builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)
@@ -229,24 +254,28 @@ def train(config: TrainConfig) -> RunResult:
 
     stop = {"flag": False}
 
-    def _on_term(signum, frame):  # finish the step, checkpoint, exit
+    def _on_stop(signum, frame):  # finish the step, checkpoint, exit; a second Ctrl-C interrupts
         stop["flag"] = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    old_handler = signal.signal(signal.SIGTERM, _on_term)
+    old_handlers = {s: signal.signal(s, _on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
     max_len = config.max_window + 96  # fragmenting adds tokens; longer samples are skipped
-    log_file = (out / "train_log.jsonl").open("a")
+    params = lora_mod.trainable_parameters(model)
+    log_file = (out / "train_log.jsonl").open("a") if group.is_main else None
     try:
-        while state.step < config.steps and not stop["flag"]:
-            if config.time_budget and time.monotonic() - started >= config.time_budget:
+        while state.step < config.steps:
+            out_of_time = bool(config.time_budget) and time.monotonic() - started >= config.time_budget
+            if group.max([float(stop["flag"] or out_of_time)])[0]:  # every worker stops at the same step
                 break
             t0 = time.monotonic()
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(state.step, config, group["base_lr"])
-            total, n_tok, n_tgt, done, samples = 0.0, 0, 0, 0, state.samples
-            while done < config.accum:
-                sample = builder.sample(samples)
-                samples += 1
+            for group_ in optimizer.param_groups:
+                group_["lr"] = lr_at(state.step, config, group_["base_lr"])
+            total, n_tok, n_tgt, done = 0.0, 0, 0, 0
+            index, last = state.samples + group.rank, state.samples - 1
+            while done < group.share(config.accum):
+                sample = builder.sample(index)
+                last, index = index, index + group.world
                 if len(sample.ids) > max_len or sum(sample.targets) < 2:
                     continue
                 loss = sample_loss(model, sample, config.bf16, builder.fim.pad)
@@ -255,11 +284,16 @@ def train(config: TrainConfig) -> RunResult:
                 n_tok += len(sample.ids)
                 n_tgt += sum(sample.targets)
                 done += 1
-            torch.nn.utils.clip_grad_norm_(lora_mod.trainable_parameters(model), 1.0)
+            group.sum_grads(params)
+            total, n_tok, n_tgt = group.sum([total, n_tok, n_tgt])
+            samples = int(group.max([last])[0]) + 1  # past every index any worker drew
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             dt = time.monotonic() - t0
-            state = TrainState(state.step + 1, samples, state.tokens + n_tok, state.target_tokens + n_tgt, state.seconds + dt, total / config.accum)
+            state = TrainState(state.step + 1, samples, state.tokens + int(n_tok), state.target_tokens + int(n_tgt), state.seconds + dt, total / config.accum)
+            if not group.is_main:
+                continue
             record = {"step": state.step, "loss": round(state.last_loss, 4), "lr": optimizer.param_groups[0]["lr"], "tokens": state.tokens, "tok_per_s": round(n_tok / dt, 1), "seconds": round(state.seconds, 1)}
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
@@ -268,11 +302,14 @@ def train(config: TrainConfig) -> RunResult:
                 _save_checkpoint(out, model, optimizer, state, config, meta)
                 _export(model, out, lcfg, added, base_vocab, state, config)
     finally:
-        signal.signal(signal.SIGTERM, old_handler)
-        log_file.close()
-    _save_checkpoint(out, model, optimizer, state, config, meta)
-    adapter_dir = _export(model, out, lcfg, added, base_vocab, state, config)
-    return RunResult(state, adapter_dir, state.step >= config.steps)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        if log_file is not None:
+            log_file.close()
+    if group.is_main:
+        _save_checkpoint(out, model, optimizer, state, config, meta)
+        _export(model, out, lcfg, added, base_vocab, state, config)
+    return RunResult(state, out / "adapter", state.step >= config.steps)
 
 
 def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config: TrainConfig) -> Path:
@@ -303,4 +340,4 @@ def _earlier_rounds(config: TrainConfig) -> list[dict[str, Any]]:
     return rounds
 
 
-__all__ = ["TrainConfig", "TrainState", "RunResult", "train", "lr_at", "sample_loss", "stored_config"]
+__all__ = ["TrainConfig", "TrainState", "RunResult", "train", "lr_at", "sample_loss", "stored_config", "stored_state"]

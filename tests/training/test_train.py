@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.training.lora import read_adapter
-from engine.training.train import TrainConfig, lr_at, stored_config, train
+from engine.training.train import TrainConfig, lr_at, stored_config, stored_state, train
 
 
 def test_train_checkpoints_and_resumes(tiny_model_factory, tmp_path):
@@ -107,3 +107,64 @@ def test_cli_rejects_a_missing_init_from(tmp_path, capsys):
 
     assert main(["train", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "nowhere")]) == 2
     assert "--init-from" in capsys.readouterr().err
+
+
+def test_two_workers_take_the_same_steps_as_one_process(tiny_model_factory, tmp_path):
+    """Data-parallel training: worker k draws samples k, k+2, ...; the summed gradients make
+    the optimizer step a single process takes on the same samples (fp32: equal to rounding)."""
+    from safetensors.torch import load_file
+
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    base = TrainConfig(model=str(model_dir), steps=2, accum=4, min_window=24, max_window=48, warmup=1, save_every=1, threads=1, bf16=False)
+    one = train(base._replace(out=str(tmp_path / "one")))
+    two = train(base._replace(out=str(tmp_path / "two"), workers=2))
+    assert two.finished and two.state.step == 2
+    assert (two.state.samples, two.state.tokens, two.state.target_tokens) == (one.state.samples, one.state.tokens, one.state.target_tokens)
+    assert abs(two.state.last_loss - one.state.last_loss) < 1e-4
+    a = load_file(str(tmp_path / "one" / "checkpoint" / "adapter.safetensors"))
+    b = load_file(str(tmp_path / "two" / "checkpoint" / "adapter.safetensors"))
+    assert a.keys() == b.keys()
+    for name, t in a.items():
+        torch.testing.assert_close(b[name], t, atol=1e-5, rtol=1e-4)
+    assert any("lora_B" in name and t.abs().sum() > 0 for name, t in b.items())  # B starts at zero: the steps moved it
+    log = [json.loads(line) for line in (tmp_path / "two" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2]  # one log, written by worker 0
+
+
+def test_cli_rejects_a_bad_mix_and_too_many_workers(tmp_path, capsys):
+    from efim_lsp.cli import main
+
+    assert main(["train", "--out", str(tmp_path / "r"), "--mix", "1:2"]) != 0
+    assert "--mix" in capsys.readouterr().err
+    assert main(["train", "--out", str(tmp_path / "r"), "--workers", "3", "--accum", "2"]) != 0
+    assert "--workers" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_sigterm_stops_all_workers_with_a_checkpoint(tiny_model_factory, tmp_path):
+    """`kill <pid of efim train>` during a two-worker run: the workers finish their step,
+    worker 0 checkpoints, the command exits cleanly and a later invocation resumes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "efim_lsp.cli", "train", "--model", str(model_dir), "--out", str(out), "--steps", "100000",
+           "--accum", "2", "--window", "24:48", "--workers", "2", "--threads", "1", "--save-every", "100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "train_log.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and log.read_text().count("\n") >= 2):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline, "no training steps within 120 s"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    doc = json.loads(stdout)
+    assert doc["step"] >= 2 and not doc["finished"]
+    assert stored_state(out).step == doc["step"]  # the checkpoint is the step the workers stopped at
+    again = train(TrainConfig(out=str(out), time_budget=1e-9, threads=1))
+    assert again.state.step == doc["step"]
