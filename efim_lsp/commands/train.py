@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--alpha", type=float, default=32.0)
     p.add_argument("--window", default="256:512", help="min:max tokens per training window")
     p.add_argument("--line-starts", type=float, default=0.5, help="share of middles starting at a line start or after its indentation")
+    p.add_argument("--suffix-informed", type=float, default=0.0, metavar="P", help="share of middles that are a line introducing a name the suffix uses (teaches reading the suffix)")
     p.add_argument("--init-from", default="", help="new run only: start from this earlier run's checkpoint adapter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     fim_rate, efim_rate = _mix(args.mix)
     if not 0 <= args.line_starts <= 1:
         raise ValueError("--line-starts must be in [0, 1]")
+    if not 0 <= args.suffix_informed <= 1:
+        raise ValueError("--suffix-informed must be in [0, 1]")
     if args.init_from and not (Path(args.init_from) / "checkpoint" / "state.json").is_file():
         raise ValueError(f"--init-from {args.init_from}: no checkpoint there (expected checkpoint/state.json)")
     if args.time_budget < 0 or args.steps <= 0 or args.accum <= 0:
@@ -95,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         fim_rate=fim_rate,
         efim_rate=efim_rate,
         workers=args.workers,
+        suffix_informed_prob=args.suffix_informed,
     )
     result = train(config)
     print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)

@@ -18,7 +18,9 @@ exactly, and each segment's ids decode to its text.
 
 from __future__ import annotations
 
+import keyword
 import random
+import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from engine.training.fragment import encode_text, fragment_encode
@@ -85,6 +87,10 @@ class SampleConfig(NamedTuple):
     # Chance the middle starts where a completer's cursor usually is: at a line start or right
     # after its indentation (half each); otherwise at a uniformly random character.
     line_start_prob: float = 0.0
+    # Chance the middle is a line that introduces a name the suffix goes on to use (a loop
+    # variable, an assignment, a def): lines the suffix pins down, so the model learns to
+    # read it. A window without such a line falls back to the draw above.
+    suffix_informed_prob: float = 0.0
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
@@ -93,6 +99,8 @@ class SampleConfig(NamedTuple):
             raise ValueError("fragment_prob must be in [0, 1]")
         if not 0 <= self.line_start_prob <= 1:
             raise ValueError("line_start_prob must be in [0, 1]")
+        if not 0 <= self.suffix_informed_prob <= 1:
+            raise ValueError("suffix_informed_prob must be in [0, 1]")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
             raise ValueError("need 8 <= min_window_tokens <= max_window_tokens")
         return self
@@ -112,19 +120,53 @@ def draw_window(tokenizer: Tokenizer, text: str, rng: random.Random, n_tokens: i
     return candidate[: last_nl + 1] if last_nl + 1 > cut // 2 else candidate[:cut]
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+def _names(text: str) -> set[str]:
+    return {n for n in _NAME.findall(text) if not keyword.iskeyword(n)}
+
+
+def suffix_informed_lines(window: str) -> list[int]:
+    """Start offsets of the lines of `window` that introduce a name: one used in a later
+    line and in no earlier line (blank and comment-only lines excluded)."""
+    lines, starts, pos = window.split("\n"), [], 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line) + 1
+    code = [line.split("#", 1)[0] for line in lines]
+    names = [_names(c) for c in code]
+    seen_before: set[str] = set()
+    after = [set() for _ in lines]
+    for i in range(len(lines) - 2, -1, -1):
+        after[i] = after[i + 1] | names[i + 1]
+    picked = []
+    for i, own in enumerate(names):
+        if code[i].strip() and (own & after[i]) - seen_before:
+            picked.append(starts[i])
+        seen_before |= own
+    return [s for s in picked if s < len(window) - 1]
+
+
 def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tuple[int, int]:
     """[start, end) of a middle: begins at a random character (or, with `line_start_prob`,
-    at a line start or after its indentation), spans 1..4 lines."""
+    at a line start or after its indentation; with `suffix_informed_prob`, at a line the
+    suffix pins down), spans 1..4 lines."""
     start = rng.randrange(0, len(window) - 1)
-    # No extra draw when the bias is off: runs configured before it existed keep their stream.
-    if config.line_start_prob > 0 and rng.random() < config.line_start_prob:
+    informed = []
+    # No extra draw when a bias is off: runs configured before it existed keep their stream.
+    if config.suffix_informed_prob > 0 and rng.random() < config.suffix_informed_prob:
+        informed = suffix_informed_lines(window)
+        if informed:
+            start = rng.choice(informed)
+    if informed or (config.line_start_prob > 0 and rng.random() < config.line_start_prob):
         line = window.rfind("\n", 0, start) + 1  # the line `start` fell in
         end_of_line = window.find("\n", line)
         text = window[line : end_of_line if end_of_line >= 0 else len(window)]
         body = line + len(text) - len(text.lstrip(" \t"))  # first non-blank character
         at_indent = rng.random() < 0.5 and body < line + len(text)  # a blank line has none
         start = min(body if at_indent else line, len(window) - 2)
-    n_lines = rng.choices(range(1, len(config.middle_line_weights) + 1), weights=config.middle_line_weights)[0]
+    n_lines = 1 if informed else rng.choices(range(1, len(config.middle_line_weights) + 1), weights=config.middle_line_weights)[0]
     end = line_start = start
     for _ in range(n_lines):
         nl = window.find("\n", end)
@@ -199,4 +241,4 @@ def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKin
     return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented)
 
 
-__all__ = ["FIM_SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle"]
+__all__ = ["FIM_SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]

@@ -63,6 +63,7 @@ class TrainConfig(NamedTuple):
     init_from: str = ""  # warm start: a run folder whose checkpoint adapter seeds this run
     fim_rate: float = 0.45  # sample mix: FIM, EFIM, and plain left-to-right for the rest
     efim_rate: float = 0.35
+    suffix_informed_prob: float = 0.0  # middles that introduce a name the suffix uses
     workers: int = 1  # data-parallel processes (this invocation's, like threads)
 
 
@@ -245,6 +246,7 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         line_start_prob=config.line_start_prob,
         fim_rate=config.fim_rate,
         efim_rate=config.efim_rate,
+        suffix_informed_prob=config.suffix_informed_prob,
     )
     corpus = Corpus(training_files())
     builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)

@@ -9,7 +9,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from engine.testing import tiny_tokenizer_json
 from engine.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
-from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle
+from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +112,32 @@ def test_line_start_bias_puts_middles_where_the_cursor_usually_is():
         assert 0 <= start < end <= len(window)
     with pytest.raises(ValueError, match="line_start_prob"):
         SampleConfig(line_start_prob=1.5).validate()
+
+
+def test_suffix_informed_middles_are_lines_the_suffix_pins_down():
+    window = (
+        "def largest_divisor(n):\n"
+        "    # scan downwards\n"
+        "    for i in reversed(range(n)):\n"
+        "        if n % i == 0:\n"
+        "            return i\n"
+        "    total = n + 1\n"
+        "    print('done')\n"
+        "    return total\n"
+    )
+    picked = suffix_informed_lines(window)
+    lines = {window[s : window.index("\n", s)].strip() for s in picked}
+    # introduces a name used later: `largest_divisor`? no (never used again); `n` yes; `i`, `total` yes
+    assert lines == {"def largest_divisor(n):", "for i in reversed(range(n)):", "total = n + 1"}
+    cfg = SampleConfig(suffix_informed_prob=1.0)
+    for i in range(50):
+        start, end = choose_middle(window, random.Random(i), cfg)
+        line_start = window.rfind("\n", 0, start) + 1
+        assert line_start in picked
+        assert window[start:end].count("\n") <= 1 and window[start:end].rstrip("\n").count("\n") == 0  # one line
+    # a window with no such line falls back to the ordinary draw
+    assert suffix_informed_lines("x = 1\ny = 2\n") == []
+    start, end = choose_middle("x = 1\ny = 2\n", random.Random(0), cfg)
+    assert 0 <= start < end <= len("x = 1\ny = 2\n")
+    with pytest.raises(ValueError, match="suffix_informed_prob"):
+        SampleConfig(suffix_informed_prob=-0.1).validate()
