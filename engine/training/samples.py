@@ -121,31 +121,49 @@ def draw_window(tokenizer: Tokenizer, text: str, rng: random.Random, n_tokens: i
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+# Lines that bind names, and where the bound names sit in them.
+_BINDERS = (
+    re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)"),
+    re.compile(r"^\s*(?:async\s+)?def\s+\w+\s*\((.*)"),  # parameters
+    re.compile(r"^\s*(?:async\s+)?for\s+(.+?)\s+in\s"),
+    re.compile(r"^\s*([\w.\[\]\s,()*]+?)\s*(?::[^=]+)?(?<![=!<>])=(?!=)"),  # a = ..., a, b = ..., self.x: int = ...
+    re.compile(r"\bas\s+(\w+)"),  # with ... as f, except ... as e, import x as y
+    re.compile(r"^\s*import\s+([\w.]+)"),
+    re.compile(r"^\s*from\s+\S+\s+import\s+(.+)"),
+)
 
 
 def _names(text: str) -> set[str]:
     return {n for n in _NAME.findall(text) if not keyword.iskeyword(n)}
 
 
+def _bound_names(code: str) -> set[str]:
+    bound: set[str] = set()
+    for pattern in _BINDERS:
+        for m in pattern.finditer(code):
+            bound |= _names(m.group(1))
+    return bound - {"self", "cls"}  # every method binds them; the suffix using them says nothing
+
+
 def suffix_informed_lines(window: str) -> list[int]:
-    """Start offsets of the lines of `window` that introduce a name: one used in a later
-    line and in no earlier line (blank and comment-only lines excluded)."""
+    """Start offsets of the lines of `window` that bind a new name (def, class, for,
+    assignment, `as`, import) which a later line uses: lines the suffix pins down."""
     lines, starts, pos = window.split("\n"), [], 0
     for line in lines:
         starts.append(pos)
         pos += len(line) + 1
     code = [line.split("#", 1)[0] for line in lines]
     names = [_names(c) for c in code]
-    seen_before: set[str] = set()
-    after = [set() for _ in lines]
+    after: list[set[str]] = [set() for _ in lines]
     for i in range(len(lines) - 2, -1, -1):
         after[i] = after[i + 1] | names[i + 1]
+    seen_before: set[str] = set()
     picked = []
     for i, own in enumerate(names):
-        if code[i].strip() and (own & after[i]) - seen_before:
+        if (_bound_names(code[i]) & after[i]) - seen_before and starts[i] < len(window) - 1:
             picked.append(starts[i])
         seen_before |= own
-    return [s for s in picked if s < len(window) - 1]
+    return picked
 
 
 def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tuple[int, int]:

@@ -123,11 +123,14 @@ def test_suffix_informed_middles_are_lines_the_suffix_pins_down():
         "            return i\n"
         "    total = n + 1\n"
         "    print('done')\n"
+        "    if opt_name in seen:\n"
+        "        opt_name.strip()\n"
         "    return total\n"
     )
     picked = suffix_informed_lines(window)
     lines = {window[s : window.index("\n", s)].strip() for s in picked}
-    # introduces a name used later: `largest_divisor`? no (never used again); `n` yes; `i`, `total` yes
+    # binds a name used later: the parameter `n`, `i`, `total`; `if opt_name in seen:` uses
+    # `opt_name` first but binds nothing (it came from above the window)
     assert lines == {"def largest_divisor(n):", "for i in reversed(range(n)):", "total = n + 1"}
     cfg = SampleConfig(suffix_informed_prob=1.0)
     for i in range(50):
