@@ -152,6 +152,8 @@ FAMILIES: tuple[_Family, ...] = (
     _Family("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", None, ("▁<EOT>", "</s>"), prefix_dummy_space=True),
     _Family("codellama", "<PRE>", "<SUF>", "<MID>", None, ("<EOT>", "</s>"), prefix_dummy_space=True),
     _Family("codestral", "[PREFIX]", "[SUFFIX]", None, None, ("</s>", "[MIDDLE]"), suffix_first=True),
+    # This project's suffix-first adapter layout (engine.training.samples.SPM_SENTINELS).
+    _Family("efim-spm", "<spm_prefix>", "<spm_suffix>", None, None, ("<|endoftext|>", "<spm_middle>", "<spm_pad>"), suffix_first=True),
 )
 
 PREFIX_ONLY = "prefix-only"

@@ -4,8 +4,8 @@ stop rules.
 Layouts (each text segment tokenized on its own, as `engine.templates` does):
 
     prefix : P I                  (models without FIM sentinels)
-    fim    : PRE (P+I) SUF S MID
-    efim   : PRE P SUF S MID I
+    fim    : PRE (P+I) SUF S MID  suffix-first (<spm_*>): SUF S PRE (P+I)
+    efim   : PRE P SUF S MID I    suffix-first (<spm_*>): SUF S PRE P I
 
 Token healing (`heal=True`, increment not empty): the increment's last token is dropped
 and the first generated token must decode to a string that starts with that token's
@@ -62,12 +62,13 @@ class Completer:
             raise ValueError(f"format {fmt!r} needs FIM sentinels; this model has none (use 'prefix' or an adapter)")
         if fmt == "prefix":
             return encode_text(tok, prefix), encode_text(tok, increment)
-        if fmt == "fim":
-            head = [fim.prefix, *encode_text(tok, prefix + increment), fim.suffix, *encode_text(tok, suffix), fim.middle]
-            return head, []
-        if fmt == "efim":
-            head = [fim.prefix, *encode_text(tok, prefix), fim.suffix, *encode_text(tok, suffix), fim.middle]
-            return head, encode_text(tok, increment)
+        if fmt in ("fim", "efim"):
+            pre = encode_text(tok, prefix + increment if fmt == "fim" else prefix)
+            if fim.layout == "spm":
+                head = [fim.suffix, *encode_text(tok, suffix), fim.prefix, *pre]
+            else:
+                head = [fim.prefix, *pre, fim.suffix, *encode_text(tok, suffix), fim.middle]
+            return head, encode_text(tok, increment) if fmt == "efim" else []
         raise ValueError(f"unknown format {fmt!r}")
 
     @torch.inference_mode()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.adapters import SHIPPED_ADAPTER
-from engine.training.samples import EOT_TOKEN, FIM_SENTINELS, FimIds
+from engine.training.samples import FimIds
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,7 @@ def load_eval_model(model_spec: str = "default", adapter: str | None = "auto") -
                 raise ValueError(f"added token {content!r} got id {tokenizer.token_to_id(content)}, adapter expects {token_id}")
         name = f"{model_spec}+{adapter_dir.name}"
         log.info("merged adapter %s into %s", adapter_dir, model_dir)
-    has_fim = all(tokenizer.token_to_id(t) is not None for t in (*FIM_SENTINELS, EOT_TOKEN))
-    return EvalModel(model, tokenizer, FimIds.from_tokenizer(tokenizer) if has_fim else None, name)
+    return EvalModel(model, tokenizer, FimIds.detect(tokenizer), name)
 
 
 def export_merged(model_spec: str, adapter: str | None, dest: Path) -> Path:

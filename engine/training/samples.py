@@ -4,7 +4,14 @@
     efim  : PRE prefix SUF suffix MID inc rest EOT     (middle = inc + rest, inc cut at a random character)
     plain : text
 
-Targets (loss) are everything after MID for fim/efim and every token for plain.
+With the suffix-first layout (`layout="spm"`, own sentinels `<spm_*>`) the suffix comes
+first and the middle continues the prefix directly — a base model's left-to-right skill
+carries over, and typing still only appends to the prompt:
+
+    fim   : SUF suffix PRE prefix middle EOT
+    efim  : SUF suffix PRE prefix inc rest EOT
+
+Targets (loss) are everything after the last sentinel for fim/efim and every token for plain.
 Each text segment is tokenized on its own — the layout the engine uses at inference
 (`engine.templates`). With fragment tokenization on, the increment is its own segment
 (it ends wherever the random cut fell, usually inside a word) and, with probability
@@ -31,9 +38,15 @@ if TYPE_CHECKING:
     from engine.training.data import Corpus, SourceFile
 
 SampleKind = Literal["fim", "efim", "plain"]
+Layout = Literal["psm", "spm"]
 SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text"]
 
 FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
+# The suffix-first layout's own spellings (prefix, middle, suffix, pad — the same order, so
+# an adapter's added rows line up across layouts); `engine.templates` knows them as a
+# suffix-first family. <spm_middle> is never placed; it is there to keep the four rows.
+SPM_SENTINELS = ("<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>")
+SENTINELS: dict[str, tuple[str, ...]] = {"psm": FIM_SENTINELS, "spm": SPM_SENTINELS}
 EOT_TOKEN = "<|endoftext|>"
 
 
@@ -43,14 +56,25 @@ class FimIds(NamedTuple):
     middle: int
     pad: int
     eot: int
+    layout: Layout = "psm"
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Tokenizer) -> FimIds:
-        ids = {name: tokenizer.token_to_id(name) for name in (*FIM_SENTINELS, EOT_TOKEN)}
+    def from_tokenizer(cls, tokenizer: Tokenizer, layout: Layout = "psm") -> FimIds:
+        names = SENTINELS[layout]
+        ids = {name: tokenizer.token_to_id(name) for name in (*names, EOT_TOKEN)}
         missing = [name for name, i in ids.items() if i is None]
         if missing:
             raise ValueError(f"tokenizer lacks {missing}; add the FIM sentinels first (lora.add_fim_tokens)")
-        return cls(ids["<fim_prefix>"], ids["<fim_suffix>"], ids["<fim_middle>"], ids["<fim_pad>"], ids[EOT_TOKEN])
+        pre, mid, suf, pad = names
+        return cls(ids[pre], ids[suf], ids[mid], ids[pad], ids[EOT_TOKEN], layout)
+
+    @classmethod
+    def detect(cls, tokenizer: Tokenizer) -> FimIds | None:
+        """The sentinels `tokenizer` has (either layout), or None."""
+        for layout, names in SENTINELS.items():
+            if all(tokenizer.token_to_id(t) is not None for t in (*names, EOT_TOKEN)):
+                return cls.from_tokenizer(tokenizer, layout)  # type: ignore[arg-type]
+        return None
 
 
 class TextSegment(NamedTuple):
@@ -91,6 +115,7 @@ class SampleConfig(NamedTuple):
     # variable, an assignment, a def): lines the suffix pins down, so the model learns to
     # read it. A window without such a line falls back to the draw above.
     suffix_informed_prob: float = 0.0
+    layout: Layout = "psm"
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
@@ -101,6 +126,8 @@ class SampleConfig(NamedTuple):
             raise ValueError("line_start_prob must be in [0, 1]")
         if not 0 <= self.suffix_informed_prob <= 1:
             raise ValueError("suffix_informed_prob must be in [0, 1]")
+        if self.layout not in SENTINELS:
+            raise ValueError(f"layout must be one of {sorted(SENTINELS)}, got {self.layout!r}")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
             raise ValueError("need 8 <= min_window_tokens <= max_window_tokens")
         return self
@@ -206,7 +233,7 @@ class SampleBuilder:
         self.corpus = corpus
         self.config = config.validate()
         self.seed = seed
-        self.fim = FimIds.from_tokenizer(tokenizer)
+        self.fim = FimIds.from_tokenizer(tokenizer, self.config.layout)
 
     def sample(self, index: int) -> Sample:
         rng = random.Random(self.seed * 1_000_003 + index)
@@ -252,11 +279,14 @@ def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKin
     else:
         kind = "fim"
         middle_segs = (seg("middle", middle),)
-    head = [fim.prefix, *prefix.ids, fim.suffix, *suffix.ids, fim.middle]
+    if fim.layout == "spm":
+        head = [fim.suffix, *suffix.ids, fim.prefix, *prefix.ids]
+    else:
+        head = [fim.prefix, *prefix.ids, fim.suffix, *suffix.ids, fim.middle]
     tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
     ids = head + tail
     targets = [False] * len(head) + [True] * len(tail)
     return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented)
 
 
-__all__ = ["FIM_SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]
+__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]

@@ -35,7 +35,7 @@ from engine.training import lora as lora_mod
 from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer
 from engine.training.data import Corpus, training_files
 from engine.training.parallel import Group, run_workers
-from engine.training.samples import FIM_SENTINELS, Sample, SampleBuilder, SampleConfig
+from engine.training.samples import SENTINELS, Sample, SampleBuilder, SampleConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,7 @@ class TrainConfig(NamedTuple):
     fim_rate: float = 0.45  # sample mix: FIM, EFIM, and plain left-to-right for the rest
     efim_rate: float = 0.35
     suffix_informed_prob: float = 0.0  # middles that introduce a name the suffix uses
+    layout: str = "psm"  # "psm" (<fim_*>, prefix first) or "spm" (<spm_*>, suffix first)
     workers: int = 1  # data-parallel processes (this invocation's, like threads)
 
 
@@ -213,8 +214,9 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
     base_vocab = tokenizer.get_vocab_size()
     from tokenizers import AddedToken  # noqa: PLC0415
 
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in FIM_SENTINELS])
-    added = {t: tokenizer.token_to_id(t) for t in FIM_SENTINELS}
+    sentinels = SENTINELS[config.layout]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in sentinels])
+    added = {t: tokenizer.token_to_id(t) for t in sentinels}
     n_added = tokenizer.get_vocab_size() - base_vocab
     model = load_causal_lm(model_dir)
     if model.config.vocab_size != base_vocab:
@@ -247,6 +249,7 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         fim_rate=config.fim_rate,
         efim_rate=config.efim_rate,
         suffix_informed_prob=config.suffix_informed_prob,
+        layout=config.layout,
     )
     corpus = Corpus(training_files())
     builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)
@@ -322,7 +325,7 @@ def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config
         training["earlier_rounds"] = earlier
         training["total_tokens_seen"] = state.tokens + sum(r["tokens_seen"] for r in earlier)
         training["total_seconds"] = round(state.seconds + sum(r["seconds"] for r in earlier), 1)
-    extra = {"fragment_trained": config.fragment, "training": training}
+    extra = {"fragment_trained": config.fragment, "layout": config.layout, "training": training}
     return lora_mod.save_adapter(model, out / "adapter", lcfg, added, base_vocab, extra=extra)
 
 

@@ -27,6 +27,7 @@ FAMILY_TOKENS = {
                        "<｜fim▁end｜>"],
     "codellama": ["<s>", "</s>", "▁<PRE>", "▁<MID>", "▁<SUF>", "▁<EOT>"],
     "codestral": ["<s>", "</s>", "[PREFIX]", "[SUFFIX]", "[MIDDLE]"],
+    "efim-spm": ["<|endoftext|>", "<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>"],  # our SPM adapter
 }
 
 
@@ -71,6 +72,17 @@ def test_suffix_first_codestral():
     vals = [s.value for s in tpl.render(req, "efim")]
     assert vals[-5:] == [suf, "S", pre, "P", "I"]
     assert [s.value for s in tpl.render(req, "fim")][-4:] == [suf, "S", pre, "PI"]
+
+
+def test_suffix_first_adapter_layout_matches_training():
+    """The SPM adapter's prompt at inference is its training head: SUF S PRE P, then I."""
+    tok = _tok_with(FAMILY_TOKENS["efim-spm"])
+    tpl = detect_template(tok)
+    assert tpl.suffix_first and tpl.name == "efim-spm"
+    pre, suf = _ids(tok, "<spm_prefix>", "<spm_suffix>")
+    req = InfillRequest(key="k", prefix="P", suffix="S", increment="I")
+    assert [s.value for s in tpl.render(req, "efim")] == [suf, "S", pre, "P", "I"]
+    assert tok.token_to_id("<|endoftext|>") in tpl.stop_ids
 
 
 def test_codellama_prefix_keeps_word_boundary_space_only_on_prefix():

@@ -3,19 +3,22 @@ tokens and produces the same greedy infills as the transformers path (tiny model
 
 from __future__ import annotations
 
+import pytest
+
 from engine.evaluation.completer import Completer, EngineCompleter
 from engine.evaluation.model import export_merged, load_eval_model
 from engine.training.train import TrainConfig, train
 
 
-def test_engine_backend_matches_transformers_on_merged_adapter(tiny_model_factory, tmp_path):
+@pytest.mark.parametrize(("layout", "template"), [("psm", "starcoder"), ("spm", "efim-spm")])
+def test_engine_backend_matches_transformers_on_merged_adapter(tiny_model_factory, tmp_path, layout, template):
     model_dir = tiny_model_factory("llama", fim_tokens=False)
-    run = train(TrainConfig(model=str(model_dir), out=str(tmp_path / "run"), steps=1, accum=1, min_window=24, max_window=48, threads=1))
+    run = train(TrainConfig(model=str(model_dir), out=str(tmp_path / "run"), steps=1, accum=1, min_window=24, max_window=48, threads=1, layout=layout))
     merged = export_merged(str(model_dir), str(run.adapter_dir), tmp_path / "merged")
     ours = Completer(load_eval_model(str(model_dir), str(run.adapter_dir)))
     engine = EngineCompleter(merged, "tiny", dtype="fp32")
     try:
-        assert engine.engine.info().template != "prefix-only"
+        assert engine.engine.info().template == template
         cases = [("def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n", ""), ("import os\n\ndef main():\n", "\n", "    pa")]
         for prefix, suffix, inc in cases:
             for fmt in ("fim", "efim"):

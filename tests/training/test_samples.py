@@ -9,7 +9,7 @@ from tokenizers import AddedToken, Tokenizer
 
 from engine.testing import tiny_tokenizer_json
 from engine.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
-from engine.training.samples import FIM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
+from engine.training.samples import FIM_SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,8 @@ def corpus() -> Corpus:
     return Corpus(training_files())
 
 
-def _check(tok, sample, window=None):
-    fim = FimIds.from_tokenizer(tok)
+def _check(tok, sample, window=None, layout="psm"):
+    fim = FimIds.from_tokenizer(tok, layout)
     if window is not None:
         assert sample.document == window
     for seg in sample.segments:
@@ -36,7 +36,10 @@ def _check(tok, sample, window=None):
         assert roles == ["text"] and sample.ids == list(by_role["text"].ids) and all(sample.targets)
         return
     middle_ids = [i for s in sample.segments if s.role in ("increment", "middle") for i in s.ids]
-    expected = [fim.prefix, *by_role["prefix"].ids, fim.suffix, *by_role["suffix"].ids, fim.middle, *middle_ids, fim.eot]
+    if layout == "spm":
+        expected = [fim.suffix, *by_role["suffix"].ids, fim.prefix, *by_role["prefix"].ids, *middle_ids, fim.eot]
+    else:
+        expected = [fim.prefix, *by_role["prefix"].ids, fim.suffix, *by_role["suffix"].ids, fim.middle, *middle_ids, fim.eot]
     assert sample.ids == expected
     n_head = len(expected) - len(middle_ids) - 1
     assert sample.targets == [False] * n_head + [True] * (len(middle_ids) + 1)
@@ -54,6 +57,24 @@ def test_builder_keeps_every_character(tokenizer, corpus, fragment):
         if s.kind == "efim" and fragment:
             assert [x.role for x in s.segments] == ["prefix", "increment", "middle", "suffix"]
     assert kinds == {"fim", "efim", "plain"}
+
+
+def test_suffix_first_layout_puts_the_middle_right_after_the_prefix(corpus):
+    tok = Tokenizer.from_str(tiny_tokenizer_json(False))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPM_SENTINELS])
+    builder = SampleBuilder(tok, corpus, SampleConfig(layout="spm", min_window_tokens=64, max_window_tokens=160), seed=5)
+    fim = FimIds.detect(tok)
+    assert fim.layout == "spm" and builder.fim == fim
+    kinds = set()
+    for i in range(40):
+        s = builder.sample(i)
+        kinds.add(s.kind)
+        _check(tok, s, layout="spm")
+    assert kinds == {"fim", "efim", "plain"}
+    with pytest.raises(ValueError, match="lacks"):
+        SampleBuilder(tok, corpus, SampleConfig(layout="psm"))  # the tokenizer has only the SPM sentinels
+    with pytest.raises(ValueError, match="layout"):
+        SampleConfig(layout="mps").validate()
 
 
 def test_same_seed_same_text_with_and_without_fragments(tokenizer, corpus):
