@@ -280,6 +280,14 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
     return config
 
 
+def _has_fim_template(tokenizer) -> bool:
+    """True when the tokenizer already has some family's sentinels (its own, or an
+    adapter's such as the suffix-first `<spm_*>`): adding StarCoder's would take over."""
+    from engine.templates import detect_template  # noqa: PLC0415
+
+    return detect_template(tokenizer).supports_fim
+
+
 def load_model(
     spec: str | Path = "default",
     *,
@@ -313,7 +321,7 @@ def load_model(
         adapter = Path(adapter)
         hf_config = merge_adapter(adapter, hf_config, weights)
         add_tokens_with_ids(tokenizer, adapter_added_tokens(adapter))
-    if fim_tokens == "add":
+    if fim_tokens == "add" and not _has_fim_template(tokenizer):
         hf_config, added = add_fim_tokens(tokenizer, hf_config, weights)
         if added:
             log.warning("added FIM tokens %s with untrained embeddings (speed measurements only)", added)

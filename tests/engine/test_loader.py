@@ -222,6 +222,23 @@ def test_fim_tokens_add(tiny_model_factory):
     assert all(t in has.special_tokens for t in FIM_TOKENS)
 
 
+def test_fim_tokens_add_leaves_an_adapters_own_sentinels_in_charge(tiny_model_factory, tmp_path):
+    """A suffix-first adapter brings <spm_*> sentinels: `add` must not put StarCoder's
+    untrained ones next to them (detection would pick those first)."""
+    from safetensors.torch import save_file
+
+    from engine.templates import detect_template
+
+    folder = tiny_model_factory("llama", fim_tokens=False)
+    names = ["<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>"]
+    adapter = tmp_path / "spm.safetensors"
+    save_file({"model.embed_tokens.extra": torch.zeros(4, 64)}, str(adapter),
+              metadata={"added_tokens": json.dumps([[1536 + i, n] for i, n in enumerate(names)])})
+    loaded = load_model(folder, dtype="fp32", adapter=adapter, fim_tokens="add")
+    assert "<fim_prefix>" not in loaded.special_tokens
+    assert detect_template(loaded.tokenizer).name == "efim-spm"
+
+
 def test_lora_adapter_is_merged(tiny_model_factory, tmp_path):
     from safetensors.torch import save_file
 
