@@ -1,4 +1,4 @@
-"""The shipped adapter gives the embedded default model working FIM (needs the real model)."""
+"""The shipped adapter gives the embedded default model working FIM/EFIM (needs the real model)."""
 
 from __future__ import annotations
 
@@ -10,29 +10,58 @@ from engine.evaluation.model import SHIPPED_ADAPTER
 from engine.training.data import held_out_files
 
 
-@pytest.mark.slow
-@pytest.mark.default_model
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 8 open: after 1.5 M tokens the shipped adapter infills code-like text, but not a line "
-    "that fits ('    count' + ' in parts)' under EFIM); strict, so an adapter that passes turns this red",
-)
-def test_default_model_with_adapter_fills_a_held_out_middle():
+@pytest.fixture(scope="module")
+def completer():
     from engine.evaluation.completer import Completer
     from engine.evaluation.model import load_eval_model
 
     assert (SHIPPED_ADAPTER / "adapter_model.safetensors").is_file(), "the adapter is part of the package"
     em = load_eval_model("default", "auto")
     assert em.fim is not None, "the adapter adds the FIM sentinels"
+    return Completer(em)
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_default_model_with_adapter_fills_a_held_out_line_under_efim(completer):
+    """statistics._sum's first body line (`    count = 0`), the increment `    count`: the
+    completed line fits where it goes — the module still parses with it in place — with
+    and without token healing."""
     text = next(f.text for f in held_out_files() if f.name == "statistics.py")
     anchor = text.index("def _sum(")
     body = text.index("\n", text.index('"""', text.index('"""', anchor) + 3)) + 1  # after the docstring
     line_end = text.index("\n", body) + 1
     prefix, suffix = text[max(0, body - 1200) : body], text[line_end : line_end + 600]
-    completer = Completer(em)
-    fim = completer.complete(prefix, suffix, "", "fim", max_tokens=24, single_line=True)
-    efim = completer.complete(prefix, suffix, "    count", "efim", max_tokens=24, single_line=True)
-    for line in (fim.text, "    count" + efim.text):
-        assert any(ch.isalnum() for ch in line), line
-        # A usable completion fits where it goes: the module still parses with it in place.
+    for heal in (False, True):
+        efim = completer.complete(prefix, suffix, "    count", "efim", max_tokens=24, single_line=True, heal=heal)
+        line = "    count" + efim.text
+        assert efim.text.strip(), (heal, efim)
         ast.parse(text[:body] + line.rstrip("\n") + "\n" + text[line_end:])
+
+
+def _fim_on_removed_lines(completer) -> tuple[list, list[str]]:
+    from engine.evaluation.linecompletion import line_cases
+
+    cases = line_cases(n=12, seed=0)  # whole held-out lines removed: prefix ends at the line start
+    return cases, [completer.complete(c.prefix, c.suffix, "", "fim", max_tokens=32, single_line=True).text for c in cases]
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_default_model_with_adapter_completes_a_fim_prompt_with_code(completer):
+    cases, written = _fim_on_removed_lines(completer)
+    with_code = [t for t in written if any(ch.isalnum() for ch in t)]
+    assert with_code, written
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 8: under plain FIM (empty increment) the SPM adapter answers a blank line for most "
+    "removed lines (measured 2/12 here, 65/100 empty on HumanEval single-line); strict, so a better "
+    "adapter turns this red",
+)
+def test_default_model_with_adapter_writes_most_removed_lines_under_fim(completer):
+    cases, written = _fim_on_removed_lines(completer)
+    assert sum(any(ch.isalnum() for ch in t) for t in written) >= len(cases) // 2, written
