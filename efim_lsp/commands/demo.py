@@ -7,9 +7,9 @@
 3. Replay the first requests again under fim-nocache, fim and efim (each on a fresh
    server) and print the comparison table.
 
-The default model has no FIM sentinels of its own, so the demo adds them
-(`fimTokens: "add"`): it shows speed and reuse; suggestion quality needs the
-fragment-tokenization adapter.
+The default model gets its FIM sentinels from the shipped suffix-first adapter
+(`adapter: "auto"`); `fimTokens: "add"` stays in the settings so that a model without any
+sentinels (`--model` elsewhere) still shows FIM and EFIM (untrained: speed and reuse only).
 """
 
 from __future__ import annotations
