@@ -39,7 +39,8 @@ def test_default_model_with_adapter_fills_a_held_out_line_under_efim(completer):
         ast.parse(text[:body] + line.rstrip("\n") + "\n" + text[line_end:])
 
 
-def _fim_on_removed_lines(completer) -> tuple[list, list[str]]:
+@pytest.fixture(scope="module")
+def fim_on_removed_lines(completer) -> tuple[list, list[str]]:
     from engine.evaluation.linecompletion import line_cases
 
     cases = line_cases(n=12, seed=0)  # whole held-out lines removed: prefix ends at the line start
@@ -48,8 +49,8 @@ def _fim_on_removed_lines(completer) -> tuple[list, list[str]]:
 
 @pytest.mark.slow
 @pytest.mark.default_model
-def test_default_model_with_adapter_completes_a_fim_prompt_with_code(completer):
-    cases, written = _fim_on_removed_lines(completer)
+def test_default_model_with_adapter_completes_a_fim_prompt_with_code(fim_on_removed_lines):
+    cases, written = fim_on_removed_lines
     with_code = [t for t in written if any(ch.isalnum() for ch in t)]
     assert with_code, written
 
@@ -62,6 +63,6 @@ def test_default_model_with_adapter_completes_a_fim_prompt_with_code(completer):
     "removed lines (measured 2/12 here, 65/100 empty on HumanEval single-line); strict, so a better "
     "adapter turns this red",
 )
-def test_default_model_with_adapter_writes_most_removed_lines_under_fim(completer):
-    cases, written = _fim_on_removed_lines(completer)
+def test_default_model_with_adapter_writes_most_removed_lines_under_fim(fim_on_removed_lines):
+    cases, written = fim_on_removed_lines
     assert sum(any(ch.isalnum() for ch in t) for t in written) >= len(cases) // 2, written
