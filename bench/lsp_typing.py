@@ -5,8 +5,9 @@ one function body blanked and typed back one request per keystroke — EFIM agai
                                          [--formats efim,fim] [--limit N] [--json]
 
 Each prompt format runs on a fresh server with the same keystrokes: settings
-`{"promptFormat": F, "fimTokens": "add", "multiline": "never", "maxTokens": 16}` (the default
-model has no FIM sentinels of its own; speed does not depend on what it learned). The
+`{"promptFormat": F, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": 16}`
+(the prefix-first layout with untrained sentinels: speed does not depend on what it learned,
+and the shipped suffix-first adapter would make FIM append like EFIM). The
 typist waits for each answer before the next key (no overlap, so latency is not queueing);
 a newline arrives with the next line's indentation in the same edit, as editors auto-indent.
 
@@ -96,7 +97,7 @@ async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str]) ->
     cmd = [sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning"]
     await client.start_io(*cmd, env={**os.environ})
     uri = f"file:///bench/{args.module}"
-    options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "multiline": "never", "maxTokens": args.max_tokens}
+    options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": args.max_tokens}
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options))
     client.initialized(t.InitializedParams())
     t0 = time.monotonic()
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     newlines = sum(k.startswith("\n") for k in keys)
-    print(f"{args.module}:{args.function} — {len(keys)} keystrokes ({newlines} newlines), model {args.model}, fimTokens add, multiline never")
+    print(f"{args.module}:{args.function} — {len(keys)} keystrokes ({newlines} newlines), model {args.model}, fimTokens add, adapter none, multiline never")
     print(f"{'format':6} {'reuse':>6} {'prefill/req':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'line p50 (engine)':>17} "
           f"{'line p50 (all)':>14} {'p99 (all)':>9} {'typed-thru':>10} {'opening':>8} {'rebases':>7}")
     for fmt, r in results.items():

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         efim = [sys.executable, "-m", "efim_lsp.cli"]
         synth = [*efim, "trace", "synth", *sources, "-o", str(out), "--sessions", str(args.sessions), "--seed", str(args.seed)]
         subprocess.run(synth, check=True)
-        settings = {"fimTokens": "add", "model": args.model}
+        settings = {"fimTokens": "add", "adapter": "none", "model": args.model}  # prefix-first layout (see lsp_typing.py)
         for extra in args.config:
             settings.update(json.loads(extra))
         replay = [*efim, "replay", str(out), "--compare", "--limit", str(args.limit), "--users", str(args.users),
