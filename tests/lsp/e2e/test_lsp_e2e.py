@@ -112,7 +112,8 @@ async def test_completion_fallback_and_crlf_document(client: LanguageClient):
 @pytest.mark.slow
 @pytest.mark.default_model
 async def test_default_model_serves_efim_with_added_fim_tokens():
-    """The embedded SmolLM2-135M (GGUF) with StarCoder sentinels added, one keystroke session."""
+    """The embedded SmolLM2-135M (GGUF), one keystroke session. Its sentinels come from the
+    shipped suffix-first adapter; `fimTokens: add` would add StarCoder's to a model without any."""
     from engine.model.loader import default_model_path
 
     try:
@@ -129,6 +130,7 @@ async def test_default_model_serves_efim_with_added_fim_tokens():
         stats = await wait_ready(client, timeout=600)
         assert stats["model"]["state"] == "ready", stats["model"]
         assert stats["model"]["info"]["supports_fim"]
+        assert stats["model"]["info"]["template"] == "efim-spm", stats["model"]["info"]  # the adapter's, not untrained ones
         text, line, col = stdlib_function()
         uri = "file:///stdlib/default.py"
         open_doc(client, text, uri)
