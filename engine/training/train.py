@@ -274,8 +274,8 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
             if group.max([float(stop["flag"] or out_of_time)])[0]:  # every worker stops at the same step
                 break
             t0 = time.monotonic()
-            for group_ in optimizer.param_groups:
-                group_["lr"] = lr_at(state.step, config, group_["base_lr"])
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr_at(state.step, config, param_group["base_lr"])
             total, n_tok, n_tgt, done = 0.0, 0, 0, 0
             index, last = state.samples + group.rank, state.samples - 1
             while done < group.share(config.accum):
