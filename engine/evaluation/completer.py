@@ -63,11 +63,7 @@ class Completer:
         if fmt == "prefix":
             return encode_text(tok, prefix), encode_text(tok, increment)
         if fmt in ("fim", "efim"):
-            pre = encode_text(tok, prefix + increment if fmt == "fim" else prefix)
-            if fim.layout == "spm":
-                head = [fim.suffix, *encode_text(tok, suffix), fim.prefix, *pre]
-            else:
-                head = [fim.prefix, *pre, fim.suffix, *encode_text(tok, suffix), fim.middle]
+            head = fim.head(encode_text(tok, prefix + increment if fmt == "fim" else prefix), encode_text(tok, suffix))
             return head, encode_text(tok, increment) if fmt == "efim" else []
         raise ValueError(f"unknown format {fmt!r}")
 

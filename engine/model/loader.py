@@ -163,9 +163,15 @@ def special_token_ids(tokenizer) -> dict[str, int]:
 
 def add_fim_tokens(tokenizer, config: dict, weights: dict[str, torch.Tensor]) -> tuple[dict, list[str]]:
     """Append the FIM sentinels the tokenizer lacks; grow embedding (and an untied
-    lm_head) with rows equal to the mean row. Returns (new config dict, added tokens)."""
+    lm_head) with rows equal to the mean row. Returns (new config dict, added tokens).
+    A tokenizer that already has some family's sentinels (its own, or an adapter's such as
+    the suffix-first `<spm_*>`) gets none: StarCoder's would take over template detection."""
     from tokenizers import AddedToken  # noqa: PLC0415
 
+    from engine.templates import detect_template  # noqa: PLC0415
+
+    if detect_template(tokenizer).supports_fim:
+        return config, []
     missing = [t for t in FIM_SENTINELS if tokenizer.token_to_id(t) is None]
     if not missing:
         return config, []
@@ -280,14 +286,6 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
     return config
 
 
-def _has_fim_template(tokenizer) -> bool:
-    """True when the tokenizer already has some family's sentinels (its own, or an
-    adapter's such as the suffix-first `<spm_*>`): adding StarCoder's would take over."""
-    from engine.templates import detect_template  # noqa: PLC0415
-
-    return detect_template(tokenizer).supports_fim
-
-
 def load_model(
     spec: str | Path = "default",
     *,
@@ -321,7 +319,7 @@ def load_model(
         adapter = Path(adapter)
         hf_config = merge_adapter(adapter, hf_config, weights)
         add_tokens_with_ids(tokenizer, adapter_added_tokens(adapter))
-    if fim_tokens == "add" and not _has_fim_template(tokenizer):
+    if fim_tokens == "add":
         hf_config, added = add_fim_tokens(tokenizer, hf_config, weights)
         if added:
             log.warning("added FIM tokens %s with untrained embeddings (speed measurements only)", added)

@@ -68,6 +68,13 @@ class FimIds(NamedTuple):
         pre, mid, suf, pad = names
         return cls(ids[pre], ids[suf], ids[mid], ids[pad], ids[EOT_TOKEN], layout)
 
+    def head(self, prefix_ids: list[int] | tuple[int, ...], suffix_ids: list[int] | tuple[int, ...]) -> list[int]:
+        """The prompt up to where the middle (increment first) goes, in this layout:
+        PRE p SUF s MID, or suffix-first SUF s PRE p."""
+        if self.layout == "spm":
+            return [self.suffix, *suffix_ids, self.prefix, *prefix_ids]
+        return [self.prefix, *prefix_ids, self.suffix, *suffix_ids, self.middle]
+
     @classmethod
     def detect(cls, tokenizer: Tokenizer) -> FimIds | None:
         """The sentinels `tokenizer` has (either layout), or None."""
@@ -181,13 +188,12 @@ def suffix_informed_lines(window: str) -> list[int]:
         pos += len(line) + 1
     code = [line.split("#", 1)[0] for line in lines]
     names = [_names(c) for c in code]
-    after: list[set[str]] = [set() for _ in lines]
-    for i in range(len(lines) - 2, -1, -1):
-        after[i] = after[i + 1] | names[i + 1]
+    last_use = {name: i for i, own in enumerate(names) for name in own}  # the last line naming it
     seen_before: set[str] = set()
     picked = []
     for i, own in enumerate(names):
-        if (_bound_names(code[i]) & after[i]) - seen_before and starts[i] < len(window) - 1:
+        new = _bound_names(code[i]) - seen_before
+        if any(last_use[name] > i for name in new if name in last_use) and starts[i] < len(window) - 1:
             picked.append(starts[i])
         seen_before |= own
     return picked
@@ -279,10 +285,7 @@ def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKin
     else:
         kind = "fim"
         middle_segs = (seg("middle", middle),)
-    if fim.layout == "spm":
-        head = [fim.suffix, *suffix.ids, fim.prefix, *prefix.ids]
-    else:
-        head = [fim.prefix, *prefix.ids, fim.suffix, *suffix.ids, fim.middle]
+    head = fim.head(prefix.ids, suffix.ids)
     tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
     ids = head + tail
     targets = [False] * len(head) + [True] * len(tail)
