@@ -22,6 +22,8 @@ demo: setup
 	$(VENV)/bin/efim demo
 
 test: setup editors-setup
+	# The layering contracts in pyproject.toml (import-linter): serving path never imports tools.
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -x --durations=15
 
 test-fast: setup

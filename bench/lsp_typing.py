@@ -94,7 +94,7 @@ async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str]) ->
     client = LanguageClient("lsp-typing-bench", "1")
     for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
-    cmd = [sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
     await client.start_io(*cmd, env={**os.environ})
     uri = f"file:///bench/{args.module}"
     options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": args.max_tokens}

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="efim-stdlib-traces-") as tmp:
         out = args.out or Path(tmp)
-        efim = [sys.executable, "-m", "efim_lsp.cli"]
+        efim = [sys.executable, "-m", "efim_tools.cli"]
         synth = [*efim, "trace", "synth", *sources, "-o", str(out), "--sessions", str(args.sessions), "--seed", str(args.seed)]
         subprocess.run(synth, check=True)
         settings = {"fimTokens": "add", "adapter": "none", "model": args.model}  # prefix-first layout (see lsp_typing.py)

@@ -152,7 +152,7 @@ FAMILIES: tuple[_Family, ...] = (
     _Family("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", None, ("▁<EOT>", "</s>"), prefix_dummy_space=True),
     _Family("codellama", "<PRE>", "<SUF>", "<MID>", None, ("<EOT>", "</s>"), prefix_dummy_space=True),
     _Family("codestral", "[PREFIX]", "[SUFFIX]", None, None, ("</s>", "[MIDDLE]"), suffix_first=True),
-    # This project's suffix-first adapter layout (engine.training.samples.SPM_SENTINELS).
+    # This project's suffix-first adapter layout (efim_tools.training.samples.SPM_SENTINELS).
     _Family("efim-spm", "<spm_prefix>", "<spm_suffix>", None, None, ("<|endoftext|>", "<spm_middle>", "<spm_pad>"), suffix_first=True),
 )
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 # torch is imported on first use of an op (module __getattr__ below), not here: the CLI's
-# argument parser imports `kernels.bench`, and `efim --help` must not pay for torch.
+# argument parser imports `bench.kernel_bench`, and `efim --help` must not pay for torch.
 
 OPS = (
     "attention",

@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory):
     """Callable `(arch="llama", *, fim_tokens=True, seed=0, **overrides) -> Path`, cached per session."""
-    from engine.testing import make_tiny_model
+    from tiny_models import make_tiny_model
 
     built: dict[str, Path] = {}
 

@@ -1,5 +1,5 @@
 """Adapters shipped with the package (data only): `smollm2-efim/` is the FIM/EFIM LoRA for
-the embedded SmolLM2-135M-Instruct, format `efim-lora/1` (see `engine.training.lora` and
+the embedded SmolLM2-135M-Instruct, format `efim-lora/1` (see `efim_tools.training.lora` and
 docs/training.md).
 
 `resolve_adapter` turns the `adapter` option ("auto" | "none" | a path) into a folder or

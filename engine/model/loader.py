@@ -237,7 +237,7 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
     """Merge a LoRA adapter into `weights` in place; returns the (possibly grown) config.
 
     `adapter` is the safetensors file or a folder holding `adapter_model.safetensors`
-    (the format `engine.training.lora` writes: "efim-lora/1").
+    (the format `efim_tools.training.lora` writes: "efim-lora/1").
     Format (metadata may carry "alpha", "rank" and "added_tokens"):
     - `<param>.lora_A` [r, in] and `<param>.lora_B` [out, r] for a weight `<param>` named as
       in the base checkpoint (e.g. `model.layers.0.self_attn.q_proj.weight`); PEFT-style

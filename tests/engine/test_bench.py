@@ -1,10 +1,10 @@
-"""engine.bench helpers (the benchmark itself runs outside pytest: `efim bench engine`)."""
+"""bench.engine_bench helpers (the benchmark itself runs outside pytest: `efim bench engine`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.bench import head_tokens, keystroke_series, keystroke_window, memory_bandwidth_gbs, stdlib_text
+from bench.engine_bench import head_tokens, keystroke_series, keystroke_window, memory_bandwidth_gbs, stdlib_text
 
 
 def words(s: str) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine import blend_bench
+from bench import blend_bench
 
 
 def test_bench_blend_json_on_a_tiny_model(tiny_model_factory, capsys):

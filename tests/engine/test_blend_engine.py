@@ -8,7 +8,7 @@ import pytest
 
 from engine.api import ContextChunk, InfillRequest
 from engine.local import load_engine
-from engine.testing import stdlib_sources
+from tiny_models import stdlib_sources
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from engine.blend import (
 from engine.cache import RadixCache
 from engine.chunks import ChunkStore
 from engine.templates import detect_template
-from engine.testing import stdlib_sources
+from tiny_models import stdlib_sources
 from engine.tokenize import SegmentTokenizer
 
 CHUNKS = (

@@ -14,7 +14,7 @@ from engine.api import EngineError
 from engine.model import load_model
 from engine.model import gguf as gguf_convert
 from engine.model import loader
-from engine.testing import FIM_TOKENS, stdlib_sources, write_tiny_gguf
+from tiny_models import FIM_TOKENS, stdlib_sources, write_tiny_gguf
 
 CODE = stdlib_sources(("textwrap.py",))[0][:3000]
 
@@ -83,7 +83,7 @@ def test_llama_qk_permutation_is_undone(tiny_model_factory, tmp_path, cache_dir)
     import numpy as np
 
     w = np.arange(4 * 8 * 3, dtype=np.float32).reshape(4 * 8, 3)  # 4 heads of dim 8
-    from engine.testing import _permute_qk
+    from tiny_models import _permute_qk
 
     np.testing.assert_array_equal(gguf_convert.unpermute_qk(_permute_qk(w, 4), 4), w)
     assert not np.array_equal(_permute_qk(w, 4), w)
@@ -265,7 +265,7 @@ def test_lora_adapter_is_merged(tiny_model_factory, tmp_path):
     torch.testing.assert_close(merged.model.embed_weight[v:], extra)
     assert merged.special_tokens["<new_a>"] == 1536 and merged.special_tokens["<new_b>"] == 1537
     assert 1537 in merged.tokenizer.encode("x = 1<new_b>").ids
-    # the folder form (engine.training.lora's layout) loads the same
+    # the folder form (efim_tools.training.lora's layout) loads the same
     (tmp_path / "adapter_dir").mkdir()
     shutil.copy(adapter, tmp_path / "adapter_dir" / "adapter_model.safetensors")
     again = load_model(folder, dtype="fp32", adapter=tmp_path / "adapter_dir")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from engine.api import Completion, Engine, InfillRequest
 from engine.local import load_engine
-from engine.testing import stdlib_sources
+from tiny_models import stdlib_sources
 
 
 @pytest.fixture(scope="module")

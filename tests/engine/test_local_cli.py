@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from efim_lsp.cli import main
-from efim_lsp.commands.complete import split_at, window
+from efim_tools.cli import main
+from efim_tools.commands.complete import split_at, window
 
 
 def test_split_at_and_bad_positions():

@@ -9,7 +9,7 @@ import torch
 
 from engine.model import load_model
 from engine.model.transformer import rope_inv_freq
-from engine.testing import stdlib_sources
+from tiny_models import stdlib_sources
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -120,7 +120,7 @@ def load_tokens(text: str, model, n: int) -> list[int]:
     """The first n ids of text under the tiny models' tokenizer (all variants share it)."""
     from tokenizers import Tokenizer
 
-    from engine.testing import tiny_tokenizer_json
+    from tiny_models import tiny_tokenizer_json
 
     ids = Tokenizer.from_str(tiny_tokenizer_json(True)).encode(text).ids[:n]
     assert len(ids) == n and max(ids) < model.vocab_size

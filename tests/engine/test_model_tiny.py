@@ -8,7 +8,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from engine.testing import EOS_TOKEN, FIM_TOKENS, make_tiny_model
+from tiny_models import EOS_TOKEN, FIM_TOKENS, make_tiny_model
 
 
 @pytest.mark.parametrize("tiny_model_dir", ["llama", "qwen2", "starcoder2"], indirect=True)

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from engine.templates import Segment, detect_template
-from engine.testing import stdlib_sources, tiny_tokenizer_json
+from tiny_models import stdlib_sources, tiny_tokenizer_json
 from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_inside_identifier
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evaluation.completer import Completer, EngineCompleter
-from engine.evaluation.model import export_merged, load_eval_model
-from engine.training.train import TrainConfig, train
+from efim_tools.evaluation.completer import Completer, EngineCompleter
+from efim_tools.evaluation.model import export_merged, load_eval_model
+from efim_tools.training.train import TrainConfig, train
 
 
 @pytest.mark.parametrize(("layout", "template"), [("psm", "starcoder"), ("spm", "efim-spm")])

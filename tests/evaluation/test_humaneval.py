@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.evaluation import humaneval
-from engine.evaluation.sandbox import run_program
+from efim_tools.evaluation import humaneval
+from efim_tools.evaluation.sandbox import run_program
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "humaneval"
 
@@ -58,7 +58,7 @@ class _Oracle:
         self.broken = broken
 
     def complete(self, prefix, suffix, increment, fmt, **kw):
-        from engine.evaluation.completer import Infill
+        from efim_tools.evaluation.completer import Infill
 
         if self.broken:
             raise RuntimeError("model crashed")
@@ -86,7 +86,7 @@ def test_a_crashing_generation_counts_as_failure():
 
 
 def test_cli_json_on_a_tiny_model(tiny_model_dir, capsys):
-    from efim_lsp.cli import main
+    from efim_tools.cli import main
 
     code = main(["eval", "humaneval-infilling", "--model", str(tiny_model_dir), "--adapter", "none", "--data", str(FIXTURES), "--split", "single-line", "--format", "efim", "--heal", "on", "--limit", "2", "--json", "--threads", "1"])
     assert code == 0

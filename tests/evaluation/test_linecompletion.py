@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.evaluation.linecompletion import edit_similarity, evaluate_lines, levenshtein, line_cases
-from engine.training.data import HELD_OUT_MODULES
+from efim_tools.evaluation.linecompletion import edit_similarity, evaluate_lines, levenshtein, line_cases
+from efim_tools.training.data import HELD_OUT_MODULES
 
 
 def test_levenshtein_and_similarity():
@@ -26,7 +26,7 @@ class _Echo:
         self.answers = {c.typed: c.target for c in cases}
 
     def complete(self, prefix, suffix, increment, fmt, **kw):
-        from engine.evaluation.completer import Infill
+        from efim_tools.evaluation.completer import Infill
 
         typed = increment if fmt in ("efim", "prefix") else prefix[prefix.rfind("\n") + 1 :]
         return Infill(self.answers[typed], 1, 1, False, "newline")

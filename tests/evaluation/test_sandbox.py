@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from engine.evaluation.sandbox import Limits, run_program
+from efim_tools.evaluation.sandbox import Limits, run_program
 
 
 def test_passing_and_failing_programs():

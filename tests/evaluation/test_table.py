@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.evaluation.table import ADAPTER_CONFIGS, BASE_CONFIGS, markdown, run_table
-from engine.training.train import TrainConfig, train
+from efim_tools.evaluation.table import ADAPTER_CONFIGS, BASE_CONFIGS, markdown, run_table
+from efim_tools.training.train import TrainConfig, train
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "humaneval"
 

@@ -21,7 +21,7 @@ from lsp_client_helpers import change, inline, open_doc, request, wait_ready  # 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]  # a server process + ~30 requests
 
 SERVER = ClientServerConfig(
-    server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
+    server_command=[sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
     server_env={**os.environ, "OMP_NUM_THREADS": "1"},
 )
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

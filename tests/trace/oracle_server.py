@@ -166,7 +166,7 @@ def main() -> int:
 
     recorder = None
     if os.environ.get("EFIM_ORACLE_RECORD"):
-        from efim_lsp.trace.record import make_recorder
+        from efim_lsp.recording import make_recorder
 
         recorder = make_recorder(os.environ["EFIM_ORACLE_RECORD"])
     server = build_server(factory, message_observer=recorder)

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from efim_lsp.trace.format import (
+from efim_lsp.trace_format import (
     FORMAT_VERSION,
     Event,
     Header,

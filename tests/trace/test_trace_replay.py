@@ -17,12 +17,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from efim_lsp import cli
-from efim_lsp.trace.document import TextDocument
-from efim_lsp.trace.format import read_trace, read_traces, write_trace
-from efim_lsp.trace.replay import Config, ReplayOptions, replay_config
-from efim_lsp.trace.report import summarize
-from efim_lsp.trace.synth import SynthOptions, synthesize
+from efim_tools import cli
+from efim_tools.trace.document import TextDocument
+from efim_lsp.trace_format import read_trace, read_traces, write_trace
+from efim_tools.trace.replay import Config, ReplayOptions, replay_config
+from efim_tools.trace.report import summarize
+from efim_tools.trace.synth import SynthOptions, synthesize
 
 HERE = Path(__file__).parent
 ORACLE = [sys.executable, str(HERE / "oracle_server.py")]

@@ -13,10 +13,10 @@ import pytest
 from lsprotocol import types as lsp
 from pygls.workspace import TextDocument as PyglsDocument
 
-from efim_lsp.trace.blocks import find_blocks
-from efim_lsp.trace.format import read_trace, write_trace
-from efim_lsp.trace.synth import SynthOptions, synthesize
-from efim_lsp.trace.typist import TypingStyle
+from efim_tools.trace.blocks import find_blocks
+from efim_lsp.trace_format import read_trace, write_trace
+from efim_tools.trace.synth import SynthOptions, synthesize
+from efim_tools.trace.typist import TypingStyle
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -132,7 +132,7 @@ def test_bad_options_are_refused(tmp_path):
 
 
 def test_synth_command_writes_private_traces(tmp_path, capsys):
-    from efim_lsp import cli
+    from efim_tools import cli
 
     out = tmp_path / "traces"
     assert cli.main(["trace", "synth", str(STDLIB / "textwrap.py"), "-o", str(out), "--sessions", "2", "--seed", "4"]) == 0

@@ -11,11 +11,11 @@ import json
 
 import pytest
 
-from efim_lsp import cli
-from efim_lsp.trace.format import write_trace
-from efim_lsp.trace.report import JSON_KEYS
-from efim_lsp.trace.synth import SynthOptions, synthesize
-from efim_lsp.trace.typist import TypingStyle
+from efim_tools import cli
+from efim_lsp.trace_format import write_trace
+from efim_tools.trace.report import JSON_KEYS
+from efim_tools.trace.synth import SynthOptions, synthesize
+from efim_tools.trace.typist import TypingStyle
 
 
 def test_compare_on_tiny_model_produces_every_field(tiny_model_dir, tmp_path, capsys):

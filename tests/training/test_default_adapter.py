@@ -6,14 +6,14 @@ import ast
 
 import pytest
 
-from engine.evaluation.model import SHIPPED_ADAPTER
-from engine.training.data import held_out_files
+from efim_tools.evaluation.model import SHIPPED_ADAPTER
+from efim_tools.training.data import held_out_files
 
 
 @pytest.fixture(scope="module")
 def completer():
-    from engine.evaluation.completer import Completer
-    from engine.evaluation.model import load_eval_model
+    from efim_tools.evaluation.completer import Completer
+    from efim_tools.evaluation.model import load_eval_model
 
     assert (SHIPPED_ADAPTER / "adapter_model.safetensors").is_file(), "the adapter is part of the package"
     em = load_eval_model("default", "auto")
@@ -41,7 +41,7 @@ def test_default_model_with_adapter_fills_a_held_out_line_under_efim(completer):
 
 @pytest.fixture(scope="module")
 def fim_on_removed_lines(completer) -> tuple[list, list[str]]:
-    from engine.evaluation.linecompletion import line_cases
+    from efim_tools.evaluation.linecompletion import line_cases
 
     cases = line_cases(n=12, seed=0)  # whole held-out lines removed: prefix ends at the line start
     return cases, [completer.complete(c.prefix, c.suffix, "", "fim", max_tokens=32, single_line=True).text for c in cases]

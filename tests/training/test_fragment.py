@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from engine.testing import stdlib_sources, tiny_tokenizer_json
-from engine.training.fragment import encode_text, fragment_encode, random_cuts, split_at
+from tiny_models import stdlib_sources, tiny_tokenizer_json
+from efim_tools.training.fragment import encode_text, fragment_encode, random_cuts, split_at
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import torch
 import transformers
 from tokenizers import AddedToken, Tokenizer
 
-from engine.training import lora
-from engine.training.samples import FIM_SENTINELS
+from efim_tools.training import lora
+from efim_tools.training.samples import FIM_SENTINELS
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def test_attach_is_a_noop_until_trained(plain_tiny):
 
 
 def test_saved_adapter_merges_to_the_same_logits_and_loads_for_eval(plain_tiny, tmp_path):
-    from engine.evaluation.completer import Completer
-    from engine.evaluation.model import load_eval_model
+    from efim_tools.evaluation.completer import Completer
+    from efim_tools.evaluation.model import load_eval_model
 
     model = _load(plain_tiny)
     vocab = model.config.vocab_size

@@ -7,9 +7,9 @@ import random
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from engine.testing import tiny_tokenizer_json
-from engine.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
-from engine.training.samples import FIM_SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
+from tiny_models import tiny_tokenizer_json
+from efim_tools.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
+from efim_tools.training.samples import FIM_SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from engine.training.lora import read_adapter
-from engine.training.train import TrainConfig, lr_at, stored_config, stored_state, train
+from efim_tools.training.lora import read_adapter
+from efim_tools.training.train import TrainConfig, lr_at, stored_config, stored_state, train
 
 
 def test_train_checkpoints_and_resumes(tiny_model_factory, tmp_path):
@@ -49,7 +49,7 @@ def test_cosine_schedule_shape():
 
 
 def test_cli_trains_and_reports_json(tiny_model_factory, tmp_path, capsys):
-    from efim_lsp.cli import main
+    from efim_tools.cli import main
 
     model_dir = tiny_model_factory("llama", fim_tokens=False)
     out = tmp_path / "cli-run"
@@ -61,7 +61,7 @@ def test_cli_trains_and_reports_json(tiny_model_factory, tmp_path, capsys):
 
 
 def test_cli_rejects_a_bad_window(tmp_path, capsys):
-    from efim_lsp.cli import main
+    from efim_tools.cli import main
 
     assert main(["train", "--out", str(tmp_path), "--window", "big"]) == 2
     assert "--window" in capsys.readouterr().err
@@ -103,7 +103,7 @@ def test_runs_stored_before_line_start_bias_keep_uniform_middles(tmp_path):
 
 
 def test_cli_rejects_a_missing_init_from(tmp_path, capsys):
-    from efim_lsp.cli import main
+    from efim_tools.cli import main
 
     assert main(["train", "--out", str(tmp_path / "run"), "--init-from", str(tmp_path / "nowhere")]) == 2
     assert "--init-from" in capsys.readouterr().err
@@ -132,7 +132,7 @@ def test_two_workers_take_the_same_steps_as_one_process(tiny_model_factory, tmp_
 
 
 def test_cli_rejects_a_bad_mix_and_too_many_workers(tmp_path, capsys):
-    from efim_lsp.cli import main
+    from efim_tools.cli import main
 
     assert main(["train", "--out", str(tmp_path / "r"), "--mix", "1:2"]) != 0
     assert "--mix" in capsys.readouterr().err
@@ -151,7 +151,7 @@ def test_sigterm_stops_all_workers_with_a_checkpoint(tiny_model_factory, tmp_pat
 
     model_dir = tiny_model_factory("llama", fim_tokens=False)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "efim_lsp.cli", "train", "--model", str(model_dir), "--out", str(out), "--steps", "100000",
+    cmd = [sys.executable, "-m", "efim_tools.cli", "train", "--model", str(model_dir), "--out", str(out), "--steps", "100000",
            "--accum", "2", "--window", "24:48", "--workers", "2", "--threads", "1", "--save-every", "100000"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     log = out / "train_log.jsonl"

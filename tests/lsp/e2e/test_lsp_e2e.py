@@ -23,7 +23,7 @@ from lsp_client_helpers import change, initialize, inline, inline_params, open_d
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SERVER = ClientServerConfig(
-    server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
+    server_command=[sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning", "--kv-budget", "64MB"],
     server_env={**os.environ, "OMP_NUM_THREADS": "1"},
 )
 
@@ -121,7 +121,7 @@ async def test_default_model_serves_efim_with_added_fim_tokens():
     except Exception as exc:
         pytest.skip(f"default model not installed: {exc}")
     server = ClientServerConfig(
-        server_command=[sys.executable, "-m", "efim_lsp.cli", "serve", "--log-level", "warning"],
+        server_command=[sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"],
         server_env=dict(os.environ),
     )
     client = await server.start()

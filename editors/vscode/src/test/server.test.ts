@@ -52,7 +52,7 @@ function findModel(): { dir?: string; cleanup: () => void; reason?: string } {
     try {
         const out = execFileSync(
             python,
-            ['-c', 'import sys; from pathlib import Path; from engine.testing import make_tiny_model; print(make_tiny_model(Path(sys.argv[1]), "llama"))', tmp],
+            ['-c', 'import sys; from pathlib import Path; from tiny_models import make_tiny_model; print(make_tiny_model(Path(sys.argv[1]), "llama"))', tmp],
             { cwd: REPO, encoding: 'utf8', timeout: 120_000, stdio: ['ignore', 'pipe', 'pipe'] },
         );
         return { dir: out.trim().split('\n').pop(), cleanup };

@@ -11,7 +11,7 @@ A run resumes from `checkpoint/` when it exists, with the same data stream (samp
 pure function of the seed and i) and the same schedule; the hyper-parameters stored in
 state.json win over the command line for anything that would change the run's meaning.
 
-With `workers` > 1 the run is data-parallel (`engine.training.parallel`): worker k of N
+With `workers` > 1 the run is data-parallel (`efim_tools.training.parallel`): worker k of N
 takes samples i ≡ k (mod N) of each step's share, and the summed gradients make the same
 optimizer step one process would take on the same samples.
 """
@@ -31,11 +31,11 @@ from typing import Any, NamedTuple
 import torch
 from torch.nn import functional as F
 
-from engine.training import lora as lora_mod
-from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer
-from engine.training.data import Corpus, training_files
-from engine.training.parallel import Group, run_workers
-from engine.training.samples import SENTINELS, Sample, SampleBuilder, SampleConfig
+from efim_tools.training import lora as lora_mod
+from efim_tools.training.base import base_model_dir, load_causal_lm, load_tokenizer
+from efim_tools.training.data import Corpus, training_files
+from efim_tools.training.parallel import Group, run_workers
+from efim_tools.training.samples import SENTINELS, Sample, SampleBuilder, SampleConfig
 
 log = logging.getLogger(__name__)
 

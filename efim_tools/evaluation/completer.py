@@ -22,8 +22,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from engine.evaluation.model import EvalModel
-from engine.training.fragment import encode_text
+from efim_tools.evaluation.model import EvalModel
+from efim_tools.training.fragment import encode_text
 
 Format = Literal["prefix", "fim", "efim"]
 

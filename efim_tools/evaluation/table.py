@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.evaluation import humaneval
-from engine.evaluation.completer import Completer
-from engine.evaluation.linecompletion import evaluate_lines, line_cases
-from engine.evaluation.model import load_eval_model
+from efim_tools.evaluation import humaneval
+from efim_tools.evaluation.completer import Completer
+from efim_tools.evaluation.linecompletion import evaluate_lines, line_cases
+from efim_tools.evaluation.model import load_eval_model
 
 log = logging.getLogger(__name__)
 

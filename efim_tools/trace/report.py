@@ -18,7 +18,7 @@ from typing import Any, Iterable, Literal
 
 import msgspec
 
-from efim_lsp.trace.replay import ConfigResult
+from efim_tools.trace.replay import ConfigResult
 
 TtftSource = Literal["server-per-request", "server-stats", "client-latency", "none"]
 BASELINE = "fim"

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
-from efim_lsp.trace.format import DEFAULT_METHODS, Event, Header, encode_line, utc_now
+from efim_lsp.trace_format import DEFAULT_METHODS, Event, Header, encode_line, utc_now
 
 log = logging.getLogger(__name__)
 

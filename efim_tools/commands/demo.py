@@ -82,11 +82,11 @@ class LiveView:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from efim_lsp.commands.replay import Progress
-    from efim_lsp.trace import report
-    from efim_lsp.trace.format import write_trace
-    from efim_lsp.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
-    from efim_lsp.trace.synth import SynthOptions, synthesize
+    from efim_tools.commands.replay import Progress
+    from efim_tools.trace import report
+    from efim_lsp.trace_format import write_trace
+    from efim_tools.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
+    from efim_tools.trace.synth import SynthOptions, synthesize
 
     source = module_path(args.module)
     (trace,) = synthesize([source], SynthOptions(seed=args.seed, sessions=1, min_chars=100, max_chars=260))

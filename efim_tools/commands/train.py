@@ -1,6 +1,6 @@
 """`efim train`: fine-tune the default model for FIM/EFIM with fragment tokenization.
 
-Parses arguments and calls `engine.training.train` (torch loads only when the command runs).
+Parses arguments and calls `efim_tools.training.train` (torch loads only when the command runs).
 Re-running with the same `--out` resumes from its checkpoint."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _mix(text: str) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.training.train import TrainConfig, train  # noqa: PLC0415
+    from efim_tools.training.train import TrainConfig, train  # noqa: PLC0415
 
     lo, hi = _window(args.window)
     fim_rate, efim_rate = _mix(args.mix)

@@ -17,10 +17,10 @@ import random
 from pathlib import Path
 from typing import NamedTuple
 
-from efim_lsp.trace.blocks import Block, find_blocks, typeable
-from efim_lsp.trace.document import TextDocument
-from efim_lsp.trace.format import Event, Header, Trace, utc_now
-from efim_lsp.trace.typist import TypingStyle, type_block
+from efim_tools.trace.blocks import Block, find_blocks, typeable
+from efim_tools.trace.document import TextDocument
+from efim_lsp.trace_format import Event, Header, Trace, utc_now
+from efim_tools.trace.typist import TypingStyle, type_block
 
 LANGUAGE_IDS = {
     ".py": "python", ".pyi": "python", ".js": "javascript", ".jsx": "javascriptreact",

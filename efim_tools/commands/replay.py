@@ -113,9 +113,9 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
     out = out or sys.stdout
     import asyncio
 
-    from efim_lsp.trace.format import read_traces
-    from efim_lsp.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
-    from efim_lsp.trace import report
+    from efim_lsp.trace_format import read_traces
+    from efim_tools.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
+    from efim_tools.trace import report
 
     if args.users < 1:
         raise ValueError("--users must be at least 1")

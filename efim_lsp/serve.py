@@ -62,14 +62,10 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 
 def _recorder(directory: Path):
-    """The trace recorder of issue 4, if this build has it: an observer `(direction, message, t)` with `close()`."""
-    try:
-        from efim_lsp.trace import record
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("efim_lsp.trace"):
-            raise ValueError("--record needs efim_lsp.trace.record, which this build does not have") from exc
-        raise
-    return record.make_recorder(directory)
+    """The opt-in trace recorder: an observer `(direction, message, t)` with `close()`."""
+    from efim_lsp import recording
+
+    return recording.make_recorder(directory)
 
 
 def _claim_stdout():

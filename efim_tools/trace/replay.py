@@ -18,9 +18,9 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import msgspec
 
-from efim_lsp.trace.client import LspClient, ResponseError, ServerCrashed
-from efim_lsp.trace.format import Trace
-from efim_lsp.trace.person import Moment, Observer, Outcome, Person, RequestRecord, Stage
+from efim_tools.trace.client import LspClient, ResponseError, ServerCrashed
+from efim_lsp.trace_format import Trace
+from efim_tools.trace.person import Moment, Observer, Outcome, Person, RequestRecord, Stage
 
 __all__ = [
     "STANDARD_CONFIGS", "Config", "ConfigResult", "ModelFailed", "Moment", "Observer", "Outcome",
@@ -43,7 +43,7 @@ class ModelFailed(RuntimeError):
 
 
 def default_server_command() -> list[str]:
-    return [sys.executable, "-m", "efim_lsp.cli", "serve"]
+    return [sys.executable, "-m", "efim_tools.cli", "serve"]
 
 
 def parse_server_command(command: str | None) -> list[str]:

@@ -19,8 +19,8 @@ import random
 import time
 from typing import NamedTuple
 
-from engine.evaluation.completer import Completer, Format
-from engine.training.data import SourceFile, held_out_files
+from efim_tools.evaluation.completer import Completer, Format
+from efim_tools.training.data import SourceFile, held_out_files
 
 
 class LineCase(NamedTuple):

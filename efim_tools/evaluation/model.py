@@ -1,5 +1,5 @@
 """The model under evaluation: a base Hugging Face model, optionally with an efim-lora
-adapter merged in (`engine.training.lora.merge_state_dict`), and its tokenizer with the
+adapter merged in (`efim_tools.training.lora.merge_state_dict`), and its tokenizer with the
 adapter's added tokens at the adapter's ids."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine.adapters import SHIPPED_ADAPTER
-from engine.training.samples import FimIds
+from efim_tools.training.samples import FimIds
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def load_eval_model(model_spec: str = "default", adapter: str | None = "auto") -
     import transformers  # noqa: PLC0415
     from tokenizers import AddedToken  # noqa: PLC0415
 
-    from engine.training import lora  # noqa: PLC0415
-    from engine.training.base import base_model_dir, load_causal_lm, load_tokenizer  # noqa: PLC0415
+    from efim_tools.training import lora  # noqa: PLC0415
+    from efim_tools.training.base import base_model_dir, load_causal_lm, load_tokenizer  # noqa: PLC0415
 
     model_dir = base_model_dir(model_spec)
     tokenizer = load_tokenizer(model_dir)
@@ -83,8 +83,8 @@ def export_merged(model_spec: str, adapter: str | None, dest: Path) -> Path:
 
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
 
-    from engine.training import lora  # noqa: PLC0415
-    from engine.training.base import base_model_dir  # noqa: PLC0415
+    from efim_tools.training import lora  # noqa: PLC0415
+    from efim_tools.training.base import base_model_dir  # noqa: PLC0415
 
     src = base_model_dir(model_spec)
     dest = Path(dest)

@@ -1,6 +1,6 @@
 """`efim eval humaneval-infilling|lines`: infilling quality (greedy pass@1; line exact match).
 
-Parses arguments and calls `engine.evaluation` (torch loads only when the command runs)."""
+Parses arguments and calls `efim_tools.evaluation` (torch loads only when the command runs)."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _completer(args: argparse.Namespace):
     import torch  # noqa: PLC0415
 
-    from engine.evaluation.completer import Completer, EngineCompleter  # noqa: PLC0415
-    from engine.evaluation.model import export_merged, load_eval_model  # noqa: PLC0415
+    from efim_tools.evaluation.completer import Completer, EngineCompleter  # noqa: PLC0415
+    from efim_tools.evaluation.model import export_merged, load_eval_model  # noqa: PLC0415
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -70,8 +70,8 @@ def _completer(args: argparse.Namespace):
 
 
 def run_humaneval(args: argparse.Namespace) -> int:
-    from engine.evaluation import humaneval  # noqa: PLC0415
-    from engine.evaluation.sandbox import Limits  # noqa: PLC0415
+    from efim_tools.evaluation import humaneval  # noqa: PLC0415
+    from efim_tools.evaluation.sandbox import Limits  # noqa: PLC0415
 
     tasks = humaneval.select(humaneval.load_tasks(args.split, args.data), args.limit, args.seed)
     completer = _completer(args)
@@ -88,7 +88,7 @@ def run_humaneval(args: argparse.Namespace) -> int:
 
 
 def run_lines(args: argparse.Namespace) -> int:
-    from engine.evaluation.linecompletion import evaluate_lines, line_cases  # noqa: PLC0415
+    from efim_tools.evaluation.linecompletion import evaluate_lines, line_cases  # noqa: PLC0415
 
     cases = line_cases(n=args.limit or 100, seed=args.seed)
     completer = _completer(args)
@@ -103,7 +103,7 @@ def run_lines(args: argparse.Namespace) -> int:
 def run_table(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from engine.evaluation.table import markdown, run_table  # noqa: PLC0415
+    from efim_tools.evaluation.table import markdown, run_table  # noqa: PLC0415
 
     if args.threads:
         torch.set_num_threads(args.threads)

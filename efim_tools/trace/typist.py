@@ -27,7 +27,7 @@ import random
 import re
 from typing import NamedTuple
 
-from efim_lsp.trace.blocks import Block
+from efim_tools.trace.blocks import Block
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _QWERTY = ["1234567890-=", "qwertyuiop[]", "asdfghjkl;'", "zxcvbnm,./"]

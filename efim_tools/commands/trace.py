@@ -49,9 +49,9 @@ def output_paths(output: str, count: int, stem: str = "session") -> list[Path]:
 
 
 def run_synth(args: argparse.Namespace) -> int:
-    from efim_lsp.trace.format import write_trace
-    from efim_lsp.trace.synth import SynthOptions, synthesize
-    from efim_lsp.trace.typist import TypingStyle
+    from efim_lsp.trace_format import write_trace
+    from efim_tools.trace.synth import SynthOptions, synthesize
+    from efim_tools.trace.typist import TypingStyle
 
     options = SynthOptions(
         seed=args.seed,
@@ -76,7 +76,7 @@ def run_synth(args: argparse.Namespace) -> int:
 def run_info(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from efim_lsp.trace.format import read_traces
+    from efim_lsp.trace_format import read_traces
 
     for trace in read_traces(args.traces):
         h = trace.header

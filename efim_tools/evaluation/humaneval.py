@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Iterable, Literal, NamedTuple
 
-from engine.evaluation.completer import Completer, Format
-from engine.evaluation.sandbox import Limits, run_program
+from efim_tools.evaluation.completer import Completer, Format
+from efim_tools.evaluation.sandbox import Limits, run_program
 
 log = logging.getLogger(__name__)
 

@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Protocol
 
 import msgspec
 
-from efim_lsp.trace.client import LspClient, Pending, ResponseError, ServerCrashed
-from efim_lsp.trace.document import TextDocument
-from efim_lsp.trace.format import Event, Trace
+from efim_tools.trace.client import LspClient, Pending, ResponseError, ServerCrashed
+from efim_tools.trace.document import TextDocument
+from efim_lsp.trace_format import Event, Trace
 
 if TYPE_CHECKING:
-    from efim_lsp.trace.replay import ConfigResult, ReplayOptions
+    from efim_tools.trace.replay import ConfigResult, ReplayOptions
 
 log = logging.getLogger(__name__)
 

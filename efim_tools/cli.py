@@ -1,4 +1,4 @@
-"""`efim` command line: a thin dispatcher over `efim_lsp.commands.*`.
+"""`efim` command line: a thin dispatcher over `efim_tools.commands.*`.
 
 Each subcommand lives in its own module exposing `register(subparsers)`, which adds
 its parser and sets `func` (called with the parsed args, returns an exit code).
@@ -19,7 +19,9 @@ import sys
 # A user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# (subcommand module, one-line help) — the module adds the parser itself.
+# Subcommands, each a module that adds its own parser. `serve` is the language server
+# itself (`efim_lsp.serve`); every other command is an offline tool.
+COMMAND_MODULES = {"serve": "efim_lsp.serve"}
 COMMANDS = (
     "serve",
     "complete",
@@ -37,12 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"efim_lsp.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"efim_lsp.commands.{name}":
-                continue  # not built yet
-            raise
+        module = importlib.import_module(COMMAND_MODULES.get(name, f"efim_tools.commands.{name}"))
         module.register(sub)
     return parser
 

@@ -30,12 +30,12 @@ import random
 import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from engine.training.fragment import encode_text, fragment_encode
+from efim_tools.training.fragment import encode_text, fragment_encode
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from engine.training.data import Corpus, SourceFile
+    from efim_tools.training.data import Corpus, SourceFile
 
 SampleKind = Literal["fim", "efim", "plain"]
 Layout = Literal["psm", "spm"]

@@ -30,8 +30,8 @@ FORMAT_NAME = "efim-trace"
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 
-EventKind = Literal["open", "change", "complete", "cancel", "show", "accept", "close"]
-EVENT_KINDS: tuple[str, ...] = ("open", "change", "complete", "cancel", "show", "accept", "close")
+EventKind = Literal["open", "change", "complete", "cancel", "show", "accept", "close", "cursor"]
+EVENT_KINDS: tuple[str, ...] = ("open", "change", "complete", "cancel", "show", "accept", "close", "cursor")
 
 # The LSP method each kind is sent with when an event names none.
 DEFAULT_METHODS: dict[str, str] = {
@@ -42,6 +42,9 @@ DEFAULT_METHODS: dict[str, str] = {
     "show": "textDocument/didShowCompletion",
     "accept": "textDocument/didPartiallyAcceptCompletion",
     "close": "textDocument/didClose",
+    # Our clients' cursor notification (docs/design.md, "After a jump"): where the user is
+    # before the first key, so the server can warm the window there.
+    "cursor": "efim/didMoveCursor",
 }
 
 

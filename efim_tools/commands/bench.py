@@ -9,9 +9,9 @@ import argparse
 import importlib
 
 TARGETS = {
-    "engine": ("engine.bench", "prefill/decode speed vs transformers, and keystroke reuse FIM vs EFIM"),
-    "kernels": ("kernels.bench", "each kernel against its reference on the present device"),
-    "blend": ("engine.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
+    "engine": ("bench.engine_bench", "prefill/decode speed vs transformers, and keystroke reuse FIM vs EFIM"),
+    "kernels": ("bench.kernel_bench", "each kernel against its reference on the present device"),
+    "blend": ("bench.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
 }
 
 

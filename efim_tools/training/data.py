@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 from typing import NamedTuple
 
-# Held out from training, used by `engine.evaluation.linecompletion`. Fixed so that every
+# Held out from training, used by `efim_tools.evaluation.linecompletion`. Fixed so that every
 # run of every configuration is measured on code it never saw; chosen to mix numeric,
 # text-processing and data-structure code of different sizes.
 HELD_OUT_MODULES: tuple[str, ...] = (

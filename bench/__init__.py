@@ -1,0 +1,1 @@
+"""Benchmarks: every timing the project reports, outside pytest (see README, docs/)."""
