@@ -61,6 +61,14 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # (on unless the model is fragment-trained).
     heal: bool | None = None
     blend_ratio: float = 0.15
+    # Background work (a warm-up: usually max_tokens=0): runs only while no foreground
+    # request is queued or running, in small chunks; it never supersedes a foreground
+    # request of the same key, and a foreground request of the same key ends it (keeping
+    # what it computed). A newer background request of the same key supersedes it.
+    background: bool = False
+    # Assemble the local segments from the document's stored KV (`Engine.warm_document`)
+    # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.
+    document_kv: bool = False
 
 
 class RequestStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +123,13 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     cache_bytes_used: int = 0
     cache_bytes_free: int = 0
     cache_bytes_total: int = 0
+    # Background work (warm-ups and document pieces), not counted above.
+    warm_requests: int = 0
+    warm_completed: int = 0
+    warm_cancelled: int = 0
+    warm_prefilled_tokens: int = 0
+    warm_ms: float = 0.0
+    document_tokens: int = 0  # tokens of document pieces whose KV is kept
 
 
 class EngineError(Exception):
@@ -151,6 +166,11 @@ class Engine(Protocol):
 
     def count_tokens(self, text: str) -> int:
         """Tokens `text` takes when tokenized on its own (for window budgets)."""
+
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        """Background: compute and keep the KV of `text`'s pieces (the document `key`),
+        nearest `cursor` first, within the memory budget. A newer call for the same key
+        replaces the older; an empty `text` forgets the document's pieces. Never blocks."""
 
     def close(self) -> None: ...
 

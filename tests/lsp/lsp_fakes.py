@@ -121,6 +121,7 @@ class FakeEngine:
         self.cancelled = 0
         self.count_calls = 0
         self.closed = False
+        self.document_warms: list[tuple[str, int, int]] = []
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -159,6 +160,9 @@ class FakeEngine:
 
     def check_integrity(self) -> bool:
         return True
+
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        self.document_warms.append((key, len(text), cursor))
 
     def close(self) -> None:
         self.closed = True
