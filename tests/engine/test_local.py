@@ -243,7 +243,7 @@ def test_eviction_under_tiny_budget_keeps_outputs_and_integrity(tiny_model_facto
     probe = load_engine(path, dtype="fp32", kv_budget="1M")
     per_token = probe.cache.bytes_per_slot
     probe.close()
-    eng = load_engine(path, dtype="fp32", kv_budget=per_token * 500, check_integrity=True, retain_workspaces=0)
+    eng = load_engine(path, dtype="fp32", kv_budget=per_token * 500, check_integrity=True, retain_documents=0)
     try:
         outs = []
         for i in range(4):
@@ -287,7 +287,7 @@ def test_random_submit_cancel_keeps_pool_consistent(small_chunk_engine, source, 
 
 
 def test_fit_to_context_order():
-    from engine.local import fit_to_context
+    from engine.prompting import fit_to_context
     from engine.tokenize import Encoded, SegmentSpan
 
     roles = [("chunk", 10), ("sentinel", 1), ("prefix", 40), ("sentinel", 1), ("suffix", 40), ("sentinel", 1),
@@ -307,26 +307,26 @@ def test_fit_to_context_order():
     assert len(fit_to_context(enc, 2)) == 2
 
 
-def test_retained_workspaces_are_charged_to_the_kv_budget(tiny_model_factory, source):
+def test_retained_kv_is_charged_to_the_kv_budget(tiny_model_factory, source):
     path = str(tiny_model_factory("llama"))
     probe = load_engine(path, dtype="fp32", kv_budget="1M")
     per_token = probe.cache.bytes_per_slot
     probe.close()
     budget = per_token * 4000
-    eng = load_engine(path, dtype="fp32", kv_budget=budget, check_integrity=True, retain_workspaces=4)
+    eng = load_engine(path, dtype="fp32", kv_budget=budget, check_integrity=True, retain_documents=4)
     try:
-        # The pool gets 3/4 of the budget; workspaces (>= 768 rows each here) may hold 1/4.
+        # The pool gets 3/4 of the budget; retained KV (>= 768 rows each here) may hold 1/4.
         assert eng.cache.n_slots * per_token <= budget - budget // 4
         for i in range(4):
             P, S = window(source, 3000 + 2000 * i, 700, 200)
             run(eng, key=f"doc{i}", prefix=P, suffix=S, max_tokens=3)
             settle(eng)
-            assert eng.scheduler.workspace_bytes() <= budget // 4
+            assert eng.scheduler.retained.nbytes() <= budget // 4
             st_ = eng.stats()
             assert st_.cache_bytes_total == budget and st_.cache_bytes_used <= budget
-        kept = len(eng.scheduler._spare)  # noqa: SLF001
+        kept = len(eng.scheduler.retained)
         assert 0 < kept < 4  # the byte limit, not the count, dropped some
-        # The hot document still reuses: its latest workspace or the radix cache has the prompt.
+        # The hot document still reuses: its retained KV or the radix cache has the prompt.
         P, S = window(source, 3000 + 2000 * 3, 700, 200)
         again = eng.submit(InfillRequest(key="doc3", prefix=P, suffix=S, max_tokens=3)).result(60)
         assert again.stats.reused_tokens >= again.stats.prompt_tokens - 2

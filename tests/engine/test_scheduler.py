@@ -7,7 +7,7 @@ import torch
 
 from engine.cache import RadixCache
 from engine.sampler import Sampler
-from engine.scheduler import Job, Prompt, Scheduler
+from engine.scheduler import Prompt, Scheduler, Sequence
 
 
 class Sink:
@@ -50,7 +50,7 @@ def make(model, chunk=32, slots=4000):
 
 def job(sink, key="k", cache=True, rid=[0]):
     rid[0] += 1
-    return Job(request_id=rid[0], key=key, sink=sink, sampler=Sampler(), max_tokens=sink.max_tokens, cache=cache)
+    return Sequence(request_id=rid[0], key=key, sink=sink, sampler=Sampler(), max_tokens=sink.max_tokens, cache=cache)
 
 
 def drain(s: Scheduler, limit=1000):
@@ -93,9 +93,9 @@ def test_fully_cached_prompt_still_recomputes_one_token(model):
     assert a.tokens == b.tokens
 
 
-def test_retained_workspace_reuses_generated_tokens(model):
+def test_retained_kv_reuses_generated_tokens(model):
     """An accepted suggestion: the next prompt extends the old one by the generated tokens,
-    which never entered the radix tree but are still in the document's workspace."""
+    which never entered the radix tree but are still in the document's retained KV."""
     s = make(model)
     ids = prompt(80, 2)
     first = Sink(ids, max_tokens=6)
@@ -106,7 +106,7 @@ def test_retained_workspace_reuses_generated_tokens(model):
     second = Sink(accepted, max_tokens=3)
     s.submit(job(second, "doc"))
     drain(s)
-    assert second.finished[1].reused_tokens == len(accepted) - 1  # ... the workspace the rest
+    assert second.finished[1].reused_tokens == len(accepted) - 1  # ... the retained KV the rest
     fresh = Sink(accepted, max_tokens=3)
     s.submit(job(fresh, "other", cache=False))
     drain(s)
@@ -126,12 +126,12 @@ def test_batched_decode_matches_sequential(model):
         assert alone.tokens == sk.tokens
 
 
-def test_workspace_grows_and_stops_at_context(model):
+def test_sequence_kv_grows_and_stops_at_context(model):
     s = make(model)
-    s.context_length = ctx = 300  # a short context keeps the decode loop short
+    s.runner.context_length = ctx = 300  # a short context keeps the decode loop short
     sink = Sink(prompt(200, 3), max_tokens=10_000)
     j = job(sink, "long", cache=False)
-    j.max_tokens = 1  # plan a small workspace: it must grow while decoding
+    j.max_tokens = 1  # plan a small KV: it must grow while decoding
     s.submit(j)
     drain(s, limit=5000)
     reason, stats, _ = sink.finished

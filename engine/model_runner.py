@@ -1,0 +1,116 @@
+"""Runs the model for the scheduler: a sequence's KV at admission, one prefill chunk (or
+one CacheBlend pass), one batched decode step, KV growth.
+
+The runner moves rows and computes; it decides nothing about which sequence runs when
+(that is `engine.scheduler`) and never touches the radix tree's pins or the retained KV
+store. Engine thread only.
+
+Contracts:
+- After `load_kv`, rows `0 .. seq.n_valid-1` of `seq.kv` hold `seq.tokens[:n_valid]`.
+- `prefill_chunk` advances `seq.n_valid` by the rows it computed; on `BlendCancelled` it
+  computed nothing valid (rows >= n_valid are garbage, n_valid is unchanged).
+- `decode` feeds every sequence's `pending` token and advances its `n_valid` by one; when
+  it raises, no sequence has advanced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from engine.blend import blend_sequence, previous_spans
+from engine.cache import MatchResult, RadixCache
+from engine.chunks import ChunkStore
+from engine.retained import RetainedSequence
+from engine.sequence import Sequence
+
+
+class PrefillOut(NamedTuple):
+    logits: torch.Tensor  # [1, V] after the prompt's last row, [0, V] before it
+    last: bool  # the prompt is complete
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+class ModelRunner:
+    def __init__(self, model: Any, cache: RadixCache, chunk_store: ChunkStore, *, chunk_tokens: int = 256) -> None:
+        if not 1 <= chunk_tokens:
+            raise ValueError("chunk_tokens must be >= 1")
+        self.model = model
+        self.cache = cache
+        self.chunk_store = chunk_store
+        self.chunk_tokens = chunk_tokens
+        self.context_length = int(model.config.max_position)
+
+    def load_kv(
+        self, seq: Sequence, prev: RetainedSequence | None, have: int, match: MatchResult | None, reuse: int
+    ) -> None:
+        """Give `seq` a KV holding its first `reuse` prompt rows: the document's previous KV
+        `prev` (valid for its first `have` rows) when it is large enough, else a new one
+        with those rows copied; rows the radix `match` has beyond `have` are gathered from
+        the pool. CacheBlend's local spans are read from `prev` first (it may be reused)."""
+        n = seq.n_prompt
+        want_cap = min(self.context_length, _round_up(n + max(seq.max_tokens, 0) + 1, 256))
+        if seq.blend is not None and prev is not None:
+            seq.blend_spans = previous_spans(prev.ids, prev.kv, seq.tokens, seq.blend.segments, reuse)
+        if prev is not None and prev.kv.capacity >= want_cap:
+            kv = prev.kv
+        else:
+            kv = self.model.new_kv(want_cap)
+            keep = min(have, reuse)
+            if keep:
+                kv.k[:, :, :keep].copy_(prev.kv.k[:, :, :keep])  # [L, H_kv, keep, D]
+                kv.v[:, :, :keep].copy_(prev.kv.v[:, :, :keep])
+        if reuse > have:
+            self.cache.gather(match.slots[have:reuse], kv, have)
+        seq.kv, seq.n_valid, seq.reused = kv, reuse, reuse
+
+    def prefill_chunk(self, seq: Sequence) -> PrefillOut:
+        """Compute the next prompt rows: up to `chunk_tokens`, or — when the sequence blends —
+        the whole rest in one CacheBlend pass (it is the cheap part). Raises
+        `engine.blend.BlendCancelled` when the sequence is cancelled mid-blend."""
+        lo = seq.n_valid
+        if seq.blend is not None:
+            hi, last = seq.n_prompt, True
+            out = blend_sequence(
+                self.model, self.chunk_store, seq.tokens[:hi], seq.kv, lo, seq.blend, seq.blend_spans,
+                cancelled=lambda: seq.cancelled,
+            )
+            logits, seq.blend, seq.blend_spans = out.logits, None, ()
+            seq.reused += out.reused
+            seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
+        else:
+            hi = min(seq.n_prompt, lo + self.chunk_tokens)
+            last = hi == seq.n_prompt
+            ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
+            logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
+        seq.n_valid = hi
+        seq.prefilled += hi - lo
+        return PrefillOut(logits, last)
+
+    def decode(self, batch: list[Sequence]) -> torch.Tensor:
+        """One decode step for `batch` together: feed each `pending` token; logits [B, V]."""
+        ids = torch.tensor([s.pending for s in batch], dtype=torch.int64)  # [B]
+        logits = self.model.decode_batch(ids, [s.kv for s in batch], [s.n_valid for s in batch])  # [B, V]
+        for seq in batch:
+            seq.tokens.append(seq.pending)
+            seq.n_valid += 1
+            seq.pending = None
+        return logits
+
+    def grow(self, seq: Sequence) -> bool:
+        """Double the sequence's KV, up to the context length (False when it is full)."""
+        cap = seq.kv.capacity
+        if cap >= self.context_length:
+            return False
+        kv = self.model.new_kv(min(self.context_length, cap * 2))
+        kv.k[:, :, :cap].copy_(seq.kv.k)  # [L, H_kv, cap, D]
+        kv.v[:, :, :cap].copy_(seq.kv.v)
+        seq.kv = kv
+        return True
+
+
+__all__ = ["ModelRunner", "PrefillOut"]

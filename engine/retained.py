@@ -1,0 +1,65 @@
+"""Each document's last sequence KV, kept between requests (outside the radix pool).
+
+When a request ends, its contiguous KV (the rows the model computed in) is kept under the
+request's key — the document. The next request of that document takes it back and starts
+from its rows: no gather from the pool, and the generated tokens (which never enter the
+radix cache) are reused too, which matters when the user accepts a suggestion.
+
+Contracts:
+- At most `max_entries` documents are kept, and (when `budget_bytes` is set) at most that
+  many bytes; the least recently kept go first. The newest entry goes too if it alone
+  exceeds the bytes: its prompt rows are in the radix cache, only generated rows are lost.
+- `take` removes the entry: a sequence owns its KV exclusively while it runs.
+- Engine thread only, except `nbytes` (a best-effort read for stats from any thread).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, NamedTuple
+
+
+class RetainedSequence(NamedTuple):
+    kv: Any  # engine.model.transformer.SequenceKV
+    ids: list[int]  # the tokens whose rows kv holds, row i = ids[i]
+
+
+def kv_bytes(kv: Any) -> int:
+    return kv.k.numel() * kv.k.element_size() * 2  # k and v: [L, H_kv, cap, D] each
+
+
+class RetainedKV:
+    """The per-document store of finished sequences' KV (least recently kept dropped first)."""
+
+    def __init__(self, max_entries: int = 4, budget_bytes: int | None = None) -> None:
+        self.max_entries = max_entries
+        self.budget_bytes = budget_bytes  # None: count only
+        self._by_key: collections.OrderedDict[str, RetainedSequence] = collections.OrderedDict()
+
+    def take(self, key: str) -> RetainedSequence | None:
+        """Remove and return `key`'s entry (None when there is none)."""
+        return self._by_key.pop(key, None)
+
+    def keep(self, key: str, seq: RetainedSequence) -> None:
+        """Keep `seq` as the document's latest; then drop the least recently kept beyond the
+        count and byte limits."""
+        self._by_key[key] = seq
+        self._by_key.move_to_end(key)
+        limit = self.budget_bytes
+        while self._by_key and (
+            len(self._by_key) > self.max_entries or (limit is not None and self.nbytes() > limit)
+        ):
+            self._by_key.popitem(last=False)
+
+    def nbytes(self) -> int:
+        """Bytes held by the kept KV (outside the pool, inside the engine's KV budget)."""
+        return sum(kv_bytes(s.kv) for s in list(self._by_key.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._by_key
+
+
+__all__ = ["RetainedKV", "RetainedSequence", "kv_bytes"]

@@ -1,0 +1,96 @@
+"""One request as the engine thread sees it: a token sequence that grows from its prompt.
+
+A `Sequence` is created on the caller's thread (`LocalEngine.submit`) with what the
+request asked for; from admission on, only the engine thread reads or writes it — except
+`cancelled`, which any thread may set (the scheduler checks it between steps).
+
+Everything about text (template, tokenization, detokenization, stop strings) sits behind
+the sequence's `TokenSink`; the scheduler and the model runner see token ids only
+(`engine.prompting` implements the sink).
+
+Row invariant: `kv` rows `0 .. n_valid-1` hold `tokens[:n_valid]`; `tokens[:n_prompt]` is
+the prompt, the rest are generated tokens already fed to the model. `pending` is the last
+sampled token, not yet fed (it becomes `tokens[n_valid]` after the next decode step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from engine.api import FinishReason, RequestStats
+from engine.cache import RadixNode
+from engine.sampler import Sampler
+
+
+class Prompt(NamedTuple):
+    ids: list[int]
+    allowed_first: torch.Tensor | None = None  # [n] int64: token healing's first-token set
+    healed_tokens: int = 0
+    blend: Any = None  # engine.blend.BlendRequest: prefill the chunks by CacheBlend (context="blend")
+
+
+class TokenSink(Protocol):
+    """What the scheduler needs from the text layer. All calls come from the engine thread."""
+
+    def prepare(self, context_length: int) -> Prompt: ...
+
+    def before_step(self) -> FinishReason | None: ...
+
+    def on_token(self, token_id: int) -> FinishReason | None: ...
+
+    def on_finish(self, reason: FinishReason, stats: RequestStats, error: str | None) -> None: ...
+
+
+@dataclass(eq=False)  # identity equality: the scheduler finds a sequence in its lists by `is`
+class Sequence:
+    request_id: int
+    key: str  # the document: a newer request with the same key reuses this one's rows
+    sink: TokenSink
+    sampler: Sampler
+    max_tokens: int
+    cache: bool = True  # False: reuse nothing, store nothing (the no-cache baseline)
+    submitted: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # any thread may set it; honoured before the next chunk / decode step
+    # --- engine-thread state
+    tokens: list[int] = field(default_factory=list)  # prompt ids, then fed generated ids
+    n_prompt: int = 0
+    allowed_first: torch.Tensor | None = None
+    kv: Any = None  # engine.model.transformer.SequenceKV
+    n_valid: int = 0  # rows of kv holding tokens[:n_valid]
+    pending: int | None = None  # sampled, not yet fed
+    pinned: RadixNode | None = None  # the radix path this sequence's reused rows came from
+    generated: int = 0
+    reused: int = 0
+    prefilled: int = 0
+    healed: int = 0
+    t_admit: float = 0.0
+    t_first: float = 0.0
+    blend: Any = None  # engine.blend.BlendRequest, while the prompt still has to be blended
+    blend_spans: Any = ()  # local segments found in the document's previous sequence
+
+    def start(self, prompt: Prompt) -> None:
+        """Take the prompt the sink rendered (admission)."""
+        self.tokens = list(prompt.ids)
+        self.n_prompt = len(self.tokens)
+        self.allowed_first, self.healed = prompt.allowed_first, prompt.healed_tokens
+
+    def stats(self, now: float) -> RequestStats:
+        """The request's figures when it ends at `now` (`time.perf_counter()`)."""
+        return RequestStats(
+            prompt_tokens=self.n_prompt,
+            reused_tokens=self.reused,
+            prefilled_tokens=self.prefilled,
+            generated_tokens=self.generated,
+            healed_tokens=self.healed,
+            queue_ms=max(0.0, (self.t_admit - self.submitted) * 1e3) if self.t_admit else 0.0,
+            ttft_ms=(self.t_first - self.submitted) * 1e3 if self.generated else 0.0,
+            total_ms=(now - self.submitted) * 1e3,
+            decode_ms_per_token=(now - self.t_first) * 1e3 / (self.generated - 1) if self.generated > 1 else 0.0,
+        )
+
+
+__all__ = ["Sequence", "Prompt", "TokenSink"]
