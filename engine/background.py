@@ -54,6 +54,7 @@ class DocumentWork:
         self.chunk_tokens = chunk_tokens
         self._passes: collections.OrderedDict[str, DocumentPass] = collections.OrderedDict()
         self._inflight: _InFlight | None = None
+        self.origins: set[str] = set()  # documents with pieces in the store
         self.pieces_stored = 0
         self.tokens_prefilled = 0
         self.seconds = 0.0
@@ -66,6 +67,7 @@ class DocumentWork:
             if self._inflight is not None and self._inflight.key == work.key:
                 self._inflight = None
             self.store.forget_origin(work.key)
+            self.origins.discard(work.key)
             return
         self._passes[work.key] = work
         self._passes.move_to_end(work.key, last=False)
@@ -122,6 +124,7 @@ class DocumentWork:
             self._passes.pop(key, None)
             return
         self.pieces_stored += 1
+        self.origins.add(key)
 
     def _complete(self, key: str, work: DocumentPass) -> None:
         """The pass is done: drop its document's pieces it no longer has."""

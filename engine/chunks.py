@@ -86,6 +86,7 @@ class ChunkStore:
         self._n_slots = 0
         self.hits = self.misses = self.evictions = 0
         self.version = 0  # bumped whenever an entry is added or dropped (for indexes built on it)
+        self._origin_versions: collections.Counter[str | None] = collections.Counter()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -104,6 +105,10 @@ class ChunkStore:
         self._entries.move_to_end(key)
         self.hits += 1
         return entry
+
+    def version_of(self, origin: str) -> int:
+        """Changes whenever an entry of `origin` is added or dropped."""
+        return self._origin_versions[origin]
 
     def entries_of(self, origin: str) -> list[ChunkEntry]:
         """Every entry that came from `origin` (does not change recency)."""
@@ -158,6 +163,7 @@ class ChunkStore:
         self._entries[key] = entry
         self._n_slots += n
         self.version += 1
+        self._origin_versions[origin] += 1
         return entry
 
     def forget_origin(self, origin: str) -> int:
@@ -192,6 +198,7 @@ class ChunkStore:
     def _drop(self, key: bytes) -> int:
         entry = self._entries.pop(key)
         self.version += 1
+        self._origin_versions[entry.origin] += 1
         self.cache.free(entry.slots)
         self._n_slots -= entry.slots.numel()
         return entry.slots.numel()

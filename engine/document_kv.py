@@ -92,7 +92,7 @@ class DocumentIndex:
 
     def __init__(self, store: Any, origin: str) -> None:
         self.origin = origin
-        self.version = store.version
+        self.version = store.version_of(origin)
         self._grams: dict[tuple[int, ...], _Hit] = {}
         for entry in store.entries_of(origin):
             ids = entry.ids
@@ -100,7 +100,7 @@ class DocumentIndex:
                 self._grams.setdefault(ids[i : i + MIN_RUN], _Hit(entry, i))
 
     def stale(self, store: Any) -> bool:
-        return store.version != self.version
+        return store.version_of(self.origin) != self.version
 
     def __len__(self) -> int:
         return len(self._grams)

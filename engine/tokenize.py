@@ -209,6 +209,11 @@ class SegmentTokenizer:
             return tuple(full[m:]) if full[:m] == self._marker_ids else tuple(self._raw(text))
         return tuple(self._raw(text))
 
+    def encode_uncached(self, text: str) -> tuple[int, ...]:
+        """Ids of `text` on its own, like `encode_text`, bypassing the LRU (for bulk text
+        such as a document's pieces, which would evict the prompt segments it keeps)."""
+        return self._encode(text, False) if text else ()
+
     def count(self, text: str) -> int:
         """Tokens `text` takes when tokenized on its own. Safe from any thread (it does
         not touch the LRU, which belongs to the engine thread)."""
