@@ -63,9 +63,12 @@ class Declined(NamedTuple):
 
 
 class ContextSource(Protocol):
-    """Cross-file context for a request (the CacheBlend engineer's `efim_lsp/context/`)."""
+    """Cross-file context for a request (`efim_lsp.context.source.WorkspaceContext`)."""
 
     def chunks(self, uri: str, text: str, cursor: int, settings: Settings) -> Sequence[ContextChunk]: ...
+
+    def status(self) -> dict[str, object]:
+        """Index counters for `efim/stats` ("context")."""
 
 
 class _Streamed(NamedTuple):

@@ -16,6 +16,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import Future
 
 import torch
 
@@ -165,6 +166,11 @@ class LocalEngine:
         (CacheBlend). Thread-safe; takes effect at the engine's next step."""
         self.scheduler.forget_chunks(path)
 
+    def check_integrity(self) -> Future[None]:
+        """The radix cache's, chunk store's and retained KV's invariants, checked on the
+        engine thread once it is idle (`Scheduler.check_integrity`). Never blocks."""
+        return self.scheduler.run_when_idle(self.scheduler.check_integrity)
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; running requests end "cancelled". Idempotent."""
         with self._lock:
@@ -174,7 +180,8 @@ class LocalEngine:
             self._thread.join(timeout)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Block until no request is queued or running (for tests and benchmarks)."""
+        """Block until no request is queued or running (tests, benchmarks, tools; never
+        from the event loop)."""
         end = time.monotonic() + timeout
         while not self.scheduler.idle():
             if time.monotonic() > end:
