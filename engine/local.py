@@ -58,9 +58,7 @@ class LocalEngine:
         self.fragment_trained = fragment_trained
         self.prompts = PromptBuilder(self.template, self.tokenizer, fragment_trained=fragment_trained)
         self.quant = quant
-        # Any special token ends a completion: code never contains one, and a model that
-        # emits `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too.
-        self.end_ids = frozenset(cfg.eos_ids) | self.template.stop_ids | self.tokenizer.vocab.special_ids
+        self.end_ids = self.prompts.end_ids(cfg.eos_ids)
         budget = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
         # One budget for all KV: the pool gets 3/4, the retained per-document KV
         # (contiguous copies the model computes in, kept so the next keystroke of the same
