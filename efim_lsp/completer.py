@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+
+import msgspec
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +30,7 @@ from engine.api import Completion, CompletionHandle, ContextChunk, EngineInfo, I
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.engine_slot import EngineSlot
-from efim_lsp.session import Budget, EditSession
+from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
 from efim_lsp.suggest import CursorContext, Mode, choose_mode, shape
@@ -46,6 +48,10 @@ STREAM_STALL_SECONDS = 180.0
 # (session limit ~384 chars) and the template's sentinels.
 INCREMENT_RESERVE_TOKENS = 192
 SENTINEL_RESERVE_TOKENS = 16
+
+# Cursor signals closer together than this replace each other before a warm-up starts
+# (clients debounce too; this bounds what a flood of notifications can cost).
+WARM_SETTLE_SECONDS = 0.03
 
 
 class Answer(NamedTuple):
@@ -100,6 +106,17 @@ class DocumentState:
         self.session = EditSession(meter)
         self.typed = TypingThrough()
         self.inflight: _Inflight | None = None
+        self.warming: CompletionHandle | None = None  # the background warm-up in flight
+        self.warm_cursor: int | None = None  # where the latest cursor signal put the user
+        self.warm_timer: asyncio.TimerHandle | None = None
+
+    def stop_warming(self) -> None:
+        if self.warm_timer is not None:
+            self.warm_timer.cancel()
+            self.warm_timer = None
+        if self.warming is not None and not self.warming.done:
+            self.warming.cancel()
+        self.warming = None
 
 
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
@@ -150,7 +167,10 @@ class Completer:
         old = self._states.pop(uri, None)
         if old and old.inflight:
             old.inflight.supersede("document re-opened")
+        if old:
+            old.stop_warming()
         self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
+        self.warm_document(uri, 0)
 
     def changed(self, uri: str, outcome: ChangeOutcome) -> None:
         state = self._states.get(uri)
@@ -161,17 +181,28 @@ class Completer:
         if outcome.resynced:
             state.session.forget("document replaced")
             state.typed.forget()
+        was_alive = state.session.alive
         for edit in outcome.edits:
             state.session.observe(edit)
             state.typed.observe(edit)
         if not outcome.in_sync:
             state.session.forget("document out of sync")
             state.typed.forget()
+        elif outcome.edits and was_alive and not state.session.alive:
+            # An edit away from the session (the user jumped and edited): the cursor is
+            # where the edit ends; warm there unless a request follows at once.
+            last = outcome.edits[-1]
+            self.cursor_moved(uri, last.start + len(last.new_text))
 
     def closed(self, uri: str) -> None:
         state = self._states.pop(uri, None)
         if state and state.inflight:
             state.inflight.supersede("document closed")
+        if state:
+            state.stop_warming()
+        engine = self.slot.engine
+        if engine is not None:
+            engine.warm_document(uri, "", 0)  # forget its pieces
 
     def reset_sessions(self, reason: str) -> None:
         """Settings that shape prompts changed: every document starts a new session."""
@@ -234,6 +265,9 @@ class Completer:
         version = doc.version
         if state.inflight is not None:
             state.inflight.supersede("a newer request")
+        if state.warm_timer is not None:  # the request itself is the better warm-up
+            state.warm_timer.cancel()
+            state.warm_timer = None
 
         rest = state.typed.remainder(doc.text, cursor)
         if rest is not None:
@@ -269,37 +303,12 @@ class Completer:
         engine, info = self.slot.engine, self.slot.info
         if engine is None:
             return self._decline("modelLoading", "model loading")
-        fmt = prompt_format(settings, info)
-        segments = state.session.segments(doc.index, cursor, budget_for(settings, info, fmt))
-        if segments.rebased:
-            log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
         ctx = CursorContext.at(doc.text, cursor)
         mode = choose_mode(ctx, settings.multiline)
-
-        # === CacheBlend seam (issue 6) ===========================================
-        # The ONE place where cross-file context enters a request. `efim_lsp/context/`
-        # plugs in as `Completer.context_source`; until then no chunks are passed.
-        # Chunks should stay identical while an edit session lives, or the prompt's
-        # prefix (and the KV behind it) changes at every keystroke.
-        chunks: tuple[ContextChunk, ...] = ()
-        if self.context_source is not None and settings.context != "off":
-            chunks = tuple(self.context_source.chunks(uri, doc.text, cursor, settings))[: settings.context_chunks]
-        # ==========================================================================
-
-        request = InfillRequest(
-            key=uri,
-            prefix=segments.prefix,
-            suffix=segments.suffix,
-            increment=segments.increment,
-            chunks=chunks,
-            format=fmt,
-            context=settings.context,
-            max_tokens=settings.max_tokens,
-            stop=("\n",) if mode == "line" else (),
-            temperature=settings.temperature,
-            cache=settings.cache,
-            blend_ratio=settings.blend_ratio,
-        )
+        request, segments = self._request_at(uri, doc, state, cursor, settings, info)
+        if segments.rebased:
+            log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
+        request = msgspec.structs.replace(request, stop=("\n",) if mode == "line" else ())
         try:
             handle = engine.submit(request)
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses
@@ -410,6 +419,110 @@ class Completer:
         task = asyncio.get_running_loop().create_task(drain())
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
+
+    def _request_at(self, uri: str, doc, state: DocumentState, cursor: int, settings: Settings, info: EngineInfo | None) -> tuple[InfillRequest, Segments]:
+        """The engine request for a completion at `cursor` (rebasing the edit session when
+        its rules say so). A warm-up renders the same prompt, so what it computes is
+        exactly the prefix the first request there will match."""
+        fmt = prompt_format(settings, info)
+        segments = state.session.segments(doc.index, cursor, budget_for(settings, info, fmt))
+        # Cross-file context enters requests here and only here. Chunks should stay
+        # identical while an edit session lives, or the prompt's prefix (and the KV
+        # behind it) changes at every keystroke.
+        chunks: tuple[ContextChunk, ...] = ()
+        if self.context_source is not None and settings.context != "off":
+            chunks = tuple(self.context_source.chunks(uri, doc.text, cursor, settings))[: settings.context_chunks]
+        request = InfillRequest(
+            key=uri,
+            prefix=segments.prefix,
+            suffix=segments.suffix,
+            increment=segments.increment,
+            chunks=chunks,
+            format=fmt,
+            context=settings.context,
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
+            cache=settings.cache,
+            blend_ratio=settings.blend_ratio,
+            document_kv=settings.document_kv and settings.cache,
+        )
+        return request, segments
+
+    # -- navigation: warm the window where the user is, before the first key ----
+    def cursor_moved(self, uri: str, cursor: int) -> None:
+        """A cursor notification (or an edit that moved the session away): warm the
+        window a request at `cursor` would need, once the signals settle. Notifications
+        arriving faster than `WARM_SETTLE_SECONDS` replace each other: a flood costs what
+        the last one costs."""
+        state = self._states.get(uri)
+        if state is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a caller outside the server): nothing to schedule on
+            return
+        state.warm_cursor = cursor
+        if state.warm_timer is not None:
+            state.warm_timer.cancel()
+        state.warm_timer = loop.call_later(WARM_SETTLE_SECONDS, self._warm_now, uri)
+
+    def _warm_now(self, uri: str) -> None:
+        state = self._states.get(uri)
+        if state is None:
+            return
+        state.warm_timer = None
+        cursor, state.warm_cursor = state.warm_cursor, None
+        if cursor is None:
+            return
+        try:
+            self.warm(uri, cursor)
+        except Exception:  # a warm-up is an optimisation: never let it hurt the server
+            log.exception("warm-up at %s:%d failed", uri, cursor)
+
+    def warm_document(self, uri: str, cursor: int) -> None:
+        """Let the engine compute the document's pieces in the background (documentKv)."""
+        settings, engine, doc = self.settings(), self.slot.engine, self.documents.get(uri)
+        if engine is None or doc is None or not self.slot.ready or not settings.document_kv or not settings.cache:
+            return
+        if doc.in_sync and not doc.unsupported:
+            engine.warm_document(uri, doc.text, cursor)
+
+    def warm(self, uri: str, cursor: int) -> bool:
+        """Submit the background warm-up for `cursor` now; False when there is nothing to
+        do (no engine, a request in flight, the live session already serves `cursor`)."""
+        settings = self.settings()
+        engine, info = self.slot.engine, self.slot.info
+        doc, state = self.documents.get(uri), self._states.get(uri)
+        if engine is None or doc is None or state is None or not self.slot.ready:
+            return False
+        if not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text) or not settings.cache:
+            return False
+        if settings.document_kv:
+            engine.warm_document(uri, doc.text, cursor)
+        if not settings.warm_ahead or state.inflight is not None:
+            return False
+        if state.session.alive and state.session.cursor == cursor:
+            return False  # the live session's prompt is the one a request here renders
+        request, _segments = self._request_at(uri, doc, state, cursor, settings, info)
+        request = msgspec.structs.replace(request, max_tokens=0, background=True)
+        try:
+            handle = engine.submit(request)
+        except Exception as exc:
+            log.debug("%s: warm-up refused: %s", uri, exc)
+            return False
+        if state.warming is not None and not state.warming.done:
+            state.warming.cancel()
+        state.warming = handle
+        self.stats.warm_submitted += 1
+        task = asyncio.get_running_loop().create_task(self._account_warmup(handle))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+        return True
+
+    async def _account_warmup(self, handle: CompletionHandle) -> None:
+        completion = await handle.wait()
+        if completion is not None:
+            self.stats.add_warmup(completion.stats, completion.finish_reason)
 
     def _decline(self, code: str, reason: str) -> Declined:
         self.stats.declined[code] += 1

@@ -12,6 +12,11 @@ Custom protocol:
 - `efim/debug/checkIntegrity` (request) → `{ok, engine, problems}`: the engine's KV
   integrity check (radix cache, chunk store, retained KV; run on the engine thread when it
   is idle) and every edit session's consistency with its document.
+- `efim/didMoveCursor` (notification, client → server): `{textDocument: {uri}, position}`
+  where the cursor is now, sent by our clients (debounced) when it moves without an edit
+  and when a document becomes the active one; the server warms the window there in the
+  background (docs/design.md, "After a jump"). Unknown documents and bad positions are
+  ignored.
 - `efim.accepted` (command, attached to every item): a full accept.
 - `textDocument/didShowCompletion`, `textDocument/didPartiallyAcceptCompletion`
   (Copilot-compatible notifications): shown / partially accepted counters.
@@ -45,6 +50,7 @@ SERVER_VERSION = "0.1.0"
 
 STATS = "efim/stats"
 CHECK_INTEGRITY = "efim/debug/checkIntegrity"
+DID_MOVE_CURSOR = "efim/didMoveCursor"
 ACCEPTED_COMMAND = "efim.accepted"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
@@ -168,6 +174,23 @@ class EfimServer(LanguageServer):
             return doc.offset_at(position.line, position.character, self.documents.encoding)
         except PositionError as exc:
             raise JsonRpcInvalidParams(f"position outside {uri}: {exc}") from exc
+
+    def cursor_of(self, params: Any) -> tuple[str, int] | None:
+        """(uri, offset) of a `{textDocument: {uri}, position: {line, character}}` payload
+        that names an open document and a position inside it; None otherwise."""
+        try:
+            info = _mapping(params)
+            uri = _mapping(info.get("textDocument")).get("uri")
+            pos = _mapping(info.get("position"))
+            line, character = pos.get("line"), pos.get("character")
+            if not isinstance(uri, str) or not isinstance(line, int) or not isinstance(character, int):
+                return None
+            doc = self.documents.get(uri)
+            if doc is None:
+                return None
+            return uri, doc.offset_at(line, character, self.documents.encoding)
+        except (PositionError, TypeError, ValueError, AttributeError):
+            return None
 
     def lsp_range(self, uri: str, answer: Answer) -> types.Range:
         index = self.documents.get(uri).index
@@ -298,6 +321,14 @@ def build_server(
     def did_close(ls: EfimServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.documents.close(params.text_document.uri)
         ls.completer.closed(params.text_document.uri)
+
+    @server.feature(DID_MOVE_CURSOR)
+    def did_move_cursor(ls: EfimServer, params: Any) -> None:
+        """Where the user is before the first key: warm the window there (a notification:
+        a bad one is ignored, never answered with an error)."""
+        cursor = ls.cursor_of(params)
+        if cursor is not None:
+            ls.completer.cursor_moved(*cursor)
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     async def did_change_configuration(ls: EfimServer, params: types.DidChangeConfigurationParams) -> None:

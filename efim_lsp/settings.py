@@ -64,6 +64,12 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     blend_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.15
     """CacheBlend: fraction of chunk tokens recomputed (highest KV deviation)."""
 
+    warm_ahead: bool = True
+    """Navigation: on `efim/didMoveCursor` (and an edit away from the session), prefill in the background the window a request there would need (docs/design.md, "After a jump")."""
+
+    document_kv: bool = True
+    """Navigation: keep each open document's KV in stable pieces (computed in the background, nearest the cursor first) and assemble a new window after a jump from them with CacheBlend (`blendRatio`)."""
+
     strict_versions: bool | None = None
     """A didChange whose version skips marks the document out of sync. None: on, except for Neovim (its versions jump by design)."""
 

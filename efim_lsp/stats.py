@@ -63,6 +63,20 @@ class ServerStats:
         self.ttft = LatencySeries()
         self.latency = LatencySeries()  # every answered request (typing-through hits included)
         self.engine_latency = LatencySeries()  # requests the engine answered
+        # Background warm-ups (navigation): what they cost, apart from the requests above.
+        self.warm_submitted = 0
+        self.warm_completed = 0
+        self.warm_cancelled = 0
+        self.warm_prefilled_tokens = 0
+        self.warm_compute_ms = 0.0
+
+    def add_warmup(self, stats: RequestStats, finish_reason: str) -> None:
+        if finish_reason == "cancelled":
+            self.warm_cancelled += 1
+        else:
+            self.warm_completed += 1
+        self.warm_prefilled_tokens += stats.prefilled_tokens
+        self.warm_compute_ms += max(0.0, stats.total_ms - stats.queue_ms)
 
     def add_engine_request(self, stats: RequestStats) -> None:
         self.prompt_tokens += stats.prompt_tokens
@@ -96,6 +110,14 @@ class ServerStats:
             "partiallyAccepted": self.partially_accepted,
             "acceptedChars": self.accepted_chars,
             "declined": dict(self.declined),
+            "warmup": {
+                "submitted": self.warm_submitted,
+                "completed": self.warm_completed,
+                "cancelled": self.warm_cancelled,
+                "prefilledTokens": self.warm_prefilled_tokens,
+                "computeMs": round(self.warm_compute_ms, 1),
+                "documentTokens": engine.document_tokens if engine else 0,
+            },
         }
         if extra:
             out.update(extra)

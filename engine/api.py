@@ -13,7 +13,7 @@ Contracts callers rely on:
 
 Thread map (the served process; docs/design.md, "Threads"):
 - asyncio event loop (pygls handlers, the completer): `Engine.submit`, `info`, `stats`,
-  `count_tokens`, `forget_context`, `CompletionHandle.cancel` / `wait`, and awaiting
+  `count_tokens`, `forget_context`, `warm_document`, `CompletionHandle.cancel` / `wait`, and awaiting
   `check_integrity()`'s future (`asyncio.wrap_future`). Never `result`, `events`,
   `wait_idle` or `close` — they block.
 - stream pumps (one executor thread per streamed request, `efim_lsp.completer`):
@@ -21,8 +21,9 @@ Thread map (the served process; docs/design.md, "Threads"):
 - engine thread ("efim-engine", one per `LocalEngine`): the scheduler loop — the radix
   cache, chunk store, retained KV, model runner and every `TokenSink` call (prompt
   rendering and tokenization included). Nothing else touches those; other threads reach
-  them only through `submit`, `cancel`, `forget_context` and `check_integrity`, which
-  enqueue work for it.
+  them only through `submit`, `cancel`, `forget_context`, `warm_document` and
+  `check_integrity`, which enqueue work for it; background warm-ups run there too, between
+  (and preempted by) requests.
 - context worker ("efim-context", `efim_lsp.context.gatherer`): indexes files, calls
   `count_tokens` (which does not touch the engine thread's tokenizer LRU) and, through the
   gatherer's invalidation listeners, `forget_context` when a file's chunks change.
@@ -84,6 +85,14 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # (on unless the model is fragment-trained).
     heal: bool | None = None
     blend_ratio: float = 0.15
+    # Background work (a warm-up: usually max_tokens=0): runs only while no foreground
+    # request is queued or running, in small chunks; it never supersedes a foreground
+    # request of the same key, and a foreground request of the same key ends it (keeping
+    # what it computed). A newer background request of the same key supersedes it.
+    background: bool = False
+    # Assemble the local segments from the document's stored KV (`Engine.warm_document`)
+    # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.
+    document_kv: bool = False
 
 
 class RequestStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,6 +147,13 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     cache_bytes_used: int = 0
     cache_bytes_free: int = 0
     cache_bytes_total: int = 0
+    # Background work (warm-ups and document pieces), not counted above.
+    warm_requests: int = 0
+    warm_completed: int = 0
+    warm_cancelled: int = 0
+    warm_prefilled_tokens: int = 0
+    warm_ms: float = 0.0
+    document_tokens: int = 0  # tokens of document pieces whose KV is kept
 
 
 class EngineError(Exception):
@@ -188,6 +204,11 @@ class Engine(Protocol):
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Block until no request is queued or running (TimeoutError after `timeout` s).
         For tests, benchmarks and tools; never from the event loop."""
+
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        """Background: compute and keep the KV of `text`'s pieces (the document `key`),
+        nearest `cursor` first, within the memory budget. A newer call for the same key
+        replaces the older; an empty `text` forgets the document's pieces. Never blocks."""
 
     def close(self) -> None: ...
 

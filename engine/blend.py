@@ -44,6 +44,10 @@ MIN_BLOCK_ROWS = 64
 # Runs of the previous sequence are anchored on this many tokens: shorter ones are
 # cheap to recompute and likely coincidences.
 MIN_REUSED_RUN = 16
+# A local-only blend (the document's own KV after a jump) is tried only when at least
+# this many rows of the local segments remain to compute: below it a plain prefill is
+# about as fast.
+MIN_LOCAL_ROWS = 128
 
 
 class BlendCancelled(Exception):
@@ -201,11 +205,20 @@ class BlendRequest(NamedTuple):
     segments: tuple[tuple[int, int], ...]  # rows of the local text segments (prefix, suffix)
     origins: tuple[str | None, ...] = ()  # each unit's file, for invalidation
     header: tuple[int, ...] = ()  # the template's fixed header (BOS ids) chunks are prefilled after
+    # Also reuse the document's own stored KV for the local segments (`engine.document_kv`):
+    # the scheduler keeps the blend only if those spans cover enough rows.
+    local: bool = False
+
+    def has_units_after(self, reused: int) -> bool:
+        return any(e > reused for _s, e in self.units)
 
     def wanted(self, reused: int) -> bool:
-        """True when rows >= `reused` (the exact prefix already in hand) include a chunk:
-        otherwise an ordinary prefill of the tail is all there is to do."""
-        return any(e > reused for _s, e in self.units)
+        """True when rows >= `reused` (the exact prefix already in hand) include a chunk,
+        or local segments worth looking up: otherwise an ordinary prefill of the tail is
+        all there is to do."""
+        if self.has_units_after(reused):
+            return True
+        return self.local and sum(max(0, e - max(s, reused)) for s, e in self.segments) >= MIN_LOCAL_ROWS
 
 
 class BlendOutcome(NamedTuple):
@@ -336,18 +349,19 @@ def plan_spans(
     return SpanPlan(spans, hits, misses, prefilled, sum(x.k.shape[1] for x in extra))
 
 
-def blend_request(request: Any, encoded: Any, template: Any) -> BlendRequest | None:
+def blend_request(request: Any, encoded: Any, template: Any, *, chunks: bool = True, local: bool = False) -> BlendRequest | None:
     """The `BlendRequest` of an `InfillRequest` rendered by `template` and tokenized into
-    `encoded` (`engine.tokenize.Encoded`), or None when it has no chunk to blend.
-    ValueError for a ratio outside [0, 1]."""
+    `encoded` (`engine.tokenize.Encoded`), or None when it has no chunk to blend (or
+    `chunks` is off) and `local` (reuse the document's own stored KV) is off. ValueError
+    for a ratio outside [0, 1]."""
     if not 0.0 <= float(request.blend_ratio) <= 1.0:
         raise ValueError(f"blend_ratio must be in [0, 1], got {request.blend_ratio}")
-    units = chunk_units(encoded.spans)
-    if not units:
+    units = chunk_units(encoded.spans) if chunks else []
+    if not units and not local:
         return None
     origins = tuple(c.path for c in request.chunks) if len(request.chunks) == len(units) else ()
     segments = tuple((s.start, s.end) for s in encoded.spans if s.role in ("prefix", "suffix"))
-    return BlendRequest(float(request.blend_ratio), tuple(units), segments, origins, tuple(template.bos_ids))
+    return BlendRequest(float(request.blend_ratio), tuple(units), segments, origins, tuple(template.bos_ids), local)
 
 
 __all__ = [
@@ -366,4 +380,5 @@ __all__ = [
     "chunk_units",
     "find_run",
     "MIN_REUSED_RUN",
+    "MIN_LOCAL_ROWS",
 ]

@@ -85,6 +85,8 @@ class ChunkStore:
         self._entries: collections.OrderedDict[bytes, ChunkEntry] = collections.OrderedDict()  # LRU first
         self._n_slots = 0
         self.hits = self.misses = self.evictions = 0
+        self.version = 0  # bumped whenever an entry is added or dropped (for indexes built on it)
+        self._origin_versions: collections.Counter[str | None] = collections.Counter()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -103,6 +105,30 @@ class ChunkStore:
         self._entries.move_to_end(key)
         self.hits += 1
         return entry
+
+    def version_of(self, origin: str) -> int:
+        """Changes whenever an entry of `origin` is added or dropped."""
+        return self._origin_versions[origin]
+
+    def entries_of(self, origin: str) -> list[ChunkEntry]:
+        """Every entry that came from `origin` (does not change recency)."""
+        return [e for e in self._entries.values() if e.origin == origin]
+
+    def touch(self, entry: ChunkEntry) -> None:
+        """Mark `entry` recently used (it was reused without a lookup)."""
+        if entry.key in self._entries:
+            self._entries.move_to_end(entry.key)
+
+    def load_rows(self, entry: ChunkEntry, at: int, n: int) -> ChunkKV:
+        """Copy rows at..at+n-1 of an entry out of the pool."""
+        slots = entry.slots[at : at + n]
+        k = self.cache.k.index_select(1, slots)  # [L, n, H_kv, D]
+        v = self.cache.v.index_select(1, slots)  # [L, n, H_kv, D]
+        self.touch(entry)
+        return ChunkKV(k, v, entry.positions[at : at + n])
+
+    def tokens_of(self, origin: str) -> int:
+        return sum(len(e.ids) for e in self._entries.values() if e.origin == origin)
 
     def load(self, entry: ChunkEntry) -> ChunkKV:
         """Copy an entry's rows out of the pool."""
@@ -136,6 +162,8 @@ class ChunkStore:
         entry = ChunkEntry(key, ids, slots, kv.positions.clone(), origin)
         self._entries[key] = entry
         self._n_slots += n
+        self.version += 1
+        self._origin_versions[origin] += 1
         return entry
 
     def forget_origin(self, origin: str) -> int:
@@ -153,6 +181,11 @@ class ChunkStore:
             freed += self._evict_one()
         return freed
 
+    def drop(self, entry: ChunkEntry) -> None:
+        """Remove `entry` (if still stored), freeing its slots."""
+        if self._entries.get(entry.key) is entry:
+            self._drop(entry.key)
+
     def clear(self) -> None:
         for key in list(self._entries):
             self._drop(key)
@@ -164,6 +197,8 @@ class ChunkStore:
 
     def _drop(self, key: bytes) -> int:
         entry = self._entries.pop(key)
+        self.version += 1
+        self._origin_versions[entry.origin] += 1
         self.cache.free(entry.slots)
         self._n_slots -= entry.slots.numel()
         return entry.slots.numel()

@@ -22,6 +22,7 @@ import torch
 
 from engine.api import Completion, EngineError, EngineInfo, EngineStats, InfillRequest
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
+from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
 from engine.loading import load_engine
 from engine.prompting import PromptBuilder, RequestSink, fit_to_context
@@ -49,6 +50,9 @@ class LocalEngine:
         quant: str | None = None,
         check_integrity: bool = False,
         retain_documents: int = 4,
+        warm_chunk_tokens: int = 64,
+        idle_grace: float = 0.25,
+        document_share: float = 0.5,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -77,6 +81,10 @@ class LocalEngine:
             self.model,
             self.cache,
             chunk_tokens=chunk_tokens,
+            warm_chunk_tokens=warm_chunk_tokens,
+            idle_grace=idle_grace,
+            header=tuple(self.template.bos_ids),
+            chunk_store_fraction=document_share,
             check_integrity=check_integrity,
             retain_documents=retain_documents,
             retained_budget_bytes=retained_budget,
@@ -84,6 +92,9 @@ class LocalEngine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._by_key: dict[str, LocalHandle] = {}
+        self._warming: dict[str, LocalHandle] = {}  # background requests, by key
+        # Most tokens of one document's pieces kept: half the chunk store's share of the pool.
+        self.document_cap_tokens = max(1, int(self.cache.n_slots * document_share / 2))
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="efim-engine", daemon=True)
         self._thread.start()
@@ -107,7 +118,9 @@ class LocalEngine:
         )
 
     def submit(self, request: InfillRequest) -> LocalHandle:
-        """Queue `request`; a running request with the same key is cancelled first."""
+        """Queue `request`; a running request with the same key and priority is cancelled
+        first (a foreground request ends its document's warm-up in the scheduler instead,
+        keeping what the warm-up computed)."""
         if not isinstance(request, InfillRequest):
             raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
         sampler = Sampler(request.temperature, request.top_p, request.seed)  # ValueError for bad params
@@ -119,23 +132,38 @@ class LocalEngine:
             sampler=sampler,
             max_tokens=request.max_tokens,
             cache=request.cache,
+            background=request.background,
         )
         handle.sequence = seq
+        live = self._warming if request.background else self._by_key
         with self._lock:
             if self._closed:
                 raise EngineError("engine is closed")
-            old = self._by_key.get(request.key)
+            old = live.get(request.key)
             if old is not None and not old.done:
                 old.cancel()
-            self._by_key[request.key] = handle
+            live[request.key] = handle
             self.scheduler.submit(seq)
         return handle
 
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        """Background: keep the KV of `text`'s pieces (see `engine.document_kv`), nearest
+        `cursor` first, at most `document_cap_tokens` of them; "" forgets the document.
+        Thread-safe and immediate: cutting and tokenizing happen on the engine thread."""
+        if not isinstance(text, str) or not isinstance(key, str):
+            raise TypeError("warm_document(key: str, text: str, cursor: int)")
+        cursor = min(max(int(cursor), 0), len(text))
+        self.scheduler.plan_document(
+            DocumentPass(key, text, cursor, self.tokenizer.encode_uncached, self.document_cap_tokens)
+        )
+
     def _on_finished(self, handle: LocalHandle, completion: Completion) -> None:
         with self._lock:
-            key = handle.sequence.key if handle.sequence else None
-            if key is not None and self._by_key.get(key) is handle:
-                del self._by_key[key]
+            seq = handle.sequence
+            if seq is not None:
+                live = self._warming if seq.background else self._by_key
+                if live.get(seq.key) is handle:
+                    del live[seq.key]
 
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
@@ -154,6 +182,12 @@ class LocalEngine:
             cache_bytes_used=used,
             cache_bytes_free=free,
             cache_bytes_total=used + free,
+            warm_requests=c.warm_requests,
+            warm_completed=c.warm_completed,
+            warm_cancelled=c.warm_cancelled,
+            warm_prefilled_tokens=c.warm_prefilled_tokens,
+            warm_ms=round(c.warm_seconds * 1e3, 1),
+            document_tokens=self.scheduler.document_tokens(),
         )
 
     def count_tokens(self, text: str) -> int:

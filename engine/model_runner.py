@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.blend import blend_sequence, previous_spans
+from engine.document_kv import DocumentIndex, covered_rows, document_spans, span_ranges
 from engine.cache import MatchResult, RadixCache
 from engine.chunks import ChunkStore
 from engine.retained import RetainedSequence
@@ -68,22 +69,36 @@ class ModelRunner:
             self.cache.gather(match.slots[have:reuse], kv, have)
         seq.kv, seq.n_valid, seq.reused = kv, reuse, reuse
 
-    def prefill_chunk(self, seq: Sequence) -> PrefillOut:
-        """Compute the next prompt rows: up to `chunk_tokens`, or — when the sequence blends —
-        the whole rest in one CacheBlend pass (it is the cheap part). Raises
-        `engine.blend.BlendCancelled` when the sequence is cancelled mid-blend."""
+    def add_document_spans(self, seq: Sequence, index: DocumentIndex | None, reuse: int) -> int:
+        """Add to `seq.blend_spans` the runs of its local segments found in the document's
+        stored pieces (rows >= `reuse`, not already covered); returns the rows covered."""
+        if index is not None and len(index):
+            seq.blend_spans = [
+                *seq.blend_spans,
+                *document_spans(
+                    self.chunk_store, index, seq.tokens, seq.blend.segments, reuse, span_ranges(seq.blend_spans)
+                ),
+            ]
+        return covered_rows([s for s in seq.blend_spans if s.start >= reuse])
+
+    def prefill_chunk(self, seq: Sequence, limit: int | None = None, preempted=None) -> PrefillOut:
+        """Compute the next prompt rows: up to `limit` (default `chunk_tokens`), or — when the
+        sequence blends — the whole rest in one CacheBlend pass (it is the cheap part).
+        Raises `engine.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
+        when `preempted()` turns true between layers (a background sequence giving way)."""
         lo = seq.n_valid
         if seq.blend is not None:
             hi, last = seq.n_prompt, True
+            stop = (lambda: seq.cancelled or preempted()) if preempted is not None else (lambda: seq.cancelled)
             out = blend_sequence(
                 self.model, self.chunk_store, seq.tokens[:hi], seq.kv, lo, seq.blend, seq.blend_spans,
-                cancelled=lambda: seq.cancelled,
+                cancelled=stop,
             )
             logits, seq.blend, seq.blend_spans = out.logits, None, ()
             seq.reused += out.reused
             seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
         else:
-            hi = min(seq.n_prompt, lo + self.chunk_tokens)
+            hi = min(seq.n_prompt, lo + (limit or self.chunk_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
             logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]

@@ -61,7 +61,10 @@ class PromptBuilder:
         ids = fit_to_context(enc, room)
         healing = enc.healing
         # CacheBlend needs the chunks' rows as rendered: a prompt cut to fit is prefilled normally.
-        blend = blend_request(req, enc, self.template) if req.context == "blend" and len(ids) == len(enc.ids) else None
+        wants = (req.context == "blend" or req.document_kv) and req.cache and len(ids) == len(enc.ids)
+        blend = (
+            blend_request(req, enc, self.template, chunks=req.context == "blend", local=req.document_kv) if wants else None
+        )
         if healing is None:
             return BuiltPrompt(Prompt(ids, blend=blend), 0)
         return BuiltPrompt(Prompt(ids, healing.allowed_ids, 1, blend=blend), len(healing.removed_bytes))

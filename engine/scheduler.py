@@ -20,6 +20,16 @@ Per sequence:
 3. decode: one step per loop iteration for all decoding sequences together.
 4. finish: unpin, keep the KV for the document, count, tell the sink.
 
+Background work (docs/design.md, "After a jump") runs only when no foreground sequence is
+queued, prefilling or decoding: first background sequences (warm-ups: a window prefilled
+where the user just moved, in chunks of `warm_chunk_tokens`; a CacheBlend warm-up gives
+way between layers when a foreground request of another document arrives, and starts
+again later), then — after `idle_grace` seconds without foreground work — the documents'
+pieces (`engine.background.DocumentWork`), one chunk a step. A foreground request of a
+document ends that document's background sequence at admission (its rows stay: committed
+to the radix cache and retained), so the request starts from them. A request therefore
+waits for at most one background chunk (or one layer of a blend).
+
 Contracts:
 - `submit` and `cancel` are thread-safe and never block on model work.
 - A cancel takes effect before the next chunk or decode step of that sequence.
@@ -39,9 +49,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.api import FinishReason
+from engine.background import DocumentWork
 from engine.blend import BlendCancelled
 from engine.cache import RadixCache, common_prefix_len
 from engine.chunks import ChunkStore
+from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence
 from engine.sequence import Prompt, Sequence, TokenSink
@@ -59,6 +71,17 @@ class Counters:
     reused_tokens: int = 0
     prefilled_tokens: int = 0
     generated_tokens: int = 0
+    # Background sequences and document pieces (not counted above).
+    warm_requests: int = 0
+    warm_completed: int = 0
+    warm_cancelled: int = 0
+    warm_prefilled_tokens: int = 0
+    warm_seconds: float = 0.0
+
+
+# A local-only CacheBlend is kept when the document's KV covers at least this share of the
+# rows still to compute; below it a plain prefill costs about the same.
+MIN_LOCAL_COVERAGE = 0.5
 
 
 class Scheduler:
@@ -73,10 +96,23 @@ class Scheduler:
         retain_documents: int = 4,
         retained_budget_bytes: int | None = None,
         check_integrity: bool = False,
+        warm_chunk_tokens: int = 64,
+        idle_grace: float = 0.25,
+        header: tuple[int, ...] = (),
+        chunk_store_fraction: float = 0.5,
     ) -> None:
         self.cache = cache
-        self.chunk_store = ChunkStore(cache)  # CacheBlend's chunk KV, in held slots of the same pool
+        # CacheBlend's chunk KV and the documents' pieces, in held slots of the same pool.
+        self.chunk_store = ChunkStore(cache, max_fraction=chunk_store_fraction)
         self.runner = ModelRunner(model, cache, self.chunk_store, chunk_tokens=chunk_tokens)
+        self.warm_chunk_tokens = warm_chunk_tokens
+        self.idle_grace = idle_grace
+        self.documents = DocumentWork(model, self.chunk_store, header, chunk_tokens=warm_chunk_tokens)
+        self._plans: collections.deque[DocumentPass] = collections.deque()  # from any thread
+        self._indexes: dict[str, DocumentIndex] = {}
+        self._last_foreground = 0.0  # perf_counter when foreground work last ran
+        # Tests set a list here to read the order of engine steps: (what, key, background).
+        self.trace: list[tuple[str, str, bool]] | None = None
         # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
         self.check_after_steps = check_integrity  # debugging: check every store whenever idle
@@ -108,6 +144,12 @@ class Scheduler:
         with self._cond:
             self._cond.notify()
 
+    def plan_document(self, work: DocumentPass) -> None:
+        """Make `work` its document's background pass (thread-safe; an empty text forgets)."""
+        with self._cond:
+            self._plans.append(work)
+            self._cond.notify()
+
     def forget_chunks(self, origin: str) -> None:
         """Drop the chunk KV that came from `origin` (a file that changed) at the next step."""
         self._forget.append(origin)
@@ -131,16 +173,48 @@ class Scheduler:
             self._cond.notify()
 
     def idle(self) -> bool:
-        """No sequence queued, running, or in the middle of a step."""
+        """No sequence queued, running, or in the middle of a step (background pieces may
+        still be pending: they never delay a request by more than one chunk)."""
         return not self._stepping and not self._inbox and not self._prefilling and not self._decoding
+
+    def background_pending(self) -> bool:
+        """Document passes or pieces still to compute (best-effort read from any thread)."""
+        return bool(self._plans) or self.documents.pending()
+
+    def document_tokens(self) -> int:
+        """Tokens of document pieces kept (a best-effort read from any thread)."""
+        try:
+            return sum(self.chunk_store.tokens_of(key) for key in list(self.documents.origins))
+        except RuntimeError:  # the store changed under the read
+            return 0
+
+    def _foreground_busy(self) -> bool:
+        return any(not s.background for s in (*self._prefilling, *self._decoding))
+
+    def _foreground_waiting(self, key: str | None = None) -> bool:
+        """A foreground request of another document than `key` waits in the inbox."""
+        with self._cond:
+            return any(not s.background and s.key != key for s in self._inbox)
+
+    def _wait_seconds(self) -> float | None:
+        """How long the loop may sleep: None (until woken) when there is nothing at all,
+        0 when there is work now, else until the idle grace for document pieces is over."""
+        if self._inbox or self._prefilling or self._decoding or self._plans or self._when_idle:
+            return 0.0
+        if not self.documents.pending():
+            return None
+        return max(0.0, self._last_foreground + self.idle_grace - time.perf_counter())
 
     # ------------------------------------------------------------ engine thread
     def run(self) -> None:
         """Loop until `close()`; then cancel whatever is left."""
         while True:
             with self._cond:
-                while not (self._closed or self._inbox or self._prefilling or self._decoding or self._when_idle):
-                    self._cond.wait()
+                while not self._closed:
+                    wait = self._wait_seconds()
+                    if wait == 0.0:
+                        break
+                    self._cond.wait(wait)
                 if self._closed:
                     break
             try:
@@ -169,12 +243,21 @@ class Scheduler:
                     self._finish(seq, "cancelled")
             while self._forget:
                 self.chunk_store.forget_origin(self._forget.popleft())
+            while self._plans:
+                self.documents.plan(self._plans.popleft())
             while (seq := self._next_arrival()) is not None:
                 self._guard(seq, self._admit)
-            if self._prefilling:
-                self._guard(self._prefilling[0], self._prefill)
+            foreground = [s for s in self._prefilling if not s.background]
+            if foreground:
+                self._guard(foreground[0], self._prefill)
             if self._decoding:
                 self._decode()
+            if foreground or self._decoding:
+                self._last_foreground = time.perf_counter()
+            elif self._prefilling:  # background sequences only
+                self._guard(self._prefilling[0], self._prefill)
+            elif self.documents.pending() and time.perf_counter() >= self._last_foreground + self.idle_grace:
+                self._document_step()
         finally:
             self._stepping = False
         if self.idle():
@@ -215,9 +298,20 @@ class Scheduler:
             self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------ admission
+    def _note(self, what: str, key: str, background: bool) -> None:
+        if self.trace is not None:
+            self.trace.append((what, key, background))
+
     def _admit(self, seq: Sequence) -> None:
+        self._note("admit", seq.key, seq.background)
         seq.t_admit = time.perf_counter()
-        self.counters.requests += 1
+        if seq.background:
+            self.counters.warm_requests += 1
+        else:
+            self.counters.requests += 1
+            self._last_foreground = seq.t_admit
+            for warm in [s for s in self._prefilling if s.background and s.key == seq.key]:
+                self._finish(warm, "cancelled")  # its rows stay (committed, retained) for this request
         if seq.cancelled:
             self._finish(seq, "cancelled")
             return
@@ -237,7 +331,36 @@ class Scheduler:
         wants_blend = seq.cache and prompt.blend is not None and prompt.blend.wanted(reuse)
         seq.blend = prompt.blend if wants_blend else None
         self.runner.load_kv(seq, prev, have, match, reuse)
+        if seq.blend is not None and seq.blend.local:
+            covered = self.runner.add_document_spans(seq, self._document_index(seq.key), reuse)
+            if not seq.blend.has_units_after(reuse) and covered < MIN_LOCAL_COVERAGE * (seq.n_prompt - reuse):
+                seq.blend, seq.blend_spans = None, ()  # too little of the window is stored: prefill it
         self._prefilling.append(seq)
+
+    def _document_index(self, key: str) -> DocumentIndex | None:
+        """The n-gram index of `key`'s stored pieces (rebuilt when they changed)."""
+        index = self._indexes.get(key)
+        if index is None or index.stale(self.chunk_store):
+            if not self.chunk_store.version_of(key):
+                self._indexes.pop(key, None)
+                return None
+            index = self._indexes[key] = DocumentIndex(self.chunk_store, key)
+        return index
+
+    def _document_step(self) -> None:
+        self._note("piece", "", True)
+        try:
+            done = self.documents.step()
+        except Exception:  # background work must never take the engine down
+            log.exception("document piece prefill failed; dropping the pending passes")
+            self.documents = DocumentWork(
+                self.runner.model, self.chunk_store, self.documents.header, chunk_tokens=self.warm_chunk_tokens
+            )
+            return
+        self.counters.warm_prefilled_tokens += done.tokens
+        self.counters.warm_seconds += done.seconds
+        for key in [k for k in self._indexes if self._indexes[k].stale(self.chunk_store)]:
+            del self._indexes[key]  # rebuilt on the next request that needs it
 
     # ------------------------------------------------------------ prefill
     def _prefill(self, seq: Sequence) -> None:
@@ -246,11 +369,21 @@ class Scheduler:
         if reason == "deadline":
             self._finish(seq, reason)
             return
+        self._note("prefill", seq.key, seq.background)
+        t0 = time.perf_counter()
         try:
-            out = self.runner.prefill_chunk(seq)
+            if seq.background:
+                out = self.runner.prefill_chunk(
+                    seq, self.warm_chunk_tokens, preempted=lambda: self._foreground_waiting(seq.key)
+                )
+            else:
+                out = self.runner.prefill_chunk(seq)
         except BlendCancelled:
-            self._finish(seq, "cancelled")
-            return
+            seq.compute_s += time.perf_counter() - t0
+            if seq.cancelled or not seq.background:
+                self._finish(seq, "cancelled")
+            return  # a background blend gave way: it starts again when the engine is free
+        seq.compute_s += time.perf_counter() - t0
         if seq.cache:
             self._commit(seq)
         if not out.last:
@@ -323,6 +456,16 @@ class Scheduler:
             self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid]))
         seq.kv = None
         c = self.counters
+        if seq.background:
+            c.warm_cancelled += reason == "cancelled"
+            c.warm_completed += reason != "cancelled"
+            c.warm_prefilled_tokens += seq.prefilled
+            c.warm_seconds += seq.compute_s
+            try:
+                seq.sink.on_finish(reason, seq.stats(time.perf_counter()), error)
+            except Exception:
+                log.exception("finishing request %d failed", seq.request_id)
+            return
         if reason == "cancelled":
             c.cancelled += 1
         elif reason == "error":

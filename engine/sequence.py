@@ -53,6 +53,7 @@ class Sequence:
     sampler: Sampler
     max_tokens: int
     cache: bool = True  # False: reuse nothing, store nothing (the no-cache baseline)
+    background: bool = False  # a warm-up: runs only while no foreground sequence waits or runs
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # any thread may set it; honoured before the next chunk / decode step
     # --- engine-thread state
@@ -70,7 +71,8 @@ class Sequence:
     t_admit: float = 0.0
     t_first: float = 0.0
     blend: Any = None  # engine.blend.BlendRequest, while the prompt still has to be blended
-    blend_spans: Any = ()  # local segments found in the document's previous sequence
+    blend_spans: Any = ()  # local segments found in the document's previous sequence (and stored pieces)
+    compute_s: float = 0.0  # seconds of model work spent on this sequence (background accounting)
 
     def start(self, prompt: Prompt) -> None:
         """Take the prompt the sink rendered (admission)."""

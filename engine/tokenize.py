@@ -209,11 +209,16 @@ class SegmentTokenizer:
             return tuple(full[m:]) if full[:m] == self._marker_ids else tuple(self._raw(text))
         return tuple(self._raw(text))
 
+    def encode_uncached(self, text: str) -> tuple[int, ...]:
+        """Ids of `text` on its own, like `encode_text`, bypassing the LRU (for bulk text
+        such as a document's pieces, which would evict the prompt segments it keeps)."""
+        return self._encode(text, False) if text else ()
+
     def encode_pieces(self, pieces: Sequence[str]) -> list[int]:
         """Concatenated ids of each piece tokenized on its own, exactly as `encode_text`
         tokenizes a segment, without the LRU (safe from any thread): fragment tokenization
         for training goes through here, so training sees serving's segment ids."""
-        return [i for piece in pieces if piece for i in self._encode(piece, False)]
+        return [i for piece in pieces for i in self.encode_uncached(piece)]
 
     def count(self, text: str) -> int:
         """Tokens `text` takes when tokenized on its own. Safe from any thread (it does

@@ -123,6 +123,7 @@ class FakeEngine:
         self.count_calls = 0
         self.closed = False
         self.forgotten: list[str] = []
+        self.document_warms: list[tuple[str, int, int]] = []
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -173,6 +174,9 @@ class FakeEngine:
             if time.monotonic() > end:
                 raise TimeoutError("fake engine still busy")
             time.sleep(0.001)
+
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        self.document_warms.append((key, len(text), cursor))
 
     def close(self) -> None:
         self.closed = True

@@ -1,0 +1,138 @@
+"""Background work of the engine thread: computing documents' pieces while nothing else runs.
+
+`DocumentWork` holds the latest `DocumentPass` of every document (`Engine.warm_document`)
+and does it one small step at a time: a step prefills at most `chunk_tokens` tokens of
+one piece on a private sequence; a piece whose ids are complete goes into the
+`ChunkStore` under its document's key. The scheduler calls `step()` only when no
+foreground sequence is queued or running, so a request waits for at most one step.
+
+Contracts:
+- Nothing here runs unless the scheduler calls `step()`; `step()` never raises for a
+  piece it cannot store (a full pool): it drops that document's pass and says so.
+- A newer pass of the same document replaces the older at once; the piece in flight is
+  finished only if the new pass still wants it. An empty text forgets the document:
+  its pass and its stored pieces.
+- Pieces of a document that its newest pass no longer has (edited away) are dropped
+  from the store when that pass completes.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any, NamedTuple
+
+import torch
+
+from engine.document_kv import DocumentPass
+
+log = logging.getLogger(__name__)
+
+
+class _InFlight(NamedTuple):
+    key: str
+    ids: tuple[int, ...]
+    kv: Any  # SequenceKV of header + ids
+    done: int  # rows of kv computed (header included)
+
+
+class StepResult(NamedTuple):
+    tokens: int  # tokens prefilled by this step
+    seconds: float
+
+
+class DocumentWork:
+    """Documents' passes, most recently asked first; one piece prefilled at a time."""
+
+    def __init__(self, model: Any, store: Any, header: tuple[int, ...] = (), chunk_tokens: int = 64) -> None:
+        if chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        self.model = model
+        self.store = store
+        self.header = tuple(header)
+        self.chunk_tokens = chunk_tokens
+        self._passes: collections.OrderedDict[str, DocumentPass] = collections.OrderedDict()
+        self._inflight: _InFlight | None = None
+        self.origins: set[str] = set()  # documents with pieces in the store
+        self.pieces_stored = 0
+        self.tokens_prefilled = 0
+        self.seconds = 0.0
+
+    # ------------------------------------------------------------ engine thread
+    def plan(self, work: DocumentPass) -> None:
+        """Make `work` the document's pass (most recent first); an empty text forgets it."""
+        self._passes.pop(work.key, None)
+        if not work.text:
+            if self._inflight is not None and self._inflight.key == work.key:
+                self._inflight = None
+            self.store.forget_origin(work.key)
+            self.origins.discard(work.key)
+            return
+        self._passes[work.key] = work
+        self._passes.move_to_end(work.key, last=False)
+
+    def pending(self) -> bool:
+        return self._inflight is not None or bool(self._passes)
+
+    def step(self) -> StepResult:
+        """Prefill up to `chunk_tokens` tokens of the next missing piece (0 when done)."""
+        t0 = time.perf_counter()
+        if self._inflight is None:
+            self._inflight = self._next_piece()
+            if self._inflight is None:
+                return StepResult(0, 0.0)
+        key, ids, kv, done = self._inflight
+        full = (*self.header, *ids)
+        hi = min(len(full), done + self.chunk_tokens)
+        self.model.forward(torch.tensor(full[done:hi], dtype=torch.int64), kv, done, "none")  # [T] ids
+        n = hi - done
+        if hi < len(full):
+            self._inflight = _InFlight(key, ids, kv, hi)
+        else:
+            self._inflight = None
+            self._store(key, ids, kv)
+        dt = time.perf_counter() - t0
+        self.tokens_prefilled += n
+        self.seconds += dt
+        return StepResult(n, dt)
+
+    def _next_piece(self) -> _InFlight | None:
+        while self._passes:
+            key, work = next(iter(self._passes.items()))
+            for ids in work.ids_in_order():
+                if ids not in self.store:
+                    kv = self.model.new_kv(len(self.header) + len(ids))
+                    return _InFlight(key, ids, kv, 0)
+            self._complete(key, work)
+        return None
+
+    def _store(self, key: str, ids: tuple[int, ...], kv: Any) -> None:
+        work = self._passes.get(key)
+        if work is None or ids not in set(work.ids_in_order()):
+            return  # replaced or forgotten meanwhile
+        h, n = len(self.header), len(ids)
+        from engine.chunks import ChunkKV  # noqa: PLC0415
+
+        rows = ChunkKV(
+            kv.k[:, :, h : h + n].transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
+            kv.v[:, :, h : h + n].transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
+            torch.arange(h, h + n, dtype=torch.int64),
+        )
+        if self.store.add(ids, rows, key) is None:
+            log.info("document KV for %s: the pool has no room for more pieces; stopping its pass", key)
+            self._passes.pop(key, None)
+            return
+        self.pieces_stored += 1
+        self.origins.add(key)
+
+    def _complete(self, key: str, work: DocumentPass) -> None:
+        """The pass is done: drop its document's pieces it no longer has."""
+        self._passes.pop(key, None)
+        wanted = set(work.ids_in_order())
+        for entry in self.store.entries_of(key):
+            if entry.ids not in wanted:
+                self.store.drop(entry)
+
+
+__all__ = ["DocumentWork", "StepResult"]

@@ -1,0 +1,197 @@
+"""Whole-document KV: a file's text cut into stable pieces whose KV is computed once
+(in the background, nearest the cursor first) and found again wherever a new prompt
+window after a jump contains the same text (docs/design.md, "After a jump").
+
+Pieces: the text is cut at line starts, content-defined — a piece ends before a line
+that starts a top-level statement (no indentation) or follows a blank line, once it
+holds `min_chars`; and before any line once it holds `max_chars`. An edit therefore
+changes only the pieces it touches (and at most the next one): every other piece keeps
+its text, its token ids, and so its cached KV. Each piece is tokenized on its own and
+prefilled alone after the template's header (`engine.chunks.prefill_chunk`); its rows
+are kept in the `ChunkStore` with the document's key as their origin.
+
+Finding them again: a new prompt's local segments (prefix and suffix windows) are
+tokenized as whole segments, so a piece's ids match the prompt's ids everywhere except
+for a token or two at the piece's edges. `document_spans` finds runs of at least
+`MIN_RUN` tokens of the prompt in the document's pieces (an n-gram index per document,
+rebuilt when its pieces change) and returns them as `ReusedSpan`s; CacheBlend
+(`engine.blend.blend_prefill`) rotates their keys to the new positions and recomputes
+the rows that deviate most plus every row no piece covers.
+
+Everything here runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+from engine.blend import ReusedSpan
+from engine.cache import common_prefix_len
+
+MIN_RUN = 16  # shortest run of a piece reused in a prompt (shorter: cheap to recompute)
+PIECE_MIN_CHARS = 320
+PIECE_MAX_CHARS = 1200
+
+
+class Piece(NamedTuple):
+    """Characters start..end of a document's text (end exclusive; line-aligned)."""
+
+    start: int
+    end: int
+
+
+def cut_pieces(text: str, min_chars: int = PIECE_MIN_CHARS, max_chars: int = PIECE_MAX_CHARS) -> list[Piece]:
+    """The document's pieces, in order, covering all of `text` (see the module docstring).
+
+    Contract: boundaries depend only on the lines since the previous boundary, so an edit
+    inside one piece leaves every boundary before it, and every boundary after the next
+    anchor line, where it was."""
+    if not 0 < min_chars <= max_chars:
+        raise ValueError(f"need 0 < min_chars <= max_chars, got {min_chars}, {max_chars}")
+    pieces: list[Piece] = []
+    start = 0
+    pos = 0
+    prev_blank = False
+    n = len(text)
+    while pos < n:
+        nl = text.find("\n", pos)
+        end = n if nl < 0 else nl + 1
+        line = text[pos:end]
+        size = pos - start
+        anchor = bool(line) and (prev_blank or not line[0].isspace())
+        if size >= max_chars or (size >= min_chars and anchor):
+            pieces.append(Piece(start, pos))
+            start = pos
+        prev_blank = not line.strip()
+        pos = end
+    if start < n:
+        pieces.append(Piece(start, n))
+    return pieces
+
+
+def nearest_first(pieces: Sequence[Piece], cursor: int) -> list[int]:
+    """Indices of `pieces` ordered by distance from `cursor` (the piece holding it first)."""
+
+    def distance(i: int) -> int:
+        p = pieces[i]
+        return -1 if p.start <= cursor < p.end else min(abs(p.start - cursor), abs(p.end - cursor))
+
+    return sorted(range(len(pieces)), key=distance)
+
+
+class _Hit(NamedTuple):
+    entry: Any  # engine.chunks.ChunkEntry
+    at: int  # row inside the entry
+
+
+class DocumentIndex:
+    """N-gram index over the `ChunkStore` entries of one document (its origin).
+
+    `find(ids)` answers where a run of `MIN_RUN` ids occurs in the document's pieces.
+    The index is a snapshot: `stale(store)` tells when the store changed since."""
+
+    def __init__(self, store: Any, origin: str) -> None:
+        self.origin = origin
+        self.version = store.version_of(origin)
+        self._grams: dict[tuple[int, ...], _Hit] = {}
+        for entry in store.entries_of(origin):
+            ids = entry.ids
+            for i in range(len(ids) - MIN_RUN + 1):
+                self._grams.setdefault(ids[i : i + MIN_RUN], _Hit(entry, i))
+
+    def stale(self, store: Any) -> bool:
+        return store.version_of(self.origin) != self.version
+
+    def __len__(self) -> int:
+        return len(self._grams)
+
+    def find(self, gram: Sequence[int]) -> _Hit | None:
+        return self._grams.get(tuple(gram))
+
+
+def document_spans(
+    store: Any,
+    index: DocumentIndex,
+    ids: Sequence[int],
+    segments: Sequence[tuple[int, int]],
+    start: int = 0,
+    taken: Sequence[tuple[int, int]] = (),
+) -> list[ReusedSpan]:
+    """Spans for the rows >= `start` of `segments` of the prompt `ids` that occur in the
+    document's pieces, skipping rows already `taken` by other spans. Each run is anchored
+    on `MIN_RUN` ids and extended forwards as far as piece and prompt agree; the K/V are
+    copied out of the pool (`store.load_rows`)."""
+    blocked = sorted(taken)
+    spans: list[ReusedSpan] = []
+    for s, e in segments:
+        pos = max(s, start)
+        while e - pos >= MIN_RUN:
+            clash = next(((a, b) for a, b in blocked if a < pos + MIN_RUN and b > pos), None)
+            if clash is not None:
+                pos = clash[1]
+                continue
+            hit = index.find(ids[pos : pos + MIN_RUN])
+            if hit is None:
+                pos += 1
+                continue
+            limit = min(e, next((a for a, _b in blocked if a >= pos), e)) - pos
+            limit = min(limit, len(hit.entry.ids) - hit.at)
+            n = common_prefix_len(hit.entry.ids[hit.at : hit.at + limit], ids[pos : pos + limit])
+            k, v, positions = store.load_rows(hit.entry, hit.at, n)
+            spans.append(ReusedSpan(pos, k, v, positions))
+            pos += n
+    return spans
+
+
+def covered_rows(spans: Sequence[ReusedSpan]) -> int:
+    return sum(int(s.k.shape[1]) for s in spans)
+
+
+def span_ranges(spans: Sequence[ReusedSpan]) -> list[tuple[int, int]]:
+    return [(s.start, s.end) for s in spans]
+
+
+__all__ = [
+    "Piece",
+    "cut_pieces",
+    "nearest_first",
+    "DocumentIndex",
+    "document_spans",
+    "covered_rows",
+    "span_ranges",
+    "MIN_RUN",
+]
+
+
+class DocumentPass:
+    """The background work of one document: its pieces' token ids, nearest the cursor
+    first, made on demand on the engine thread (`tokenize` is the text layer's
+    segment tokenizer). `ids_in_order()` is computed once per pass."""
+
+    def __init__(self, key: str, text: str, cursor: int, tokenize: Any, max_tokens: int) -> None:
+        self.key = key
+        self.text = text
+        self.cursor = cursor
+        self._tokenize = tokenize
+        self.max_tokens = max_tokens  # most tokens of this document's pieces to keep
+        self._order: list[tuple[int, ...]] | None = None
+        self.done = False
+
+    def ids_in_order(self) -> list[tuple[int, ...]]:
+        """Token ids of the pieces to keep, nearest the cursor first, within `max_tokens`
+        (a file larger than that keeps the pieces around the cursor)."""
+        if self._order is None:
+            pieces = cut_pieces(self.text)
+            order: list[tuple[int, ...]] = []
+            total = 0
+            for i in nearest_first(pieces, self.cursor):
+                p = pieces[i]
+                ids = tuple(self._tokenize(self.text[p.start : p.end]))
+                if not ids:
+                    continue
+                if total + len(ids) > self.max_tokens:
+                    break
+                order.append(ids)
+                total += len(ids)
+            self._order = order
+        return self._order

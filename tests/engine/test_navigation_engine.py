@@ -1,0 +1,151 @@
+"""After a jump, on a tiny model: document pieces computed in the background, a window
+assembled from them by CacheBlend (exact at ratio 1.0 in fp32), background warm-ups that
+give way to requests within one chunk (the order of engine steps, not wall time), and a
+pool that stays consistent through a random jump/type/cancel script."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from engine.api import InfillRequest
+from engine.local import load_engine
+from tiny_models import stdlib_sources
+
+
+@pytest.fixture(scope="module")
+def text():
+    return stdlib_sources(("textwrap.py",))[0]
+
+
+@pytest.fixture()
+def engine(tiny_model_factory):
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True,
+        idle_grace=0.0, warm_chunk_tokens=32,
+    )
+    yield eng
+    eng.close()
+
+
+def _settle(eng, timeout=120.0):
+    end = time.monotonic() + timeout
+    while eng.scheduler.background_pending() or not eng.scheduler.idle():
+        assert time.monotonic() < end, "background work did not finish"
+        time.sleep(0.01)
+    eng.cache.check_integrity()
+    eng.scheduler.chunk_store.check_integrity()
+
+
+def _window(text, at, before=900, after=300):
+    start = text.rfind("\n", 0, max(0, at - before)) + 1
+    end = text.find("\n", at + after) + 1 or len(text)
+    return text[start:at], text[at:end]
+
+
+def _run(eng, **kw):
+    kw.setdefault("max_tokens", 8)
+    return eng.submit(InfillRequest(**kw)).result(120)
+
+
+def test_document_pieces_are_computed_in_the_background_and_forgotten(engine, text):
+    engine.warm_document("doc", text, len(text) // 2)
+    _settle(engine)
+    entries = engine.scheduler.chunk_store.entries_of("doc")
+    assert entries and engine.scheduler.document_tokens() == sum(len(e.ids) for e in entries)
+    assert engine.stats().document_tokens > 0 and engine.stats().warm_prefilled_tokens > 0
+    engine.warm_document("doc", "", 0)
+    _settle(engine)
+    assert engine.scheduler.chunk_store.entries_of("doc") == []
+
+
+def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one(engine, text):
+    engine.warm_document("doc", text, len(text) // 2)
+    _settle(engine)
+    at = text.index("def _split(")
+    prefix, suffix = _window(text, at)
+    full = _run(engine, key="full", prefix=prefix, suffix=suffix, cache=False)
+    exact = _run(engine, key="doc", prefix=prefix, suffix=suffix, document_kv=True, blend_ratio=1.0)
+    assert exact.text == full.text
+    # A jump elsewhere with the default ratio keeps most rows from the pieces.
+    at2 = text.index("def _wrap_chunks(")
+    p2, s2 = _window(text, at2)
+    blended = _run(engine, key="doc", prefix=p2, suffix=s2, document_kv=True, blend_ratio=0.15)
+    st = blended.stats
+    assert st.reused_tokens >= 0.5 * st.prompt_tokens, st
+    # Without the document's KV a window nobody computed before reuses next to nothing.
+    p3, s3 = _window(text, text.index("def dedent("))
+    plain = _run(engine, key="other", prefix=p3, suffix=s3, document_kv=False)
+    assert plain.stats.reused_tokens < 0.1 * plain.stats.prompt_tokens
+    _settle(engine)
+
+
+def test_a_request_starts_within_one_background_chunk(engine, text):
+    trace: list = []
+    engine.scheduler.trace = trace
+    at = text.index("def fill(")
+    prefix, suffix = _window(text, at, before=2400, after=600)
+    warm = engine.submit(InfillRequest(key="warm", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+    end = time.monotonic() + 60
+    while sum(1 for t in trace if t == ("prefill", "warm", True)) < 2:
+        assert time.monotonic() < end
+        time.sleep(0.001)
+    fg = engine.submit(InfillRequest(key="fg", prefix="def f(x):\n    return", suffix="\n", max_tokens=4))
+    fg.result(60)
+    warm.result(120)
+    admit = trace.index(("admit", "fg", False))
+    first_fg = trace.index(("prefill", "fg", False))
+    between = [t for t in trace[admit:first_fg] if t[2]]
+    assert between == []  # admitted, then computed before any more background work
+    before_admit = [i for i, t in enumerate(trace[:admit]) if t == ("prefill", "warm", True)]
+    assert before_admit and trace.index(("prefill", "fg", False)) > before_admit[-1]
+    assert warm.result().finish_reason == "length"  # it finished its prefill afterwards
+    _settle(engine)
+
+
+def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
+    at = text.index("def fill(")
+    prefix, suffix = _window(text, at, before=2400, after=600)
+    trace: list = []
+    engine.scheduler.trace = trace
+    warm = engine.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+    end = time.monotonic() + 60
+    while sum(1 for t in trace if t == ("prefill", "doc", True)) < 3:
+        assert time.monotonic() < end
+        time.sleep(0.001)
+    real = engine.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, increment="x", max_tokens=4)).result(60)
+    assert warm.result(60).finish_reason == "cancelled"
+    assert warm.result().stats.prefilled_tokens >= 3 * 32
+    assert real.stats.reused_tokens >= warm.result().stats.prefilled_tokens  # started from the warm-up's rows
+    _settle(engine)
+
+
+def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
+    rng = random.Random(7)
+    doc = text
+    handles = []
+    for step in range(40):
+        at = rng.randrange(200, len(doc) - 200)
+        prefix, suffix = _window(doc, at, before=rng.randrange(100, 1500), after=rng.randrange(50, 400))
+        kind = rng.random()
+        if kind < 0.3:
+            handles.append(engine.submit(InfillRequest(key="d", prefix=prefix, suffix=suffix, max_tokens=0, background=True)))
+        elif kind < 0.6:
+            h = engine.submit(InfillRequest(key="d", prefix=prefix, suffix=suffix, increment="se", max_tokens=3, document_kv=True))
+            handles.append(h)
+            if rng.random() < 0.5:
+                time.sleep(rng.random() * 0.02)
+                h.cancel()
+        elif kind < 0.8:
+            cut = rng.randrange(len(doc) - 50)
+            doc = doc[:cut] + "y = 2\n" + doc[cut:]
+            engine.warm_document("d", doc, at)
+        else:
+            time.sleep(rng.random() * 0.05)
+    for h in handles:
+        h.result(120)
+    _settle(engine)
+    stats = engine.stats()
+    assert stats.cache_bytes_used <= stats.cache_bytes_total

@@ -1,0 +1,97 @@
+"""Warm-ahead in the completion pipeline: cursor signals become background warm-ups
+whose prompt is exactly the prefix the first request there renders (fake engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from efim_lsp.completer import WARM_SETTLE_SECONDS, Answer
+
+from lsp_fakes import FakeEngine, render
+from test_completer import SRC, URI, Rig
+
+SETTLE = WARM_SETTLE_SECONDS * 4
+
+
+def _warmups(engine: FakeEngine):
+    return [r for r in engine.requests if r.background]
+
+
+async def test_a_cursor_signal_warms_exactly_the_prompt_the_next_request_extends():
+    rig = await Rig(FakeEngine(lambda r: "pass\n")).start()
+    target = SRC.index("return x")
+    rig.completer.cursor_moved(URI, target)
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert warm.max_tokens == 0 and warm.key == URI and warm.increment == ""
+    rig.edit(target, target, "y")
+    answer = await rig.complete(target + 1)
+    assert isinstance(answer, Answer)
+    real = rig.engine.requests[-1]
+    assert not real.background and real.increment == "y"
+    assert render(real).startswith(render(warm))  # the warm-up's prompt is an exact prefix
+    assert rig.stats.warm_submitted == 1
+
+
+async def test_a_flood_of_cursor_signals_costs_one_warm_up_at_the_last_position():
+    rig = await Rig(FakeEngine()).start()
+    for k in range(100):
+        rig.completer.cursor_moved(URI, k % len(SRC))
+    last = 99 % len(SRC)
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert len(warm.prefix) == last  # prefix window = text before the last cursor (small file)
+
+
+async def test_no_warm_up_where_the_live_session_already_is_or_for_unknown_documents():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    rig.completer.cursor_moved(URI, cursor)
+    rig.completer.cursor_moved("file:///not-open.py", 3)
+    await asyncio.sleep(SETTLE)
+    assert _warmups(rig.engine) == []
+
+
+async def test_a_request_right_after_the_signal_replaces_the_warm_up():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    rig.completer.cursor_moved(URI, cursor)
+    await rig.complete(cursor)  # arrives before the signal settled
+    await asyncio.sleep(SETTLE)
+    assert _warmups(rig.engine) == []
+
+
+async def test_settings_turn_warm_ahead_and_document_kv_off():
+    rig = await Rig(FakeEngine(), warmAhead=False, documentKv=False).start()
+    rig.completer.cursor_moved(URI, 5)
+    await asyncio.sleep(SETTLE)
+    assert _warmups(rig.engine) == [] and rig.engine.document_warms == []
+    on = await Rig(FakeEngine(), warmAhead=False, documentKv=True).start()
+    on.completer.cursor_moved(URI, 5)
+    await asyncio.sleep(SETTLE)
+    assert _warmups(on.engine) == []
+    assert (URI, len(SRC), 5) in on.engine.document_warms
+    await on.complete(5)
+    assert on.engine.requests[-1].document_kv  # requests may assemble from the document's KV
+
+
+async def test_an_edit_away_from_the_session_warms_where_it_ends():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    at = SRC.index("import os") + len("import os")
+    rig.edit(at, at, ", sys")  # above the session: it ends (an edit in the prefix window)
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert warm.prefix.endswith("import os, sys")
+
+
+async def test_closing_a_document_cancels_its_pending_warm_up_and_forgets_its_pieces():
+    rig = await Rig(FakeEngine()).start()
+    rig.completer.cursor_moved(URI, 5)
+    rig.docs.close(URI)
+    rig.completer.closed(URI)
+    await asyncio.sleep(SETTLE)
+    assert _warmups(rig.engine) == []
+    assert rig.engine.document_warms[-1] == (URI, 0, 0)
