@@ -3,7 +3,7 @@
 It wires the pieces: the text side (`engine.prompting`: template, segment tokenizer,
 fit to context, streamed text), the handle callers hold (`engine.handle`), and the
 scheduler that owns the engine thread (`engine.scheduler`, token ids and tensors only).
-`load_engine` (`engine.loading`, re-exported here) builds one from a model name or path.
+`load_engine` builds one from a model name or path (loading itself: `engine.loading`).
 
 Threads: `submit()` runs on the caller's thread and only enqueues; rendering and
 tokenization run on the engine thread (an unchanged prefix/suffix is a dict lookup in
@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 
@@ -24,7 +25,7 @@ from engine.api import Completion, EngineError, EngineInfo, EngineStats, InfillR
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
-from engine.loading import load_engine
+from engine.loading import load_model_for_engine
 from engine.prompting import PromptBuilder, RequestSink, fit_to_context
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
@@ -225,6 +226,28 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def load_engine(
+    model: str | Path = "default",
+    *,
+    dtype: str | None = None,
+    quant: str | None = None,
+    fim_tokens: str = "auto",
+    kv_budget: int | str | None = None,
+    threads: int | None = None,
+    adapter: Path | str | None = "auto",
+    fragment_trained: bool | None = None,
+    **engine_options,
+) -> LocalEngine:
+    """Load `model` with its adapter (`engine.loading.load_model_for_engine`: what `adapter`
+    and `fragment_trained` mean) and start an engine on it; `engine_options` go to
+    `LocalEngine`."""
+    got = load_model_for_engine(
+        model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, threads=threads, adapter=adapter,
+        fragment_trained=fragment_trained,
+    )
+    return LocalEngine(got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant, **engine_options)
 
 
 __all__ = ["LocalEngine", "LocalHandle", "load_engine", "fit_to_context"]
