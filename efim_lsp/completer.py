@@ -3,7 +3,7 @@
     request ─▶ version/sync checks ─▶ typing-through ─▶ edit session (segments)
             ─▶ InfillRequest ─▶ engine handle (streamed) ─▶ shape ─▶ Answer
 
-Cancellation (issue 3): a newer request on the same document, or any change to
+Cancellation: a newer request on the same document, or any change to
 the document, supersedes the request in flight — its engine handle is cancelled
 at once and it answers nothing. An asyncio cancellation (pygls does this for
 `$/cancelRequest`) cancels the engine handle too. An answer is only ever for

@@ -126,7 +126,8 @@ def fit_to_context(enc: Encoded, budget: int) -> list[int]:
     Why the suffix's far end goes before the prefix: while the increment grows by a
     token per keystroke, cutting one more suffix token (next to the middle sentinel)
     keeps every prefix token — and its cached KV — in place, whereas cutting the
-    prefix's left shifts the whole prompt and invalidates all of it."""
+    prefix's left shifts the whole prompt and invalidates all of it (docs/design.md,
+    "Prefix stability")."""
     ids = enc.ids
     budget = max(budget, 1)
     excess = len(ids) - budget

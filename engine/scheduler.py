@@ -1,6 +1,6 @@
 """The engine thread's loop: admit, order, step and finish sequences — token ids only.
 
-The pipeline, one noun a module: a request becomes a `Sequence` (`engine.sequence`); the
+The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes a `Sequence` (`engine.sequence`); the
 scheduler admits it against the radix cache (`engine.cache`) and the document's retained
 KV (`engine.retained`), and asks the `ModelRunner` (`engine.model_runner`) for one prefill
 chunk or one batched decode step at a time. Text lives behind each sequence's `TokenSink`

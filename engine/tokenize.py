@@ -2,7 +2,8 @@
 
 - `SegmentTokenizer.encode(segments)` tokenizes every text segment on its own and
   concatenates the ids (sentinels are ids already). A segment's ids therefore never
-  change when a later segment grows — the property EFIM's KV reuse rests on.
+  change when a later segment grows — the property EFIM's KV reuse rests on
+  (docs/design.md, "Prefix stability").
   Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
   tokenized as plain text, never as the special token.
 - Token healing: when the last text segment ends inside an identifier ("retu") and

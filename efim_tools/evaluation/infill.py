@@ -17,7 +17,7 @@ rule — the last token is dropped and the first generated token must start with
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import torch
 
@@ -39,9 +39,20 @@ class Infill(NamedTuple):
     finish: Literal["newline", "eos", "length", "stop"]
 
 
-class Completer:
+class Infiller(Protocol):
+    """What the benchmarks call: `TransformersInfiller` or `EngineInfiller`."""
+
+    name: str
+
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill: ...
+
+
+class TransformersInfiller:
+    """Greedy infills from a transformers model with serving's prompts (see the module docstring)."""
+
     def __init__(self, em: EvalModel, max_prompt_tokens: int = 1536):
         self.em = em
+        self.name = em.name
         self.max_prompt_tokens = max_prompt_tokens
         tok = em.tokenizer
         self.prompts = PromptBuilder(detect_template(tok), SegmentTokenizer(tok), fragment_trained=False)
@@ -110,7 +121,7 @@ class Completer:
         return Infill(body, len(ids), len(generated), healing is not None, finish)
 
 
-class EngineCompleter:
+class EngineInfiller:
     """The same `complete` contract through the product engine (`engine.local`): the
     merged model folder is loaded by the engine's loader and the request goes through its
     template detection, per-segment tokenization, healing and stop rules. Differences:
@@ -142,4 +153,4 @@ class EngineCompleter:
         self.engine.close()
 
 
-__all__ = ["Completer", "EngineCompleter", "Infill", "Format"]
+__all__ = ["Infiller", "TransformersInfiller", "EngineInfiller", "Infill", "Format"]
