@@ -3,7 +3,7 @@
     request ─▶ version/sync checks ─▶ typing-through ─▶ edit session (segments)
             ─▶ InfillRequest ─▶ engine handle (streamed) ─▶ shape ─▶ Answer
 
-Cancellation (issue 3): a newer request on the same document, or any change to
+Cancellation: a newer request on the same document, or any change to
 the document, supersedes the request in flight — its engine handle is cancelled
 at once and it answers nothing. An asyncio cancellation (pygls does this for
 `$/cancelRequest`) cancels the engine handle too. An answer is only ever for
@@ -69,9 +69,12 @@ class Declined(NamedTuple):
 
 
 class ContextSource(Protocol):
-    """Cross-file context for a request (the CacheBlend engineer's `efim_lsp/context/`)."""
+    """Cross-file context for a request (`efim_lsp.context.source.WorkspaceContext`)."""
 
     def chunks(self, uri: str, text: str, cursor: int, settings: Settings) -> Sequence[ContextChunk]: ...
+
+    def status(self) -> dict[str, object]:
+        """Index counters for `efim/stats` ("context")."""
 
 
 class _Streamed(NamedTuple):

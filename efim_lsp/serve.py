@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter:
         defaults["adapter"] = args.adapter
     observer = _recorder(args.record) if args.record else None
-    from efim_lsp.context.source import WorkspaceContext  # cross-file context (issue 6); idle while `context` is off
+    from efim_lsp.context.source import WorkspaceContext  # cross-file context; idle while `context` is off
 
     context = WorkspaceContext()
     server = build_server(engine_factory(args), message_observer=observer, defaults=defaults, context_source=context)

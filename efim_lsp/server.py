@@ -9,8 +9,9 @@ Custom protocol:
 - `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`), `model`
   (state, info) and `context` (index status, when a context source is attached);
   params `{"reset": true}` zero them after answering (benchmarks measure phases).
-- `efim/debug/checkIntegrity` (request) → `{ok, engine, sessions}`: the engine's
-  KV pool integrity check (when the engine has one) and every edit session's.
+- `efim/debug/checkIntegrity` (request) → `{ok, engine, problems}`: the engine's KV
+  integrity check (radix cache, chunk store, retained KV; run on the engine thread when it
+  is idle) and every edit session's consistency with its document.
 - `efim/didMoveCursor` (notification, client → server): `{textDocument: {uri}, position}`
   where the cursor is now, sent by our clients (debounced) when it moves without an edit
   and when a document becomes the active one; the server warms the window there in the
@@ -30,6 +31,8 @@ from typing import Any
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
+
+from engine.api import Engine
 
 from efim_lsp import settings as settings_mod
 from efim_lsp.completer import Answer, Completer, ContextSource
@@ -51,6 +54,7 @@ DID_MOVE_CURSOR = "efim/didMoveCursor"
 ACCEPTED_COMMAND = "efim.accepted"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
+INTEGRITY_TIMEOUT_S = 30.0  # how long efim/debug/checkIntegrity waits for the engine to be idle
 
 _LABEL_CHARS = 60
 
@@ -145,6 +149,21 @@ class EfimServer(LanguageServer):
             log.info("client did not create a progress token (%s); loading without progress reports", exc)
             return None
         return _LspProgress(self, token)
+
+    # -- what the context source reads (efim_lsp.context.source.ContextHost) ---
+    def workspace_folders(self) -> list[str]:
+        workspace = self.workspace
+        uris = list(workspace.folders or {})
+        if not uris and workspace.root_uri:
+            uris = [workspace.root_uri]
+        return uris
+
+    def open_documents(self) -> list[tuple[str, int, str]]:
+        docs = ((uri, self.documents.get(uri)) for uri in self.documents.uris())
+        return [(uri, doc.version, doc.text) for uri, doc in docs if doc is not None]
+
+    def context_engine(self) -> Engine | None:
+        return self.slot.engine
 
     # -- positions -------------------------------------------------------------
     def cursor_offset(self, uri: str, position: types.Position) -> int:
@@ -385,10 +404,10 @@ def build_server(
         engine = ls.slot.engine
         engine_stats = engine.stats() if engine is not None else None
         extra: dict[str, Any] = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
-        context_status = getattr(ls.completer.context_source, "status", None)
-        if context_status is not None:
+        context_source = ls.completer.context_source
+        if context_source is not None:
             try:
-                extra["context"] = context_status()
+                extra["context"] = context_source.status()
             except Exception:  # counters are informative; never fail the stats request
                 log.exception("context status failed")
         out = ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
@@ -403,47 +422,22 @@ def build_server(
             session, doc = ls.completer.session(uri), ls.documents.get(uri)
             if session is not None and doc is not None and doc.in_sync and not session.consistent(doc.text):
                 problems.append(f"edit session of {uri} does not match the text")
-        engine_report: Any = "not loaded"
+        engine_report = "not loaded"
         engine = ls.slot.engine
         if engine is not None:
-            check = _integrity_check(engine)
-            if check is None:
-                engine_report = "the engine has no integrity check"
+            try:  # on the engine thread, between steps, once it is idle (engine.api thread map)
+                await asyncio.wait_for(asyncio.wrap_future(engine.check_integrity()), INTEGRITY_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                engine_report = f"not checked: the engine was not idle within {INTEGRITY_TIMEOUT_S:g} s"
+                problems.append(f"engine: {engine_report}")
+            except Exception as exc:  # AssertionError from a store's invariants
+                engine_report = f"FAILED: {type(exc).__name__}: {exc}"
+                problems.append(f"engine: {exc}")
             else:
-                try:
-                    result = await asyncio.get_running_loop().run_in_executor(None, check)
-                except Exception as exc:  # AssertionError from the pool's invariants
-                    engine_report = f"FAILED: {type(exc).__name__}: {exc}"
-                    problems.append(f"engine: {exc}")
-                else:
-                    engine_report = "ok" if result in (None, True) else result
-                    if result is False:
-                        problems.append("engine: integrity check returned False")
-        return {"ok": not problems, "engine": _jsonable(engine_report), "problems": problems}
+                engine_report = "ok"
+        return {"ok": not problems, "engine": engine_report, "problems": problems}
 
     return server
-
-
-def _integrity_check(engine: Any):
-    """The engine's KV-pool integrity check as a blocking callable, or None.
-
-    Prefers `engine.check_integrity()`; otherwise (the local engine today) waits until
-    the engine is idle and checks its radix cache, which must not be checked mid-step.
-    """
-    check = getattr(engine, "check_integrity", None)
-    if callable(check):
-        return check
-    cache = getattr(engine, "cache", None)
-    if cache is None or not callable(getattr(cache, "check_integrity", None)):
-        return None
-
-    def run() -> None:
-        wait_idle = getattr(engine, "wait_idle", None)
-        if callable(wait_idle):
-            wait_idle(30.0)
-        cache.check_integrity()
-
-    return run
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -462,13 +456,3 @@ def _info_dict(info) -> dict[str, Any] | None:
 
     return msgspec.to_builtins(info)
 
-
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool, list, dict)):
-        return value
-    try:
-        import msgspec
-
-        return msgspec.to_builtins(value)
-    except Exception:
-        return str(value)

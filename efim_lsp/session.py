@@ -1,4 +1,4 @@
-"""Edit sessions: the EFIM part of the server (DESIGN.md §2.4).
+"""Edit sessions: the EFIM part of the server (docs/design.md, "Prefix stability").
 
 Per document a session holds a base prefix P, a base suffix S and the
 increment `inc` typed since the session began. While it lives,

@@ -1,6 +1,6 @@
 """Suggestion post-processing: from a raw generation to the text shown as ghost text.
 
-Rules (issue 3, "Suggestions"):
+Rules:
 - Mode. `multiline="auto"`: one line when the cursor has code to its right or
   sits mid-line; a block when the cursor ends a line that opens one (`:`, `{`,
   `(`, `[`) or sits on an empty line inside one. `never` / `always` force it.

@@ -3,7 +3,7 @@
 After a suggestion `g` is shown at offset `start`, the characters the user
 types at the cursor are followed edit by edit. While they are exactly a prefix
 of `g` (and nothing else in the document changed), the answer to the next
-request is the rest of `g`, at once and without the engine (DESIGN.md §2.3).
+request is the rest of `g`, at once and without the engine (docs/design.md, "Data flow").
 Any other edit — a change elsewhere, a cursor that left the typed run, a
 character that differs from the suggestion — forgets the suggestion.
 """

@@ -8,7 +8,7 @@ longer fits, the start jumps forward to the first grid line that leaves
 Why: the prefix window's tokens open every prompt; as long as its start stays
 put the engine's radix cache serves them, while any move of the start makes
 every token behind it new — a full prefill, the latency tail EFIM exists to
-remove.
+remove (docs/design.md, "Prefix stability").
 
 The suffix window ends at the last whole line within budget. It is not
 snapped: the suffix begins at the cursor, so a rebase changes it anyway.

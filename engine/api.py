@@ -1,9 +1,8 @@
 """The engine's public boundary: plain-data request/response types and the Engine protocol.
 
-Nothing here knows about LSP, editors or file systems; nothing below this module
-knows about strings (see STYLE.md: "an engine that knows no tokenizer" — the
-layer that renders templates and tokenizes lives in `engine.local`, one level
-above the scheduler, which sees only token ids).
+Nothing here knows about LSP, editors or file systems; nothing below the text layer
+(`engine.prompting`, one level above the scheduler) knows about strings: the scheduler,
+cache and model see token ids and tensors only (docs/design.md, "Layering").
 
 Contracts callers rely on:
 - `Engine.submit` never blocks on model work; it returns a `CompletionHandle` at once.
@@ -11,10 +10,35 @@ Contracts callers rely on:
 - A handle always ends with exactly one terminal `StreamEvent` (kind "done" or "error");
   `Completion.finish_reason` says why it ended.
 - `InfillRequest` contains strings and numbers only, so it can cross threads and processes.
+
+Thread map (the served process; docs/design.md, "Threads"):
+- asyncio event loop (pygls handlers, the completer): `Engine.submit`, `info`, `stats`,
+  `count_tokens`, `forget_context`, `warm_document`, `CompletionHandle.cancel` / `wait`, and awaiting
+  `check_integrity()`'s future (`asyncio.wrap_future`). Never `result`, `events`,
+  `wait_idle` or `close` — they block.
+- stream pumps (one executor thread per streamed request, `efim_lsp.completer`):
+  `CompletionHandle.events()` (blocking iteration) and `cancel`.
+- engine thread ("efim-engine", one per `LocalEngine`): the scheduler loop — the radix
+  cache, chunk store, retained KV, model runner and every `TokenSink` call (prompt
+  rendering and tokenization included). Nothing else touches those; other threads reach
+  them only through `submit`, `cancel`, `forget_context`, `warm_document` and
+  `check_integrity`, which enqueue work for it; background warm-ups run there too, between
+  (and preempted by) requests.
+- context worker ("efim-context", `efim_lsp.context.gatherer`): indexes files, calls
+  `count_tokens` (which does not touch the engine thread's tokenizer LRU) and, through the
+  gatherer's invalidation listeners, `forget_context` when a file's chunks change.
+- file watcher ("efim-watch", `efim_lsp.context.watcher`): only reports changed paths to
+  the gatherer; it calls nothing in the engine.
+- model loader (an executor thread, `efim_lsp.engine_slot`): the engine factory
+  (`engine.local.load_engine`: torch import, weights, the engine thread's start) and, when
+  an engine is replaced or the server exits, the old engine's `close()`.
+- tests, benchmarks and offline tools may call anything from their own thread, including
+  the blocking `result`, `events`, `wait_idle` and `close`.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Iterator, Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -34,7 +58,7 @@ class ContextChunk(msgspec.Struct, frozen=True):
 class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One completion at a cursor.
 
-    Segments, as the edit session defines them (DESIGN.md §2.4):
+    Segments, as the edit session defines them (docs/design.md, "Prefix stability"):
     `text == prefix + increment + suffix` around the cursor, the cursor right after
     `increment`. `format="efim"` renders `PRE prefix SUF suffix MID increment`;
     `format="fim"` renders `PRE prefix+increment SUF suffix MID`; `format="prefix"`
@@ -165,7 +189,21 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     def count_tokens(self, text: str) -> int:
-        """Tokens `text` takes when tokenized on its own (for window budgets)."""
+        """Tokens `text` takes when tokenized on its own (for window budgets). Any thread."""
+
+    def forget_context(self, path: str) -> None:
+        """The file `path` (a `ContextChunk.path`) changed: drop its chunks' cached KV.
+        Any thread; never blocks; takes effect before the engine's next step."""
+
+    def check_integrity(self) -> Future[None]:
+        """Check every KV store's invariants on the engine thread, between steps, once no
+        request is queued or running. The future resolves with None, or fails with the
+        AssertionError naming the broken invariant (or RuntimeError once closed). Any
+        thread; never blocks — bound the wait on the future."""
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Block until no request is queued or running (TimeoutError after `timeout` s).
+        For tests, benchmarks and tools; never from the event loop."""
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         """Background: compute and keep the KV of `text`'s pieces (the document `key`),

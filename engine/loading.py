@@ -1,4 +1,9 @@
-"""`load_engine`: a model (by name or path), its adapter, and a `LocalEngine` started on it.
+"""Loading what an engine runs: a model by name or path, with its FIM adapter merged.
+
+`load_model_for_engine` resolves the adapter ("auto": the shipped one for the default
+model, when marked ready), loads and merges, sets torch's thread count, and says whether
+the model was fragment-trained (token healing off). `engine.local.load_engine` starts a
+`LocalEngine` on the result.
 
 Runs on the caller's thread — in the server, the model loader thread — and takes seconds
 (torch import, weights, adapter merge); nothing here runs on the engine thread.
@@ -7,35 +12,33 @@ Runs on the caller's thread — in the server, the model loader thread — and t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple
 
 import torch
 
 from engine.api import EngineError
 
-if TYPE_CHECKING:
-    from engine.local import LocalEngine
+
+class EngineModel(NamedTuple):
+    loaded: Any  # engine.model.loader.LoadedModel
+    fragment_trained: bool  # healing off by default
 
 
-def load_engine(
+def load_model_for_engine(
     model: str | Path = "default",
     *,
     dtype: str | None = None,
     quant: str | None = None,
     fim_tokens: str = "auto",
-    kv_budget: int | str | None = None,
     threads: int | None = None,
     adapter: Path | str | None = "auto",
     fragment_trained: bool | None = None,
-    **engine_options,
-) -> "LocalEngine":
-    """Load `model` (see `engine.model.loader.load_model`) and start an engine on it.
-    `adapter`: "auto" (the shipped FIM adapter for the default model, when marked ready),
-    "none", or a LoRA file/folder (`engine.adapters.resolve_adapter`). `fragment_trained`
-    (token healing off) defaults to what the merged adapter's config says
-    (`engine.adapters.adapter_heals`); without an adapter, healing is on."""
+) -> EngineModel:
+    """Load `model` (see `engine.model.loader.load_model`). `adapter`: "auto" (the shipped
+    FIM adapter for the default model, when marked ready), "none", or a LoRA file/folder
+    (`engine.adapters.resolve_adapter`). `fragment_trained` defaults to what the merged
+    adapter's config says (`engine.adapters.adapter_heals`); without an adapter, healing is on."""
     from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
-    from engine.local import LocalEngine  # noqa: PLC0415  (engine.local re-exports this function)
     from engine.model.loader import load_model  # noqa: PLC0415
 
     if threads is not None:
@@ -46,7 +49,7 @@ def load_engine(
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen)
     if fragment_trained is None:
         fragment_trained = chosen is not None and not adapter_heals(chosen)
-    return LocalEngine(loaded, kv_budget=kv_budget, fragment_trained=fragment_trained, quant=quant, **engine_options)
+    return EngineModel(loaded, fragment_trained)
 
 
-__all__ = ["load_engine"]
+__all__ = ["EngineModel", "load_model_for_engine"]

@@ -3,7 +3,7 @@
 It wires the pieces: the text side (`engine.prompting`: template, segment tokenizer,
 fit to context, streamed text), the handle callers hold (`engine.handle`), and the
 scheduler that owns the engine thread (`engine.scheduler`, token ids and tensors only).
-`load_engine` (`engine.loading`, re-exported here) builds one from a model name or path.
+`load_engine` builds one from a model name or path (loading itself: `engine.loading`).
 
 Threads: `submit()` runs on the caller's thread and only enqueues; rendering and
 tokenization run on the engine thread (an unchanged prefix/suffix is a dict lookup in
@@ -16,6 +16,8 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 
@@ -23,7 +25,7 @@ from engine.api import Completion, EngineError, EngineInfo, EngineStats, InfillR
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
-from engine.loading import load_engine
+from engine.loading import load_model_for_engine
 from engine.prompting import PromptBuilder, RequestSink, fit_to_context
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
@@ -61,9 +63,7 @@ class LocalEngine:
         self.fragment_trained = fragment_trained
         self.prompts = PromptBuilder(self.template, self.tokenizer, fragment_trained=fragment_trained)
         self.quant = quant
-        # Any special token ends a completion: code never contains one, and a model that
-        # emits `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too.
-        self.end_ids = frozenset(cfg.eos_ids) | self.template.stop_ids | self.tokenizer.vocab.special_ids
+        self.end_ids = self.prompts.end_ids(cfg.eos_ids)
         budget = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
         # One budget for all KV: the pool gets 3/4, the retained per-document KV
         # (contiguous copies the model computes in, kept so the next keystroke of the same
@@ -199,6 +199,11 @@ class LocalEngine:
         (CacheBlend). Thread-safe; takes effect at the engine's next step."""
         self.scheduler.forget_chunks(path)
 
+    def check_integrity(self) -> Future[None]:
+        """The radix cache's, chunk store's and retained KV's invariants, checked on the
+        engine thread once it is idle (`Scheduler.check_integrity`). Never blocks."""
+        return self.scheduler.run_when_idle(self.scheduler.check_integrity)
+
     def close(self, timeout: float = 10.0) -> None:
         """Stop the engine thread; running requests end "cancelled". Idempotent."""
         with self._lock:
@@ -208,7 +213,8 @@ class LocalEngine:
             self._thread.join(timeout)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
-        """Block until no request is queued or running (for tests and benchmarks)."""
+        """Block until no request is queued or running (tests, benchmarks, tools; never
+        from the event loop)."""
         end = time.monotonic() + timeout
         while not self.scheduler.idle():
             if time.monotonic() > end:
@@ -220,6 +226,28 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def load_engine(
+    model: str | Path = "default",
+    *,
+    dtype: str | None = None,
+    quant: str | None = None,
+    fim_tokens: str = "auto",
+    kv_budget: int | str | None = None,
+    threads: int | None = None,
+    adapter: Path | str | None = "auto",
+    fragment_trained: bool | None = None,
+    **engine_options,
+) -> LocalEngine:
+    """Load `model` with its adapter (`engine.loading.load_model_for_engine`: what `adapter`
+    and `fragment_trained` mean) and start an engine on it; `engine_options` go to
+    `LocalEngine`."""
+    got = load_model_for_engine(
+        model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, threads=threads, adapter=adapter,
+        fragment_trained=fragment_trained,
+    )
+    return LocalEngine(got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant, **engine_options)
 
 
 __all__ = ["LocalEngine", "LocalHandle", "load_engine", "fit_to_context"]

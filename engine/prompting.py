@@ -13,7 +13,7 @@ in the segment tokenizer's LRU), so `submit` never waits on tokenization.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import msgspec
 
@@ -38,6 +38,12 @@ class PromptBuilder:
         self.template = template
         self.tokenizer = tokenizer
         self.fragment_trained = fragment_trained  # healing off by default: the model saw word fragments
+
+    def end_ids(self, model_eos: Iterable[int]) -> frozenset[int]:
+        """Tokens that end a completion: the model's EOS, the template's sentinels and
+        stops, and any special token (code never contains one, and a model that emits
+        `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too)."""
+        return frozenset(model_eos) | self.template.stop_ids | self.tokenizer.vocab.special_ids
 
     def encode(self, req: InfillRequest) -> Encoded:
         """The whole prompt, uncut: rendered segments tokenized one by one (healed unless the
@@ -120,7 +126,8 @@ def fit_to_context(enc: Encoded, budget: int) -> list[int]:
     Why the suffix's far end goes before the prefix: while the increment grows by a
     token per keystroke, cutting one more suffix token (next to the middle sentinel)
     keeps every prefix token — and its cached KV — in place, whereas cutting the
-    prefix's left shifts the whole prompt and invalidates all of it."""
+    prefix's left shifts the whole prompt and invalidates all of it (docs/design.md,
+    "Prefix stability")."""
     ids = enc.ids
     budget = max(budget, 1)
     excess = len(ids) - budget

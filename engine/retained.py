@@ -55,6 +55,16 @@ class RetainedKV:
         """Bytes held by the kept KV (outside the pool, inside the engine's KV budget)."""
         return sum(kv_bytes(s.kv) for s in list(self._by_key.values()))
 
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the store keeps within its count and byte limits and
+        every entry's ids fit the rows of its KV."""
+        assert len(self._by_key) <= self.max_entries, f"{len(self._by_key)} entries kept, limit {self.max_entries}"
+        if self.budget_bytes is not None:
+            assert self.nbytes() <= self.budget_bytes, f"retained KV {self.nbytes()} B over its budget {self.budget_bytes} B"
+        for key, seq in self._by_key.items():
+            assert seq.kv.k.shape == seq.kv.v.shape, f"k and v of {key!r} disagree"
+            assert 0 < len(seq.ids) <= seq.kv.capacity, f"{key!r}: {len(seq.ids)} ids in {seq.kv.capacity} rows"
+
     def __len__(self) -> int:
         return len(self._by_key)
 

@@ -1,6 +1,6 @@
 """The engine thread's loop: admit, order, step and finish sequences — token ids only.
 
-The pipeline, one noun a module: a request becomes a `Sequence` (`engine.sequence`); the
+The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes a `Sequence` (`engine.sequence`); the
 scheduler admits it against the radix cache (`engine.cache`) and the document's retained
 KV (`engine.retained`), and asks the `ModelRunner` (`engine.model_runner`) for one prefill
 chunk or one batched decode step at a time. Text lives behind each sequence's `TokenSink`
@@ -44,8 +44,9 @@ import collections
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from engine.api import FinishReason
 from engine.background import DocumentWork
@@ -114,7 +115,7 @@ class Scheduler:
         self.trace: list[tuple[str, str, bool]] | None = None
         # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
-        self.check_integrity = check_integrity
+        self.check_after_steps = check_integrity  # debugging: check every store whenever idle
         self.counters = Counters()
         self._inbox: collections.deque[Sequence] = collections.deque()
         self._cond = threading.Condition()
@@ -122,6 +123,7 @@ class Scheduler:
         self._prefilling: list[Sequence] = []
         self._decoding: list[Sequence] = []
         self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
+        self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stepping = False
 
     @property
@@ -151,6 +153,19 @@ class Scheduler:
     def forget_chunks(self, origin: str) -> None:
         """Drop the chunk KV that came from `origin` (a file that changed) at the next step."""
         self._forget.append(origin)
+
+    def run_when_idle(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the engine thread between steps, once no sequence is queued or running;
+        the future gets its result or exception (RuntimeError when the engine closes first;
+        a future cancelled before then is skipped)."""
+        fut: Future = Future()
+        with self._cond:
+            if not self._closed:
+                self._when_idle.append((fn, fut))
+                self._cond.notify()
+                return fut
+        fut.set_exception(RuntimeError("engine is closed"))
+        return fut
 
     def close(self) -> None:
         with self._cond:
@@ -184,7 +199,7 @@ class Scheduler:
     def _wait_seconds(self) -> float | None:
         """How long the loop may sleep: None (until woken) when there is nothing at all,
         0 when there is work now, else until the idle grace for document pieces is over."""
-        if self._inbox or self._prefilling or self._decoding or self._plans:
+        if self._inbox or self._prefilling or self._decoding or self._plans or self._when_idle:
             return 0.0
         if not self.documents.pending():
             return None
@@ -211,6 +226,10 @@ class Scheduler:
         for seq in list(self._inbox) + self._prefilling + self._decoding:
             self._finish(seq, "cancelled")
         self._inbox.clear()
+        while self._when_idle:
+            _, fut = self._when_idle.popleft()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(RuntimeError("engine is closed"))
 
     def step(self) -> None:
         """One unit of work: drop cancelled sequences, admit new ones, one prefill chunk of
@@ -241,9 +260,31 @@ class Scheduler:
                 self._document_step()
         finally:
             self._stepping = False
-        if self.check_integrity and self.idle():
-            self.cache.check_integrity()
-            self.chunk_store.check_integrity()
+        if self.idle():
+            if self.check_after_steps:
+                self.check_integrity()
+            self._run_idle_work()
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless the radix cache, the chunk store and the retained KV
+        each hold their invariants. Engine thread only, between steps (other threads:
+        `run_when_idle(scheduler.check_integrity)`)."""
+        self.cache.check_integrity()
+        self.chunk_store.check_integrity()
+        self.retained.check_integrity()
+
+    def _run_idle_work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._when_idle:
+                    return
+                fn, fut = self._when_idle.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as exc:  # handed to the waiter, who reports it
+                fut.set_exception(exc)
 
     def _next_arrival(self) -> Sequence | None:
         with self._cond:

@@ -3,7 +3,8 @@
 A template turns an `InfillRequest` into an ordered tuple of `Segment`s: sentinel
 tokens as ids, text as strings. `engine.tokenize` tokenizes every text segment on its
 own and concatenates the ids, so a segment's ids never depend on the segments after
-it — that is what lets an EFIM prompt be an exact token prefix of the next keystroke's.
+it — that is what lets an EFIM prompt be an exact token prefix of the next keystroke's
+(docs/design.md, "Prefix stability").
 
 Layouts (P = prefix, S = suffix, I = increment, C = context chunks):
 
@@ -159,13 +160,16 @@ FAMILIES: tuple[_Family, ...] = (
 PREFIX_ONLY = "prefix-only"
 
 
-def detect_template(tokenizer: Tokenizer) -> FimTemplate:
+def detect_template(tokenizer: Tokenizer, family: str | None = None) -> FimTemplate:
     """The first family in `FAMILIES` whose sentinels are all in `tokenizer`'s vocabulary;
     a prefix-only template when none matches. StarCoder1's `<filename>` stands in for
-    `<file_sep>` when only it exists."""
+    `<file_sep>` when only it exists. `family` (a family name) considers only that
+    family: training picks its layout's family even when a tokenizer has both."""
     tid = tokenizer.token_to_id
     bos_ids = bos_ids_of(tokenizer)
     for fam in FAMILIES:
+        if family is not None and fam.name != family:
+            continue
         needed = [fam.prefix, fam.suffix, *([fam.middle] if fam.middle else []), *fam.requires]
         if any(tid(t) is None for t in needed):
             continue

@@ -2,7 +2,8 @@
 
 - `SegmentTokenizer.encode(segments)` tokenizes every text segment on its own and
   concatenates the ids (sentinels are ids already). A segment's ids therefore never
-  change when a later segment grows — the property EFIM's KV reuse rests on.
+  change when a later segment grows — the property EFIM's KV reuse rests on
+  (docs/design.md, "Prefix stability").
   Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
   tokenized as plain text, never as the special token.
 - Token healing: when the last text segment ends inside an identifier ("retu") and
@@ -213,6 +214,12 @@ class SegmentTokenizer:
         """Ids of `text` on its own, like `encode_text`, bypassing the LRU (for bulk text
         such as a document's pieces, which would evict the prompt segments it keeps)."""
         return self._encode(text, False) if text else ()
+
+    def encode_pieces(self, pieces: Sequence[str]) -> list[int]:
+        """Concatenated ids of each piece tokenized on its own, exactly as `encode_text`
+        tokenizes a segment, without the LRU (safe from any thread): fragment tokenization
+        for training goes through here, so training sees serving's segment ids."""
+        return [i for piece in pieces for i in self.encode_uncached(piece)]
 
     def count(self, text: str) -> int:
         """Tokens `text` takes when tokenized on its own. Safe from any thread (it does

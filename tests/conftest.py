@@ -1,4 +1,4 @@
-"""Shared fixtures. Append new shared fixtures at the end of this file (several engineers use it).
+"""Shared fixtures. Append new shared fixtures at the end of this file (tests of several packages use it).
 
 Tiny models: `tiny_model_dir` is the llama-family tiny model (SmolLM2-like, tied
 embeddings, FIM tokens). Parametrise the architecture indirectly:

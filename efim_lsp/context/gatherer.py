@@ -11,7 +11,8 @@ identifiers around the cursor stay close to those it was chosen for (Jaccard ≥
 `STABLE_JACCARD`), the caller's `anchor` (e.g. the edit session's rebase count) is
 unchanged, and the index has not changed since (a file edited elsewhere, or indexing
 still in progress: a selection made from a half-built index must not stick). Typing in one place therefore keeps
-the same chunks in the same order, which keeps the prompt prefix — and its KV — stable.
+the same chunks in the same order, which keeps the prompt prefix — and its KV — stable
+(docs/design.md, "Prefix stability").
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from engine.api import ContextChunk
 from efim_lsp.context.chunking import CHUNK_LINES, Chunk, identifiers, split_chunks, sub_chunk
 from efim_lsp.context.ranking import ChunkIndex, jaccard
 from efim_lsp.context.watcher import WorkspaceWatcher
-from efim_lsp.context.workspace import Workspace, is_text
+from efim_lsp.context.workspace import ContextFolder, is_text
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class ContextGatherer:
         self.index = ChunkIndex()
         self._count_tokens = count_tokens
         self._token_cache: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._workspaces: dict[Path, Workspace] = {}
+        self._workspaces: dict[Path, ContextFolder] = {}
         self._open: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._selections: dict[str, Selection] = {}
@@ -109,14 +110,14 @@ class ContextGatherer:
     def set_workspaces(self, roots: list[Path | str]) -> None:
         """Index exactly these folders (added ones are scanned in the background; removed
         ones are forgotten, except their documents that are open)."""
-        wanted: dict[Path, Workspace] = {}
+        wanted: dict[Path, ContextFolder] = {}
         with self._lock:
             for root in roots:
                 path = Path(os.path.abspath(root))
                 if path in self._workspaces:
                     wanted[path] = self._workspaces[path]
                 elif path.is_dir():
-                    wanted[path] = Workspace(path)
+                    wanted[path] = ContextFolder(path)
                 else:
                     log.warning("context: workspace folder %s is not a directory; skipped", path)
             removed = [w for p, w in self._workspaces.items() if p not in wanted]
@@ -335,7 +336,7 @@ class ContextGatherer:
                 except Exception:
                     log.exception("context: invalidation listener failed for %s", key)
 
-    def _workspace_of(self, key: str) -> Workspace | None:
+    def _workspace_of(self, key: str) -> ContextFolder | None:
         with self._lock:
             for workspace in self._workspaces.values():
                 if workspace.relative(key) is not None:
@@ -363,14 +364,14 @@ class ContextGatherer:
             finally:
                 self._tasks.task_done()
 
-    def _load_from_disk(self, workspace: Workspace, key: str) -> None:
+    def _load_from_disk(self, workspace: ContextFolder, key: str) -> None:
         with self._lock:
             if key in self._open:
                 return  # the editor's text wins while the document is open
         text = workspace.read(key)
         self._replace(key, split_chunks(key, text, self.chunk_lines) if text is not None else [])
 
-    def _scan(self, workspace: Workspace) -> None:
+    def _scan(self, workspace: ContextFolder) -> None:
         with self._lock:
             if self._workspaces.get(workspace.root) is not workspace:
                 return  # removed before its scan ran
@@ -387,7 +388,7 @@ class ContextGatherer:
                 self._replace(key, [])
         log.debug("context: indexed %d files of %s (%d chunks in all)", len(found), workspace.root, len(self.index))
 
-    def _forget(self, workspace: Workspace) -> None:
+    def _forget(self, workspace: ContextFolder) -> None:
         for key in self.index.paths():
             if workspace.relative(key) is not None and self._workspace_of(key) is None:
                 with self._lock:
@@ -396,7 +397,7 @@ class ContextGatherer:
                 self._replace(key, [])
 
     def _apply_changes(self, paths: set[str]) -> None:
-        rescans: list[Workspace] = []
+        rescans: list[ContextFolder] = []
         for raw in sorted(paths):
             key = document_key(raw)
             workspace = self._workspace_of(key)

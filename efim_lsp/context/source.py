@@ -1,21 +1,24 @@
 """`WorkspaceContext`: the completer's `ContextSource`, fed from a running server.
 
-At each request it brings a `ContextGatherer` up to date with the server — workspace
-folders (pygls' `workspace.folders`, or the root URI), the open documents (their exact
-text from the server's `DocumentStore`; a document that was closed keeps its chunks),
-the engine's tokenizer — and asks it for the chunks around the cursor. Nothing here
-runs on a timer and nothing needs an extra LSP handler: the server's own state is read
-when a completion needs context.
+At each request it brings a `ContextGatherer` up to date with its `ContextHost` (the
+server) — workspace folders, the open documents (their exact text; a document that was
+closed keeps its chunks), the engine's tokenizer — and asks it for the chunks around the
+cursor. Nothing here runs on a timer and nothing needs an extra LSP handler: the host is
+read when a completion needs context.
 
 File changes reach the engine too: whenever a file's chunks change (editor or disk), the
-engine is told to drop that file's chunk KV (`Engine.forget_context`, when it has one).
+engine is told to drop that file's chunk KV (`Engine.forget_context`).
+
+Threads: `chunks` runs on the event loop; invalidations arrive on the event loop (editor
+changes) or the context worker (disk changes) and call `forget_context`, which any thread
+may call (`engine.api` thread map).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterable, Protocol, Sequence
 
 from engine.api import ContextChunk
 
@@ -35,29 +38,50 @@ def uri_to_path(uri: str) -> str:
     return uri
 
 
+class ContextEngine(Protocol):
+    """The two engine calls the context source makes (a subset of `engine.api.Engine`)."""
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def forget_context(self, path: str) -> None: ...
+
+
+class ContextHost(Protocol):
+    """What the context source reads from the server (on the event loop, per request)."""
+
+    def workspace_folders(self) -> Sequence[str]:
+        """URIs of the workspace folders (the root URI when the client sent no folders)."""
+
+    def open_documents(self) -> Iterable[tuple[str, int, str]]:
+        """(uri, version, text) of every open document, as the server holds it."""
+
+    def context_engine(self) -> ContextEngine | None:
+        """The ready engine, or None while none is loaded."""
+
+
 class WorkspaceContext:
-    """ContextSource over a ContextGatherer. Call `bind(server)` once the server exists."""
+    """ContextSource over a ContextGatherer. Call `bind(host)` once the server exists."""
 
     def __init__(self, gatherer: ContextGatherer | None = None, *, watch: bool = True) -> None:
         self.gatherer = gatherer if gatherer is not None else ContextGatherer(watch=watch)
         self.gatherer.add_listener(self._invalidated)
-        self._server: Any = None
+        self._host: ContextHost | None = None
         self._seen: dict[str, tuple[int, int]] = {}  # uri -> (version, length) handed to the gatherer
         self._roots: tuple[str, ...] | None = None
-        self._engine: Any = None
+        self._engine: ContextEngine | None = None
         self._lock = threading.Lock()
 
-    def bind(self, server: Any) -> "WorkspaceContext":
-        self._server = server
+    def bind(self, host: ContextHost) -> "WorkspaceContext":
+        self._host = host
         return self
 
     # -- ContextSource ----------------------------------------------------------------
     def chunks(self, uri: str, text: str, cursor: int, settings: Any) -> Sequence[ContextChunk]:
         if settings.context == "off" or settings.context_chunks <= 0 or settings.context_tokens <= 0:
             return ()
-        if self._server is not None:
+        if self._host is not None:
             try:
-                self._sync(self._server)
+                self._sync(self._host)
             except Exception:  # context is an extra: a sync problem must not fail the completion
                 log.exception("context: syncing with the server failed")
         return self.gatherer.select(
@@ -72,38 +96,23 @@ class WorkspaceContext:
         self.gatherer.close()
 
     # -- syncing ----------------------------------------------------------------------
-    def _sync(self, server: Any) -> None:
+    def _sync(self, host: ContextHost) -> None:
         with self._lock:
-            self._sync_documents(server)  # first: a scan must not read an open document from disk
-            self._sync_roots(server)
-            self._sync_engine(server)
+            self._sync_documents(host)  # first: a scan must not read an open document from disk
+            self._sync_roots(host)
+            self._sync_engine(host)
 
-    def _sync_roots(self, server: Any) -> None:
-        workspace = server.workspace
-        uris = list(getattr(workspace, "folders", {}) or {})
-        if not uris and getattr(workspace, "root_uri", None):
-            uris = [workspace.root_uri]
-        roots = tuple(sorted(p for p in (uri_to_path(u) for u in uris) if "://" not in p))
+    def _sync_roots(self, host: ContextHost) -> None:
+        roots = tuple(sorted(p for p in (uri_to_path(u) for u in host.workspace_folders()) if "://" not in p))
         if roots != self._roots:
             self._roots = roots
             log.info("context: indexing %s", ", ".join(roots) or "no workspace folder")
             self.gatherer.set_workspaces(list(roots))
 
-    def _sync_documents(self, server: Any) -> None:
-        store = getattr(server, "documents", None)
-        if store is not None and callable(getattr(store, "uris", None)):
-            open_uris = set(store.uris())  # efim's DocumentStore: pygls keeps no copies there
-        else:
-            open_uris = set(getattr(server.workspace, "text_documents", {}) or {})
-        for uri in open_uris:
-            doc = store.get(uri) if store is not None else None
-            if doc is None:
-                pyg = server.workspace.text_documents.get(uri)
-                if pyg is None:
-                    continue
-                version, text = pyg.version or 0, pyg.source
-            else:
-                version, text = doc.version, doc.text
+    def _sync_documents(self, host: ContextHost) -> None:
+        open_uris: set[str] = set()
+        for uri, version, text in host.open_documents():
+            open_uris.add(uri)
             mark = (version, len(text))
             if self._seen.get(uri) != mark:
                 self._seen[uri] = mark
@@ -112,20 +121,19 @@ class WorkspaceContext:
             del self._seen[uri]
             self.gatherer.close_document(uri_to_path(uri))
 
-    def _sync_engine(self, server: Any) -> None:
-        engine = getattr(getattr(server, "slot", None), "engine", None)
+    def _sync_engine(self, host: ContextHost) -> None:
+        engine = host.context_engine()
         if engine is not self._engine:
             self._engine = engine
-            counter = getattr(engine, "count_tokens", None)
-            self.gatherer.set_token_counter(counter)
+            self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
 
     def _invalidated(self, key: str) -> None:
-        forget = getattr(self._engine, "forget_context", None)
-        if forget is not None:
+        engine = self._engine
+        if engine is not None:
             try:
-                forget(self.gatherer.display_path(key))
+                engine.forget_context(self.gatherer.display_path(key))
             except Exception:
                 log.exception("context: engine could not drop the chunk KV of %s", key)
 
 
-__all__ = ["WorkspaceContext", "uri_to_path"]
+__all__ = ["WorkspaceContext", "ContextHost", "ContextEngine", "uri_to_path"]

@@ -41,8 +41,10 @@ def is_text(text: str, max_bytes: int = MAX_FILE_BYTES) -> bool:
     return "\0" not in text[:8192] and len(text) <= max_bytes
 
 
-class Workspace:
-    """One workspace folder. Thread-safe (its only state is the ignore-rule cache)."""
+class ContextFolder:
+    """One workspace folder as a source of context files (not pygls' `Workspace`, the
+    LSP-side view of folders and documents). Thread-safe (its only state is the ignore-rule
+    cache)."""
 
     def __init__(self, root: Path, max_file_bytes: int = MAX_FILE_BYTES) -> None:
         self.root = Path(os.path.abspath(root))
@@ -107,4 +109,4 @@ class Workspace:
                 yield path
 
 
-__all__ = ["Workspace", "read_text_file", "is_text", "MAX_FILE_BYTES", "MAX_FILES"]
+__all__ = ["ContextFolder", "read_text_file", "is_text", "MAX_FILE_BYTES", "MAX_FILES"]

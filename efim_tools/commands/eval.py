@@ -51,10 +51,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     lines.set_defaults(func=run_lines)
 
 
-def _completer(args: argparse.Namespace):
+def _infiller(args: argparse.Namespace):
     import torch  # noqa: PLC0415
 
-    from efim_tools.evaluation.completer import Completer, EngineCompleter  # noqa: PLC0415
+    from efim_tools.evaluation.infill import EngineInfiller, TransformersInfiller  # noqa: PLC0415
     from efim_tools.evaluation.model import export_merged, load_eval_model  # noqa: PLC0415
 
     if args.threads:
@@ -65,8 +65,8 @@ def _completer(args: argparse.Namespace):
         import tempfile  # noqa: PLC0415
 
         folder = export_merged(args.model, args.adapter, Path(tempfile.mkdtemp(prefix="efim-eval-merged-")))
-        return EngineCompleter(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
-    return Completer(load_eval_model(args.model, args.adapter))
+        return EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
+    return TransformersInfiller(load_eval_model(args.model, args.adapter))
 
 
 def run_humaneval(args: argparse.Namespace) -> int:
@@ -74,16 +74,16 @@ def run_humaneval(args: argparse.Namespace) -> int:
     from efim_tools.evaluation.sandbox import Limits  # noqa: PLC0415
 
     tasks = humaneval.select(humaneval.load_tasks(args.split, args.data), args.limit, args.seed)
-    completer = _completer(args)
+    infiller = _infiller(args)
     limits = Limits(wall_seconds=args.timeout, cpu_seconds=max(1, int(args.timeout)))
-    res = humaneval.evaluate(completer, tasks, args.split, args.format, heal=args.heal == "on", increment=args.increment, seed=args.seed, limits=limits)
+    res = humaneval.evaluate(infiller, tasks, args.split, args.format, heal=args.heal == "on", increment=args.increment, seed=args.seed, limits=limits)
     if args.json:
         doc = {"split": res.split, "format": res.format, "n": res.n, "pass_at_1": res.pass_at_1}
         if args.verbose_results:
-            doc.update(model=_name(completer), heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
+            doc.update(model=_name(infiller), heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
         print(json.dumps(doc))
     else:
-        print(f"{_name(completer)} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
+        print(f"{_name(infiller)} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
     return 0
 
 
@@ -91,12 +91,12 @@ def run_lines(args: argparse.Namespace) -> int:
     from efim_tools.evaluation.linecompletion import evaluate_lines, line_cases  # noqa: PLC0415
 
     cases = line_cases(n=args.limit or 100, seed=args.seed)
-    completer = _completer(args)
-    score = evaluate_lines(completer, cases, args.format, heal=args.heal == "on")
+    infiller = _infiller(args)
+    score = evaluate_lines(infiller, cases, args.format, heal=args.heal == "on")
     if args.json:
         print(json.dumps({"task": "lines", "format": score.format, "heal": score.heal, "n": score.n, "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
     else:
-        print(f"{_name(completer)} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
+        print(f"{_name(infiller)} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
     return 0
 
 
@@ -112,5 +112,5 @@ def run_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def _name(completer) -> str:
-    return getattr(completer, "name", None) or completer.em.name
+def _name(infiller) -> str:
+    return infiller.name

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", default="256:512", help="min:max tokens per training window")
     p.add_argument("--line-starts", type=float, default=0.5, help="share of middles starting at a line start or after its indentation")
     p.add_argument("--suffix-informed", type=float, default=0.0, metavar="P", help="share of middles that are a line introducing a name the suffix uses (teaches reading the suffix)")
-    p.add_argument("--layout", choices=("psm", "spm"), default="psm", help="psm: <fim_prefix> P <fim_suffix> S <fim_middle> (the issue's layout); spm: <spm_suffix> S <spm_prefix> P, the middle continuing the prefix")
+    p.add_argument("--layout", choices=("psm", "spm"), default="psm", help="psm: <fim_prefix> P <fim_suffix> S <fim_middle> (the EFIM paper's layout); spm: <spm_suffix> S <spm_prefix> P, the middle continuing the prefix")
     p.add_argument("--init-from", default="", help="new run only: start from this earlier run's checkpoint adapter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")

@@ -1,4 +1,4 @@
-"""Measuring infilling quality (issue 8).
+"""Measuring infilling quality (docs/training.md).
 
 Map: `sandbox` (runs generated programs: time, CPU, memory limits, no network, destructive
 calls disabled) ← `humaneval` (HumanEval infilling pass@1 under FIM / EFIM / prefix-only)

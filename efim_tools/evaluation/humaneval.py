@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Literal, NamedTuple
 
-from efim_tools.evaluation.completer import Completer, Format
+from efim_tools.evaluation.infill import Format, Infiller
 from efim_tools.evaluation.sandbox import Limits, run_program
 
 log = logging.getLogger(__name__)
@@ -115,13 +115,13 @@ def _dedented(line: str) -> bool:
     return bool(line.strip()) and not line[0].isspace()
 
 
-def run_task(completer: Completer, task: Task, split: Split, fmt: Format, *, heal: bool, with_increment: bool, seed: int, limits: Limits) -> TaskResult:
+def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal: bool, with_increment: bool, seed: int, limits: Limits) -> TaskResult:
     start = time.monotonic()
     cut = increment_cut(task, seed) if with_increment else 0
     inc = task.middle[:cut]
     single = split == "single-line"
     try:
-        infill = completer.complete(
+        infill = infiller.complete(
             task.prompt,
             task.suffix,
             inc,
@@ -141,7 +141,7 @@ def run_task(completer: Completer, task: Task, split: Split, fmt: Format, *, hea
     return TaskResult(task.task_id, result.passed, result.status, inc, middle, time.monotonic() - start)
 
 
-def evaluate(completer: Completer, tasks: Iterable[Task], split: Split, fmt: Format, *, heal: bool = False, increment: str = "auto", seed: int = 0, limits: Limits = Limits(), on_result=None) -> EvalResult:
+def evaluate(infiller: Infiller, tasks: Iterable[Task], split: Split, fmt: Format, *, heal: bool = False, increment: str = "auto", seed: int = 0, limits: Limits = Limits(), on_result=None) -> EvalResult:
     """Greedy pass@1 over `tasks`. `increment`: "auto" (cut for efim only), "cut", "none"."""
     if increment not in ("auto", "cut", "none"):
         raise ValueError(f"increment must be auto, cut or none, not {increment!r}")
@@ -149,7 +149,7 @@ def evaluate(completer: Completer, tasks: Iterable[Task], split: Split, fmt: For
     start = time.monotonic()
     results = []
     for task in tasks:
-        r = run_task(completer, task, split, fmt, heal=heal, with_increment=with_inc, seed=seed, limits=limits)
+        r = run_task(infiller, task, split, fmt, heal=heal, with_increment=with_inc, seed=seed, limits=limits)
         results.append(r)
         if on_result is not None:
             on_result(r)

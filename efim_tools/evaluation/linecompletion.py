@@ -19,7 +19,7 @@ import random
 import time
 from typing import NamedTuple
 
-from efim_tools.evaluation.completer import Completer, Format
+from efim_tools.evaluation.infill import Format, Infiller
 from efim_tools.training.data import SourceFile, held_out_files
 
 
@@ -90,14 +90,14 @@ def line_cases(files: list[SourceFile] | None = None, n: int = 100, seed: int = 
     return cases
 
 
-def evaluate_lines(completer: Completer, cases: list[LineCase], fmt: Format, *, heal: bool = False, max_tokens: int = 40) -> LineScore:
+def evaluate_lines(infiller: Infiller, cases: list[LineCase], fmt: Format, *, heal: bool = False, max_tokens: int = 40) -> LineScore:
     start = time.monotonic()
     exact, sim = 0, 0.0
     for case in cases:
         if fmt == "efim" or fmt == "prefix":
-            infill = completer.complete(case.prefix, "\n" + case.suffix, case.typed, fmt, heal=heal, max_tokens=max_tokens, single_line=True)
+            infill = infiller.complete(case.prefix, "\n" + case.suffix, case.typed, fmt, heal=heal, max_tokens=max_tokens, single_line=True)
         else:
-            infill = completer.complete(case.prefix + case.typed, "\n" + case.suffix, "", fmt, max_tokens=max_tokens, single_line=True)
+            infill = infiller.complete(case.prefix + case.typed, "\n" + case.suffix, "", fmt, max_tokens=max_tokens, single_line=True)
         got = infill.text.rstrip()
         exact += got.strip() == case.target.strip()
         sim += edit_similarity(got, case.target)

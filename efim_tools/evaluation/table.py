@@ -1,4 +1,4 @@
-"""The issue's comparison table in one run: each model loaded once, every configuration
+"""The quality comparison table (docs/training.md) in one run: each model loaded once, every configuration
 on the same tasks (same seeded subset, same increment cuts).
 
 Rows: base model prefix-only (standard, and with the EFIM increment as its own segment,
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efim_tools.evaluation import humaneval
-from efim_tools.evaluation.completer import Completer
+from efim_tools.evaluation.infill import TransformersInfiller
 from efim_tools.evaluation.linecompletion import evaluate_lines, line_cases
 from efim_tools.evaluation.model import load_eval_model
 
@@ -46,13 +46,13 @@ def run_table(model: str, adapters: list[str], *, base: bool = True, split: str 
     plan = ([("none", BASE_CONFIGS)] if base else []) + [(a, ADAPTER_CONFIGS) for a in adapters]
     for adapter, configs in plan:
         em = load_eval_model(model, adapter)
-        completer = Completer(em)
+        infiller = TransformersInfiller(em)
         for fmt, inc, heal in configs:
             start = time.monotonic()
-            res = humaneval.evaluate(completer, tasks, split, fmt, heal=heal, increment=inc, seed=seed)
+            res = humaneval.evaluate(infiller, tasks, split, fmt, heal=heal, increment=inc, seed=seed)
             line = None
             if cases:
-                line = evaluate_lines(completer, cases, fmt, heal=heal) if inc == "cut" or fmt == "fim" else None
+                line = evaluate_lines(infiller, cases, fmt, heal=heal) if inc == "cut" or fmt == "fim" else None
             row = Row(em.name if adapter == "none" else str(adapter), fmt, inc, heal, res.n, res.pass_at_1, sum(r.passed for r in res.results), time.monotonic() - start,
                       *((line.n, line.exact_match, line.edit_similarity) if line else ()))
             rows.append(row)

@@ -26,16 +26,13 @@ import asyncio
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Protocol
+from typing import Any, Callable, Literal, NamedTuple, Protocol
 
 import msgspec
 
 from efim_tools.trace.client import LspClient, Pending, ResponseError, ServerCrashed
 from efim_tools.trace.document import TextDocument
 from efim_lsp.trace_format import Event, Trace
-
-if TYPE_CHECKING:
-    from efim_tools.trace.replay import ConfigResult, ReplayOptions
 
 log = logging.getLogger(__name__)
 
@@ -128,19 +125,41 @@ class FirstRequestProbe(Protocol):
     async def after_first(self) -> None: ...
 
 
+class ReplaySettings(Protocol):
+    """What a person reads of the replay's options (`replay.ReplayOptions`). This module
+    never imports `replay`: the replay drives people, not the other way round."""
+
+    speed: str
+    limit: int | None
+    accept: bool
+    request_timeout_s: float
+
+
+class ReplayTally(Protocol):
+    """What a person adds to its configuration's result (`replay.ConfigResult`)."""
+
+    records: list[RequestRecord]
+    accepts: int
+    accepted_chars: int
+    cancels_sent: int
+    final_digests: dict[str, str]
+
+
 class Stage(NamedTuple):
     """What every person of one configuration's replay shares."""
 
     client: LspClient
-    options: ReplayOptions
-    result: ConfigResult
+    options: ReplaySettings
+    result: ReplayTally
     clock0: float  # perf_counter() when the replay started
     observer: Observer
     counter: list[int]  # completion requests sent so far, all people together
     probe: FirstRequestProbe | None = None
 
 
-class Answer(NamedTuple):
+class ReceivedAnswer(NamedTuple):
+    """The last answer a person got for a document (what it may accept while typing on)."""
+
     version: int
     cursor: int
     item: dict[str, Any]
@@ -164,7 +183,7 @@ class Person:
         self.encoding = trace.header.position_encoding
         self.docs: dict[str, TextDocument] = {}
         self.inflight: dict[str, tuple[Pending, RequestRecord, asyncio.Task | None]] = {}
-        self.answers: dict[str, Answer] = {}
+        self.answers: dict[str, ReceivedAnswer] = {}
         self.id_map: dict[Any, Pending] = {}
         self.tasks: list[asyncio.Task] = []
         self.completes = 0
@@ -326,7 +345,7 @@ class Person:
         if item is not None:
             record.chars = len(item_text(item))
         if current and item is not None:
-            self.answers[uri] = Answer(version, cursor, item, record)
+            self.answers[uri] = ReceivedAnswer(version, cursor, item, record)
             await self.client.notify("textDocument/didShowCompletion", {"item": item})
         if self.observer.on_answer and doc is not None and current:
             self.observer.on_answer(self._moment(doc, cursor, item, record))
@@ -340,7 +359,7 @@ class Person:
                 added = item_text(item)[cursor - span[0] :]
         return Moment(self.user, self.name, record.index, doc.text[line_start:cursor].rstrip("\r"), added, record.latency_ms, record.outcome, accepted)
 
-    def _find_accept(self, i: int, uri: str) -> tuple[int, str, Answer, bool] | None:
+    def _find_accept(self, i: int, uri: str) -> tuple[int, str, ReceivedAnswer, bool] | None:
         """Would the person accept the current suggestion instead of pressing key `i`?
 
         Looks ahead through the trace from change event `i`, following the text typed at
@@ -393,7 +412,7 @@ class Person:
             return None
         return j, added[:length], answer, length == len(added)
 
-    async def _accept(self, uri: str, text: str, answer: Answer, full: bool) -> None:
+    async def _accept(self, uri: str, text: str, answer: ReceivedAnswer, full: bool) -> None:
         doc = self.docs[uri]
         change = doc.edit(answer.cursor, answer.cursor, text)
         doc.version += 1

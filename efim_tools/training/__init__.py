@@ -1,4 +1,4 @@
-"""Fine-tuning the embedded default model for FIM/EFIM (issue 8).
+"""Fine-tuning the embedded default model for FIM/EFIM (docs/training.md).
 
 Map: `data` (stdlib corpus + held-out list) → `fragment` (fragment tokenization) →
 `samples` (FIM / EFIM / plain sample builders) → `lora` (adapter modules, save/merge) →

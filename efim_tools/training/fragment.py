@@ -1,9 +1,13 @@
 """Fragment tokenization: cut text at random character positions, tokenize each piece on its own.
 
-EFIM (DESIGN.md §1) puts the increment behind the middle sentinel, tokenized as its own
+EFIM (docs/design.md, "EFIM") puts the increment behind the middle sentinel, tokenized as its own
 segment, so it often ends inside a word ("retu") — a token sequence a normally trained
 model never saw before its continuation ("rn"). Training on text whose ids are the
 concatenation of independently tokenized fragments teaches the model such boundaries.
+
+Every piece is tokenized as serving tokenizes a prompt segment
+(`engine.tokenize.SegmentTokenizer`): special-token spellings stay text, no word-boundary
+space is added in front.
 
 Contract: for any text and any cut positions, decoding the concatenated ids gives the
 text back exactly (fragments are cut at character, not byte, positions).
@@ -15,7 +19,7 @@ import random
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
+    from engine.tokenize import SegmentTokenizer
 
 
 def random_cuts(text: str, rng: random.Random, mean_chars: float) -> list[int]:
@@ -49,22 +53,17 @@ def split_at(text: str, cuts: Sequence[int]) -> list[str]:
     return [p for p in pieces if p]
 
 
-def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Ids of `text` tokenized on its own, without any special tokens added around it."""
-    if not text:
-        return []
-    return tokenizer.encode(text, add_special_tokens=False).ids
+def encode_text(tokenizer: SegmentTokenizer, text: str) -> list[int]:
+    """Ids of `text` tokenized on its own, as serving tokenizes a segment."""
+    return tokenizer.encode_pieces([text])
 
 
-def encode_fragments(tokenizer: Tokenizer, pieces: Sequence[str]) -> list[int]:
+def encode_fragments(tokenizer: SegmentTokenizer, pieces: Sequence[str]) -> list[int]:
     """Concatenated ids of each piece tokenized on its own."""
-    if not pieces:
-        return []
-    encodings = tokenizer.encode_batch(list(pieces), add_special_tokens=False)
-    return [i for enc in encodings for i in enc.ids]
+    return tokenizer.encode_pieces(pieces)
 
 
-def fragment_encode(tokenizer: Tokenizer, text: str, rng: random.Random, mean_chars: float) -> list[int]:
+def fragment_encode(tokenizer: SegmentTokenizer, text: str, rng: random.Random, mean_chars: float) -> list[int]:
     """Fragment tokenization of `text`: random cuts every ~`mean_chars` characters."""
     return encode_fragments(tokenizer, split_at(text, random_cuts(text, rng, mean_chars)))
 

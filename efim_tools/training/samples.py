@@ -12,8 +12,10 @@ carries over, and typing still only appends to the prompt:
     efim  : SUF suffix PRE prefix inc rest EOT
 
 Targets (loss) are everything after the last sentinel for fim/efim and every token for plain.
-Each text segment is tokenized on its own — the layout the engine uses at inference
-(`engine.templates`). With fragment tokenization on, the increment is its own segment
+The prompt head is rendered by serving's own code: `engine.templates.FimTemplate.render`
+places the sentinels and `engine.tokenize.SegmentTokenizer` tokenizes each text segment
+on its own, so a sample's head is what the engine runs for the same text (tested). With
+fragment tokenization on, the increment is its own segment
 (it ends wherever the random cut fell, usually inside a word) and, with probability
 `fragment_prob`, every segment is further cut into fragments at random characters.
 Without it, `inc + rest` is tokenized as one piece: the model then never sees a
@@ -29,6 +31,10 @@ import keyword
 import random
 import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
+
+from engine.api import InfillRequest
+from engine.templates import FimTemplate, detect_template
+from engine.tokenize import SegmentTokenizer
 
 from efim_tools.training.fragment import encode_text, fragment_encode
 
@@ -47,6 +53,8 @@ FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
 # suffix-first family. <spm_middle> is never placed; it is there to keep the four rows.
 SPM_SENTINELS = ("<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>")
 SENTINELS: dict[str, tuple[str, ...]] = {"psm": FIM_SENTINELS, "spm": SPM_SENTINELS}
+# The `engine.templates` family that serves each layout.
+LAYOUT_FAMILY: dict[str, str] = {"psm": "starcoder", "spm": "efim-spm"}
 EOT_TOKEN = "<|endoftext|>"
 
 
@@ -57,6 +65,7 @@ class FimIds(NamedTuple):
     pad: int
     eot: int
     layout: Layout = "psm"
+    template: FimTemplate | None = None  # serving's template for this layout (renders the head)
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer, layout: Layout = "psm") -> FimIds:
@@ -66,14 +75,25 @@ class FimIds(NamedTuple):
         if missing:
             raise ValueError(f"tokenizer lacks {missing}; add the FIM sentinels first (lora.add_fim_tokens)")
         pre, mid, suf, pad = names
-        return cls(ids[pre], ids[suf], ids[mid], ids[pad], ids[EOT_TOKEN], layout)
+        template = detect_template(tokenizer, LAYOUT_FAMILY[layout])
+        if (template.prefix_id, template.suffix_id) != (ids[pre], ids[suf]):  # FAMILIES and SENTINELS disagree
+            raise ValueError(f"serving's {LAYOUT_FAMILY[layout]} template does not use the {layout} sentinels")
+        return cls(ids[pre], ids[suf], ids[mid], ids[pad], ids[EOT_TOKEN], layout, template)
 
-    def head(self, prefix_ids: list[int] | tuple[int, ...], suffix_ids: list[int] | tuple[int, ...]) -> list[int]:
-        """The prompt up to where the middle (increment first) goes, in this layout:
-        PRE p SUF s MID, or suffix-first SUF s PRE p."""
-        if self.layout == "spm":
-            return [self.suffix, *suffix_ids, self.prefix, *prefix_ids]
-        return [self.prefix, *prefix_ids, self.suffix, *suffix_ids, self.middle]
+    def head(self, prefix: TextSegment, suffix: TextSegment) -> list[int]:
+        """The prompt up to where the middle (increment first) goes — PRE p SUF s MID, or
+        suffix-first SUF s PRE p — as serving renders a request with this prefix and
+        suffix and no increment (`FimTemplate.render`, format "efim"), each text segment
+        carrying the ids the sample gave it (fragments included)."""
+        request = InfillRequest(key="sample", prefix=prefix.text, suffix=suffix.text, format="efim", context="off")
+        own = {"prefix": prefix, "suffix": suffix}
+        ids: list[int] = []
+        for seg in self.template.render(request):
+            if isinstance(seg.value, int):
+                ids.append(seg.value)
+            else:
+                ids.extend(own[seg.role].ids)
+        return ids
 
     @classmethod
     def detect(cls, tokenizer: Tokenizer) -> FimIds | None:
@@ -236,6 +256,7 @@ class SampleBuilder:
 
     def __init__(self, tokenizer: Tokenizer, corpus: Corpus, config: SampleConfig = SampleConfig(), seed: int = 0):
         self.tokenizer = tokenizer
+        self.segments = SegmentTokenizer(tokenizer)  # serving's segment tokenization
         self.corpus = corpus
         self.config = config.validate()
         self.seed = seed
@@ -251,10 +272,10 @@ class SampleBuilder:
         kind: SampleKind = "fim" if r < cfg.fim_rate else "efim" if r < cfg.fim_rate + cfg.efim_rate else "plain"
         if len(window) < 4:
             kind = "plain"
-        return build_sample(self.tokenizer, self.fim, window, kind, rng, cfg)
+        return build_sample(self.segments, self.fim, window, kind, rng, cfg)
 
 
-def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKind, rng: random.Random, cfg: SampleConfig) -> Sample:
+def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: SampleKind, rng: random.Random, cfg: SampleConfig) -> Sample:
     # Draw the same numbers whether or not fragmenting is on, and cut fragments with their
     # own generator: runs with and without fragment tokenization see the same windows,
     # middles and increments, so they differ only in tokenization.
@@ -285,11 +306,11 @@ def build_sample(tokenizer: Tokenizer, fim: FimIds, window: str, kind: SampleKin
     else:
         kind = "fim"
         middle_segs = (seg("middle", middle),)
-    head = fim.head(prefix.ids, suffix.ids)
+    head = fim.head(prefix, suffix)
     tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
     ids = head + tail
     targets = [False] * len(head) + [True] * len(tail)
     return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented)
 
 
-__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]
+__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]

@@ -154,3 +154,51 @@ def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_f
         _settle(eng)
     finally:
         eng.close()
+
+
+def test_check_integrity_runs_on_the_engine_thread_over_every_store(engine, texts, monkeypatch):
+    """The server's efim/debug/checkIntegrity used to check the radix cache from an executor
+    thread (against the cache's one-thread rule) and skipped the chunk store."""
+    import threading
+
+    src = texts[0]
+    at = src.index("def dedent(")
+    _run(engine, key="check", prefix=src[at - 600 : at], suffix=src[at : at + 200], chunks=_chunks(texts), context="blend")
+    sch = engine.scheduler
+    threads: dict[str, str] = {}
+    for name, store in (("cache", sch.cache), ("chunks", sch.chunk_store), ("retained", sch.retained)):
+        real = store.check_integrity
+
+        def spy(real=real, name=name):
+            threads[name] = threading.current_thread().name
+            real()
+
+        monkeypatch.setattr(store, "check_integrity", spy)
+    assert engine.check_integrity().result(60) is None
+    assert threads == {"cache": "efim-engine", "chunks": "efim-engine", "retained": "efim-engine"}
+    assert len(sch.chunk_store) > 0 and len(sch.retained) > 0  # the checks had something to check
+
+
+def test_check_integrity_fails_on_a_corrupted_chunk_store(tiny_model_factory, texts):
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M")
+    try:
+        src = texts[0]
+        at = src.index("def fill(")
+        _run(eng, key="doc", prefix=src[at - 600 : at], suffix=src[at : at + 200], chunks=_chunks(texts), context="blend")
+        assert eng.check_integrity().result(60) is None
+        store = eng.scheduler.chunk_store
+        key, entry = next(iter(store._entries.items()))  # noqa: SLF001 - forging the corruption
+        store._entries[key] = entry._replace(ids=entry.ids[:-1])  # noqa: SLF001 - rows disagree with slots
+        with pytest.raises(AssertionError, match="entry rows disagree"):
+            eng.check_integrity().result(60)
+        store._entries[key] = entry  # noqa: SLF001
+        assert eng.check_integrity().result(60) is None  # the failure did not stop the engine
+    finally:
+        eng.close()
+
+
+def test_check_integrity_after_close_fails_instead_of_hanging(tiny_model_factory):
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="8M")
+    eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.check_integrity().result(10)

@@ -58,7 +58,7 @@ class _Oracle:
         self.broken = broken
 
     def complete(self, prefix, suffix, increment, fmt, **kw):
-        from efim_tools.evaluation.completer import Infill
+        from efim_tools.evaluation.infill import Infill
 
         if self.broken:
             raise RuntimeError("model crashed")

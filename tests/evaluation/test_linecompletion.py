@@ -26,7 +26,7 @@ class _Echo:
         self.answers = {c.typed: c.target for c in cases}
 
     def complete(self, prefix, suffix, increment, fmt, **kw):
-        from efim_tools.evaluation.completer import Infill
+        from efim_tools.evaluation.infill import Infill
 
         typed = increment if fmt in ("efim", "prefix") else prefix[prefix.rfind("\n") + 1 :]
         return Infill(self.answers[typed], 1, 1, False, "newline")

@@ -13,6 +13,7 @@ import math
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from typing import Callable, Iterator
 
 from engine.api import Completion, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
@@ -121,6 +122,7 @@ class FakeEngine:
         self.cancelled = 0
         self.count_calls = 0
         self.closed = False
+        self.forgotten: list[str] = []
         self.document_warms: list[tuple[str, int, int]] = []
 
     def info(self) -> EngineInfo:
@@ -158,8 +160,20 @@ class FakeEngine:
         self.count_calls += 1
         return math.ceil(len(text) / CHARS_PER_TOKEN)
 
-    def check_integrity(self) -> bool:
-        return True
+    def forget_context(self, path: str) -> None:
+        self.forgotten.append(path)
+
+    def check_integrity(self) -> Future[None]:
+        done: Future[None] = Future()
+        done.set_result(None)  # nothing to check: the fake holds no KV
+        return done
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while self._live:
+            if time.monotonic() > end:
+                raise TimeoutError("fake engine still busy")
+            time.sleep(0.001)
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         self.document_warms.append((key, len(text), cursor))

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from efim_lsp.context.ignore import IgnoreRules, parse_gitignore
-from efim_lsp.context.workspace import Workspace
+from efim_lsp.context.workspace import ContextFolder
 
 
 def _matches(patterns_text: str, rel: str, is_dir: bool = False) -> bool:
@@ -76,7 +76,7 @@ def test_workspace_admits_only_text_inside_the_folder(tmp_path):
     os.symlink(outside, root / "src" / "link_out.py")
     os.symlink(root / "src" / "ok.py", root / "src" / "link_in.py")
 
-    ws = Workspace(root)
+    ws = ContextFolder(root)
     scanned = sorted(p.relative_to(root).as_posix() for p in ws.scan())
     assert "src/ok.py" in scanned and "src/link_in.py" in scanned
     assert "build/gen.py" not in scanned and "src/ignored.py" not in scanned
@@ -86,4 +86,4 @@ def test_workspace_admits_only_text_inside_the_folder(tmp_path):
         assert ws.read(root / "src" / name) is None, name
     assert ws.read(outside) is None
     with pytest.raises(ValueError, match="not a directory"):
-        Workspace(tmp_path / "missing")
+        ContextFolder(tmp_path / "missing")

@@ -21,15 +21,21 @@ class FakeEngine:
         self.forgotten.append(path)
 
 
-def fake_server(root: Path, docs: dict[str, str], engine=None):
-    text_documents = {uri: SimpleNamespace(source=text, version=1) for uri, text in docs.items()}
-    store = {uri: SimpleNamespace(text=text, version=1) for uri, text in docs.items()}
-    return SimpleNamespace(
-        workspace=SimpleNamespace(folders={root.as_uri(): object()}, text_documents=text_documents, root_uri=None),
-        documents=SimpleNamespace(get=store.get),
-        slot=SimpleNamespace(engine=engine),
-        _store=store,
-    )
+class FakeHost:
+    """A `ContextHost`: one workspace folder, documents held as (version, text)."""
+
+    def __init__(self, root: Path, docs: dict[str, str], engine=None):
+        self.root, self.engine = root, engine
+        self._store = {uri: SimpleNamespace(text=text, version=1) for uri, text in docs.items()}
+
+    def workspace_folders(self):
+        return [self.root.as_uri()]
+
+    def open_documents(self):
+        return [(uri, doc.version, doc.text) for uri, doc in self._store.items()]
+
+    def context_engine(self):
+        return self.engine
 
 
 def eventually(predicate, timeout=10.0):
@@ -50,7 +56,7 @@ def test_chunks_follow_the_server_state(tmp_path):
     scratch = (tmp_path / "scratch.py").as_uri()
     engine = FakeEngine()
     docs = {editing: "", scratch: "def exchange_rate_table():\n    return {'eur': exchange_rate}\n"}
-    server = fake_server(root, docs, engine)
+    server = FakeHost(root, docs, engine)
     source = WorkspaceContext(watch=True).bind(server)
     try:
         text = "total = convert_currency(price, exchange_rate)\n"

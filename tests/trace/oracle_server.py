@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from concurrent.futures import Future
 
 from engine.api import Completion, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
 
@@ -149,6 +150,17 @@ class OracleEngine:
 
     def count_tokens(self, text: str) -> int:
         return len(text)
+
+    def forget_context(self, path: str) -> None:
+        pass  # no chunk KV
+
+    def check_integrity(self) -> Future[None]:
+        done: Future[None] = Future()
+        done.set_result(None)  # no KV to check
+        return done
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        pass  # handles finish on their own timers
 
     def close(self) -> None:
         pass

@@ -12,13 +12,13 @@ from efim_tools.training.data import held_out_files
 
 @pytest.fixture(scope="module")
 def completer():
-    from efim_tools.evaluation.completer import Completer
+    from efim_tools.evaluation.infill import TransformersInfiller
     from efim_tools.evaluation.model import load_eval_model
 
     assert (SHIPPED_ADAPTER / "adapter_model.safetensors").is_file(), "the adapter is part of the package"
     em = load_eval_model("default", "auto")
     assert em.fim is not None, "the adapter adds the FIM sentinels"
-    return Completer(em)
+    return TransformersInfiller(em)
 
 
 @pytest.mark.slow
@@ -59,7 +59,7 @@ def test_default_model_with_adapter_completes_a_fim_prompt_with_code(fim_on_remo
 @pytest.mark.default_model
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 8: under plain FIM (empty increment) the SPM adapter answers a blank line for most "
+    reason="under plain FIM (empty increment) the SPM adapter answers a blank line for most "
     "removed lines (measured 2/12 here, 65/100 empty on HumanEval single-line); strict, so a better "
     "adapter turns this red",
 )

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
+from engine.tokenize import SegmentTokenizer
 from tiny_models import stdlib_sources, tiny_tokenizer_json
 from efim_tools.training.fragment import encode_text, fragment_encode, random_cuts, split_at
 
@@ -22,14 +23,14 @@ def tokenizer() -> Tokenizer:
 @given(text=st.text(min_size=0, max_size=200), seed=st.integers(0, 2**32), mean=st.floats(1.0, 50.0))
 def test_round_trips_any_text(text, seed, mean):
     tok = Tokenizer.from_str(tiny_tokenizer_json(True))
-    ids = fragment_encode(tok, text, random.Random(seed), mean)
+    ids = fragment_encode(SegmentTokenizer(tok), text, random.Random(seed), mean)
     assert tok.decode(ids, skip_special_tokens=False) == text
 
 
 def test_round_trips_real_code_and_changes_tokenization(tokenizer):
     text = stdlib_sources(("textwrap.py",))[0][:5000]
-    plain = encode_text(tokenizer, text)
-    frag = fragment_encode(tokenizer, text, random.Random(1), mean_chars=8)
+    plain = encode_text(SegmentTokenizer(tokenizer), text)
+    frag = fragment_encode(SegmentTokenizer(tokenizer), text, random.Random(1), mean_chars=8)
     assert tokenizer.decode(frag) == text
     # cuts inside merged tokens force extra, shorter tokens
     assert len(frag) > len(plain) * 1.1

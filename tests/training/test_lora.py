@@ -55,7 +55,7 @@ def test_attach_is_a_noop_until_trained(plain_tiny):
 
 
 def test_saved_adapter_merges_to_the_same_logits_and_loads_for_eval(plain_tiny, tmp_path):
-    from efim_tools.evaluation.completer import Completer
+    from efim_tools.evaluation.infill import TransformersInfiller
     from efim_tools.evaluation.model import load_eval_model
 
     model = _load(plain_tiny)
@@ -88,7 +88,7 @@ def test_saved_adapter_merges_to_the_same_logits_and_loads_for_eval(plain_tiny, 
         a = base.model(input_ids=base_ids).logits[0, -1]
         b = em.model(input_ids=base_ids).logits[0, -1, :vocab]
     assert not torch.allclose(a, b, atol=1e-3)
-    out = Completer(em).complete("def add(a, b):\n", "\n", "", "fim", max_tokens=8, single_line=False)
+    out = TransformersInfiller(em).complete("def add(a, b):\n", "\n", "", "fim", max_tokens=8, single_line=False)
     assert out.prompt_tokens > 3  # runs end to end on the merged model
 
 

@@ -7,9 +7,13 @@ import random
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
+from engine.api import InfillRequest
+from engine.prompting import PromptBuilder
+from engine.templates import detect_template
+from engine.tokenize import SegmentTokenizer
 from tiny_models import tiny_tokenizer_json
 from efim_tools.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
-from efim_tools.training.samples import FIM_SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
+from efim_tools.training.samples import FIM_SENTINELS, SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +97,35 @@ def test_build_sample_on_awkward_text(tokenizer, kind):
     cfg = SampleConfig(fragment=True, fragment_prob=1.0, fragment_mean_chars=3)
     for seed in range(30):
         window = "é\tx = 'ü'\n\n  return  f(ā)\n" + "#" * seed
-        _check(tokenizer, build_sample(tokenizer, FimIds.from_tokenizer(tokenizer), window, kind, random.Random(seed), cfg), window)
+        sample = build_sample(SegmentTokenizer(tokenizer), FimIds.from_tokenizer(tokenizer), window, kind, random.Random(seed), cfg)
+        _check(tokenizer, sample, window)
+
+
+@pytest.mark.parametrize(("layout", "family"), [("psm", "starcoder"), ("spm", "efim-spm")])
+def test_a_samples_prompt_is_what_serving_renders_for_its_text(corpus, layout, family):
+    """One renderer: a training sample's ids up to the middle's first target equal the ids
+    the engine's prompt builder gives a request with the sample's prefix, suffix and
+    increment (fragments off: cut pieces are tokenized differently on purpose)."""
+    tok = Tokenizer.from_str(tiny_tokenizer_json(False))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SENTINELS[layout]])
+    serving = PromptBuilder(detect_template(tok), SegmentTokenizer(tok), fragment_trained=True)
+    assert serving.template.name == family
+    cfg = SampleConfig(layout=layout, fragment=True, fragment_prob=0.0, min_window_tokens=64, max_window_tokens=160)
+    builder = SampleBuilder(tok, corpus, cfg, seed=11)
+    checked = {"fim": 0, "efim": 0}
+    for i in range(60):
+        sample = builder.sample(i)
+        if sample.kind == "plain":
+            continue
+        seg = {s.role: s for s in sample.segments}
+        inc = seg["increment"].text if "increment" in seg else ""
+        req = InfillRequest(key="k", prefix=seg["prefix"].text, suffix=seg["suffix"].text, increment=inc, format="efim", context="off")
+        rendered = serving.encode(req).ids
+        assert sample.ids[: len(rendered)] == rendered, (i, sample.kind)
+        n_head = len(rendered) - (len(seg["increment"].ids) if inc else 0)
+        assert not any(sample.targets[:n_head]) and all(sample.targets[n_head:])  # loss on the middle only
+        checked[sample.kind] += 1
+    assert checked["fim"] > 5 and checked["efim"] > 5
 
 
 def test_held_out_modules_never_in_training():

@@ -1,29 +1,32 @@
-"""Greedy infilling for evaluation: prompt layout as the engine renders it, token healing,
-stop rules.
+"""Greedy infilling for evaluation: the prompt as serving builds it, transformers' forward.
 
-Layouts (each text segment tokenized on its own, as `engine.templates` does):
+The prompt — layout, segment tokenization, token healing — comes from serving's own code
+(`engine.prompting.PromptBuilder`: `engine.templates` + `engine.tokenize`), so what is
+measured here is what the engine would run; only the forward pass is transformers'
+(greedy, KV cache), which keeps it independent of the engine's model code.
+
+Layouts (each text segment tokenized on its own):
 
     prefix : P I                  (models without FIM sentinels)
     fim    : PRE (P+I) SUF S MID  suffix-first (<spm_*>): SUF S PRE (P+I)
     efim   : PRE P SUF S MID I    suffix-first (<spm_*>): SUF S PRE P I
 
-Token healing (`heal=True`, increment not empty): the increment's last token is dropped
-and the first generated token must decode to a string that starts with that token's
-text — the repair for a model that never saw a word split at a segment boundary.
-
-This runs transformers' forward directly (greedy, KV cache). It is the measuring path
-while the product engine (`engine.local`) matures; the prompt layout is the same.
+Token healing (`heal=True`, the prompt's last text ends inside an identifier): serving's
+rule — the last token is dropped and the first generated token must start with its bytes.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import torch
 
+from engine.api import InfillRequest
+from engine.prompting import PromptBuilder
+from engine.templates import detect_template
+from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
+
 from efim_tools.evaluation.model import EvalModel
-from efim_tools.training.fragment import encode_text
 
 Format = Literal["prefix", "fim", "efim"]
 
@@ -36,56 +39,51 @@ class Infill(NamedTuple):
     finish: Literal["newline", "eos", "length", "stop"]
 
 
-class Completer:
+class Infiller(Protocol):
+    """What the benchmarks call: `TransformersInfiller` or `EngineInfiller`."""
+
+    name: str
+
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill: ...
+
+
+class TransformersInfiller:
+    """Greedy infills from a transformers model with serving's prompts (see the module docstring)."""
+
     def __init__(self, em: EvalModel, max_prompt_tokens: int = 1536):
         self.em = em
+        self.name = em.name
         self.max_prompt_tokens = max_prompt_tokens
         tok = em.tokenizer
-        self.eos = {i for i in [tok.token_to_id("<|endoftext|>")] if i is not None}
-        if em.fim is not None:
-            self.eos |= {em.fim.prefix, em.fim.suffix, em.fim.middle, em.fim.pad}
+        self.prompts = PromptBuilder(detect_template(tok), SegmentTokenizer(tok), fragment_trained=False)
+        self.eos = self.prompts.end_ids(i for i in [tok.token_to_id("<|endoftext|>")] if i is not None)
 
-    @functools.cached_property
-    def _token_texts(self) -> list[str]:
-        tok = self.em.tokenizer
-        return [tok.decode([i], skip_special_tokens=False) for i in range(tok.get_vocab_size())]
-
-    def _allowed_after_heal(self, text: str) -> torch.Tensor:
-        ok = [i for i, t in enumerate(self._token_texts) if t.startswith(text) and i not in self.eos]
-        return torch.tensor(ok, dtype=torch.long)
-
-    def prompt_ids(self, prefix: str, suffix: str, increment: str, fmt: Format) -> tuple[list[int], list[int]]:
-        """(ids before the increment, increment ids); the increment is empty except in
-        `efim` and `prefix` layouts (in `fim` it is part of the prefix segment)."""
-        tok, fim = self.em.tokenizer, self.em.fim
-        if fmt in ("fim", "efim") and fim is None:
+    def prompt(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False) -> Encoded:
+        """The whole prompt as the engine renders it (`PromptBuilder.encode`)."""
+        if fmt not in ("prefix", "fim", "efim"):
+            raise ValueError(f"unknown format {fmt!r}")
+        if fmt != "prefix" and not self.prompts.template.supports_fim:
             raise ValueError(f"format {fmt!r} needs FIM sentinels; this model has none (use 'prefix' or an adapter)")
-        if fmt == "prefix":
-            return encode_text(tok, prefix), encode_text(tok, increment)
-        if fmt in ("fim", "efim"):
-            head = fim.head(encode_text(tok, prefix + increment if fmt == "fim" else prefix), encode_text(tok, suffix))
-            return head, encode_text(tok, increment) if fmt == "efim" else []
-        raise ValueError(f"unknown format {fmt!r}")
+        request = InfillRequest(key="eval", prefix=prefix, suffix=suffix, increment=increment, format=fmt, context="off", heal=heal)
+        return self.prompts.encode(request)
 
     @torch.inference_mode()
     def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill:
         """Greedy continuation after `increment`. `single_line` stops at the first newline
         after some text (leading blank lines are dropped);
         `stop_line(line) -> bool` (multi-line mode) stops before a finished line it rejects."""
-        head, inc_ids = self.prompt_ids(prefix, suffix, increment, fmt)
-        healed_text = ""
-        if heal and inc_ids:
-            healed_text = self.em.tokenizer.decode(inc_ids[-1:], skip_special_tokens=False)
-            inc_ids = inc_ids[:-1]
-        ids = head + inc_ids
+        enc = self.prompt(prefix, suffix, increment, fmt, heal=heal)
+        ids = enc.ids
         if len(ids) > self.max_prompt_tokens:  # keep the end: the sentinels and the increment
             ids = ids[-self.max_prompt_tokens :]
+        healing = enc.healing
+        decoder = StreamDecoder(self.prompts.tokenizer.vocab, len(healing.removed_bytes) if healing else 0)
+        allowed = healing.allowed_ids if healing is not None else None
         model = self.em.model
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
-        allowed = self._allowed_after_heal(healed_text) if healed_text else None
         generated: list[int] = []
-        text, finish = "", "length"
+        body, finish = "", "length"  # body: the text after the increment (healing's bytes skipped)
         for step in range(max_tokens):
             if allowed is not None and step == 0 and allowed.numel():
                 masked = torch.full_like(logits, float("-inf"))
@@ -96,8 +94,7 @@ class Completer:
                 finish = "eos"
                 break
             generated.append(next_id)
-            text = self.em.tokenizer.decode(generated, skip_special_tokens=False)
-            body = text[len(healed_text) :] if text.startswith(healed_text) else text
+            body += decoder.feed(next_id)
             if single_line and "\n" in body.lstrip("\n"):
                 finish = "newline"
                 break
@@ -108,7 +105,7 @@ class Completer:
                     break
             out = model(input_ids=torch.tensor([[next_id]]), past_key_values=cache, use_cache=True)
             cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
-        body = text[len(healed_text) :] if text.startswith(healed_text) else text
+        body += decoder.flush()
         if single_line:
             # Leading blank lines are skipped (a prefix-only model often starts with one);
             # the line ends at the first newline after them.
@@ -121,10 +118,10 @@ class Completer:
                     break
                 kept.append(line)
             body = "\n".join(kept)
-        return Infill(body, len(ids), len(generated), bool(healed_text), finish)
+        return Infill(body, len(ids), len(generated), healing is not None, finish)
 
 
-class EngineCompleter:
+class EngineInfiller:
     """The same `complete` contract through the product engine (`engine.local`): the
     merged model folder is loaded by the engine's loader and the request goes through its
     template detection, per-segment tokenization, healing and stop rules. Differences:
@@ -156,4 +153,4 @@ class EngineCompleter:
         self.engine.close()
 
 
-__all__ = ["Completer", "EngineCompleter", "Infill", "Format"]
+__all__ = ["Infiller", "TransformersInfiller", "EngineInfiller", "Infill", "Format"]
