@@ -149,3 +149,30 @@ async def test_default_model_serves_efim_with_added_fim_tokens():
         await client.shutdown_session()
     finally:
         await client.stop()
+
+
+async def test_a_jump_after_a_pause_prefills_almost_nothing(client: LanguageClient):
+    """The cursor notification warms the window where the user landed: the first request
+    there (after a person's pause) finds its prompt computed and prefills a token or two."""
+    text, line, col = stdlib_function()
+    uri = "file:///stdlib/jump.py"
+    open_doc(client, text, uri)
+    await inline(client, t.Position(line, col), uri)  # a first session near the top
+    target = next(i for i, s in enumerate(text.splitlines()) if i > line + 120 and s.startswith("        ") and s.strip())
+    before = await request(client, "efim/stats")
+    client.protocol.notify("efim/didMoveCursor", {"textDocument": {"uri": uri}, "position": {"line": target, "character": 8}})
+    for _ in range(400):  # the person reads; the server warms meanwhile
+        await asyncio.sleep(0.05)
+        warm = (await request(client, "efim/stats"))["warmup"]
+        if warm["completed"] > before["warmup"]["completed"]:
+            break
+    assert warm["completed"] == before["warmup"]["completed"] + 1 and warm["prefilledTokens"] > 0
+    before = await request(client, "efim/stats")
+    change(client, 1, target, 8, "x", uri=uri)
+    await inline(client, t.Position(target, 9), uri)
+    stats = await request(client, "efim/stats")
+    prompt = stats["promptTokens"] - before["promptTokens"]
+    prefilled = stats["prefilledTokens"] - before["prefilledTokens"]
+    assert prompt > 200 and prefilled <= 4, (prompt, prefilled)
+    check = await request(client, "efim/debug/checkIntegrity")
+    assert check["ok"] and check["engine"] == "ok", check
