@@ -26,12 +26,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--config", action="append", default=[], metavar="JSON",
         help='settings merged into every configuration, e.g. \'{"fimTokens": "add"}\' (a JSON object or a file holding one; repeatable)',
     )
-    p.add_argument("--compare", action="store_true", help="replay against fim-nocache, fim and efim, each on a fresh server")
+    p.add_argument(
+        "--compare", nargs="?", const="standard", choices=("standard", "navigation"), metavar="SET",
+        help="replay under several configurations, each on a fresh server: `standard` (the default set: "
+        "fim-nocache, fim, efim) or `navigation` (today, warm-ahead, document-kv, all: the navigation settings "
+        "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump)",
+    )
     p.add_argument("--users", type=int, default=1, metavar="N", help="traces replayed concurrently on one server (default 1)")
     p.add_argument(
-        "--speed", choices=("realtime", "max"), default="max",
+        "--speed", choices=("realtime", "max", "paced"), default=None,
         help="realtime: keep the recorded gaps (a key press cancels the running request); "
-        "max: next key as soon as the answer arrives (default)",
+        "max: next key as soon as the answer arrives (default); paced: wait for each answer and keep every "
+        "recorded pause (default of --compare navigation)",
     )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N completion requests of each trace")
     p.add_argument("--no-accept", dest="accept", action="store_false", help="never accept suggestions (type every key)")
@@ -115,7 +121,7 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
 
     from efim_lsp.trace_format import read_traces
     from efim_tools.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
-    from efim_tools.trace import report
+    from efim_tools.trace import navigation, report
 
     if args.users < 1:
         raise ValueError("--users must be at least 1")
@@ -130,14 +136,19 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
     if not traces:
         raise ValueError("no traces to replay")
     extra = parse_config(args.config)
-    if args.compare:
+    navigating = args.compare == "navigation"
+    speed = args.speed or ("paced" if navigating else "max")
+    if navigating:  # the configuration's own switches win over --config
+        configs = [Config(name, {**extra, **settings}) for name, settings in navigation.NAVIGATION_CONFIGS]
+    elif args.compare:
         configs = [Config(name, {**settings, **extra}) for name, settings in STANDARD_CONFIGS]
     else:
         configs = [Config("replay", {**traces[0].header.settings, **extra})]
     options = ReplayOptions(
         server=parse_server_command(args.server),
         users=args.users,
-        speed=args.speed,
+        speed=speed,
+        request_stats=navigating,
         limit=args.limit,
         accept=args.accept,
         ready_timeout_s=args.ready_timeout,
@@ -161,8 +172,12 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
         return results
 
     results = asyncio.run(run_all())
-    summaries = {r.name: report.summarize(r) for r in results}
-    print(report.table(summaries), file=out, flush=True)
+    if navigating:
+        nav = {r.name: navigation.summarize_navigation(r) for r in results}
+        print(navigation.table(nav), file=out, flush=True)
+    else:
+        summaries = {r.name: report.summarize(r) for r in results}
+        print(report.table(summaries), file=out, flush=True)
     crashed = [r for r in results if r.crashed]
     for r in crashed:
         print(f"\nefim: config {r.name}: {r.crashed}", file=sys.stderr)
@@ -170,14 +185,15 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
         meta = {
             "traces": [t.path for t in traces],
             "users": args.users,
-            "speed": args.speed,
+            "speed": speed,
             "limit": args.limit,
             "accept": args.accept,
             "server": options.server,
             "settings": {c.name: c.settings for c in configs},
             "argv": sys.argv,
         }
-        Path(args.json).write_text(json.dumps(report.to_json(summaries, meta), indent=2) + "\n", encoding="utf-8")
+        data = navigation.to_json(nav, meta) if navigating else report.to_json(summaries, meta)
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     if args.plot:
         report.plot(results, args.plot)
     return 1 if crashed else 0

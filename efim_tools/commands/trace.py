@@ -30,6 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--jump-rate", type=float, default=0.01, metavar="J", help="chance per key press of jumping away and back (default 0.01)")
     s.add_argument("--max-chars", type=int, default=700, metavar="C", help="longest body to retype, in characters (default 700)")
     s.add_argument("--min-chars", type=int, default=80, metavar="C", help="shortest body to retype (default 80)")
+    t = s.add_argument_group(
+        "navigation tours (--tour)",
+        "instead of retyping one body: open 2-3 files and jump between their functions, editing a little at each "
+        "stop (retype a line's tail, add a line, paste, undo), with the cursor notification our clients send at "
+        "each jump and a person's pauses; the first completion request after each jump is marked in the header",
+    )
+    t.add_argument("--tour", action="store_true", help="synthesise navigation tours (one trace per tour)")
+    t.add_argument("--visits", type=int, default=12, metavar="N", help="stops per tour (default 12)")
+    t.add_argument("--files", type=int, default=3, metavar="N", help="files open in one tour (default 3)")
+    t.add_argument("--same-file-rate", type=float, default=0.5, metavar="R", help="chance a jump stays in the same file (default 0.5)")
+    t.add_argument("--no-pause-rate", type=float, default=0.3, metavar="R", help="chance the first key follows a jump at once (default 0.3)")
+    t.add_argument("--undo-rate", type=float, default=0.3, metavar="R", help="chance a new line or paste is undone (default 0.3)")
     s.set_defaults(func=run_synth)
 
     i = actions.add_parser("info", help="summarise traces (header, events, duration)")
@@ -50,6 +62,9 @@ def output_paths(output: str, count: int, stem: str = "session") -> list[Path]:
 
 def run_synth(args: argparse.Namespace) -> int:
     from efim_lsp.trace_format import write_trace
+
+    if args.tour:
+        return run_tour(args)
     from efim_tools.trace.synth import SynthOptions, synthesize
     from efim_tools.trace.typist import TypingStyle
 
@@ -68,6 +83,34 @@ def run_synth(args: argparse.Namespace) -> int:
         print(
             f"{path}: {Path(meta['file']).name}:{meta['function']} — {meta['body_chars']} chars, "
             f"{trace.completions} completion requests, {trace.events[-1].t / 1000:.0f} s of typing",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_tour(args: argparse.Namespace) -> int:
+    from efim_lsp.trace_format import write_trace
+    from efim_tools.trace.tour import TourOptions, synthesize_tours
+
+    options = TourOptions(
+        seed=args.seed,
+        sessions=args.sessions,
+        visits=args.visits,
+        files=args.files,
+        same_file_rate=args.same_file_rate,
+        no_pause_rate=args.no_pause_rate,
+        undo_rate=args.undo_rate,
+    ).check()
+    paths = output_paths(args.output, args.sessions, stem="tour")
+    for path, tour in zip(paths, synthesize_tours(args.sources, options)):
+        write_trace(path, tour.trace)
+        meta = tour.trace.header.meta
+        jumps = meta["jumps"]
+        paused = sum(1 for j in jumps if j["pause_ms"] >= 500.0)
+        print(
+            f"{path}: {', '.join(Path(f).name for f in meta['files'])} — {len(jumps)} jumps "
+            f"({sum(1 for j in jumps if j['switch'])} switching files, {paused} after a pause >= 0.5 s), "
+            f"{tour.trace.completions} completion requests, {tour.trace.events[-1].t / 1000:.0f} s",
             file=sys.stderr,
         )
     return 0

@@ -6,8 +6,13 @@ live with the server, which writes traces when `efim serve --record DIR` asks it
     blocks.py    function bodies / blocks worth retyping
     typist.py    a person typing a block back (delays, bursts, typos, jumps)
     synth.py     sessions → traces
+    edits.py     small edits at one spot (retype a line's tail, new line, paste, undo)
+    tour.py      navigation tours: jumps between functions and files → traces
+    jumps.py     which requests are the first after a jump, and the pause before them
     client.py    a small asyncio JSON-RPC/LSP client over a subprocess's stdio
     person.py    one simulated person replaying a trace (timing, cancelling, accepting)
     replay.py    configurations on fresh servers, users in parallel, readiness, stats
+    probe.py     per-request server numbers from efim/stats segments (serial replays)
     report.py    percentiles, the comparison table, JSON and plot
+    navigation.py  the navigation comparison: TTFT after jumps, prefill per jump, warm-up
 """

@@ -4,10 +4,16 @@ What the person does with each event of the trace:
 - `open`, `change`, `close`: sent as recorded, except that versions are renumbered (an
   accepted suggestion replaces many key presses by one edit) and, when a trace is
   replayed by more than one user at once, URIs get a per-copy path segment.
+- `cursor`: sent as the notification it names (`efim/didMoveCursor` by default); a
+  request still running on that document is cancelled first, as editors do when the
+  cursor leaves.
 - `complete`: sent as a request. Under `speed="max"` the person waits for the answer
   before the next key; under `"realtime"` the recorded gaps are kept and a key press
   that arrives while its document's request is still running cancels it with
-  `$/cancelRequest`, as editors do.
+  `$/cancelRequest`, as editors do; under `"paced"` the person waits for each answer
+  and keeps the recorded gaps too: an event is sent at its recorded time or, when an
+  answer came later than that, when the answer came, and the rest of the trace moves
+  later by as much (so a pause before a key is never shortened by a slow answer).
 - an answer that is still current is shown (`textDocument/didShowCompletion`); if its
   text is what the trace types next, the person accepts it at the next key press:
   the accept notification, one edit inserting the accepted text, and the trace resumes
@@ -16,7 +22,8 @@ What the person does with each event of the trace:
 - recorded `show`/`accept` events describe the recorded server's answers, not this
   one's, so they are not forwarded; recorded `cancel` events are.
 
-Only the first `limit` completion requests of each trace are sent (the edits before
+A completion request that is the first after a jump (`jumps.py`) is recorded with the
+pause before it. Only the first `limit` completion requests of each trace are sent (the edits before
 each still apply). All times are `time.perf_counter()` on this side of the pipe.
 """
 
@@ -32,6 +39,7 @@ import msgspec
 
 from efim_tools.trace.client import LspClient, Pending, ResponseError, ServerCrashed
 from efim_tools.trace.document import TextDocument
+from efim_tools.trace.jumps import JumpMark, jump_marks
 from efim_lsp.trace_format import Event, Trace
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,14 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     items: int = 0
     chars: int = 0  # length of the first suggestion's text
     accepted: int = 0  # characters of this answer the person accepted
+    # the first request after a jump: the pause before it (ms) and whether it switched files
+    jump_pause_ms: float | None = None
+    jump_switch: bool = False
+    # this request's share of the server's counters (`probe.RequestProbe`, serial replays)
+    prompt_tokens: float | None = None
+    prefilled_tokens: float | None = None
+    warmup_tokens: float | None = None  # background warm-up since the previous request
+    warmup_ms: float | None = None
 
 
 class Moment(NamedTuple):
@@ -145,6 +161,12 @@ class ReplayTally(Protocol):
     final_digests: dict[str, str]
 
 
+class RequestProbeLike(Protocol):
+    """Called after each answered request of a serial replay (`probe.RequestProbe`)."""
+
+    async def after_request(self, record: RequestRecord) -> None: ...
+
+
 class Stage(NamedTuple):
     """What every person of one configuration's replay shares."""
 
@@ -155,6 +177,7 @@ class Stage(NamedTuple):
     observer: Observer
     counter: list[int]  # completion requests sent so far, all people together
     probe: FirstRequestProbe | None = None
+    request_probe: RequestProbeLike | None = None
 
 
 class ReceivedAnswer(NamedTuple):
@@ -180,6 +203,8 @@ class Person:
         self.observer = stage.observer
         self.counter = stage.counter
         self.probe = stage.probe
+        self.request_probe = stage.request_probe
+        self.marks = jump_marks(trace)
         self.encoding = trace.header.position_encoding
         self.docs: dict[str, TextDocument] = {}
         self.inflight: dict[str, tuple[Pending, RequestRecord, asyncio.Task | None]] = {}
@@ -203,17 +228,20 @@ class Person:
 
     async def run(self) -> None:
         events = self.trace.events
-        realtime = self.options.speed == "realtime"
+        speed = self.options.speed
+        timed = speed in ("realtime", "paced")
         start = time.perf_counter()
         offset = 0.0  # ms of trace time skipped by accepted suggestions
         i = 0
         try:
             while i < len(events):
                 event = events[i]
-                if realtime:
+                if timed:
                     delay = start + (event.t - offset) / 1000.0 - time.perf_counter()
                     if delay > 0:
                         await asyncio.sleep(delay)
+                    elif speed == "paced":
+                        start -= delay  # behind: an answer came late; the rest moves later
                 kind = event.kind
                 if kind == "open":
                     await self._open(event)
@@ -231,7 +259,9 @@ class Person:
                 elif kind == "complete":
                     if self.options.limit is not None and self.completes >= self.options.limit:
                         break
-                    await self._complete(event)
+                    await self._complete(event, self.marks.get(i))
+                elif kind == "cursor":
+                    await self._cursor(event)
                 elif kind == "cancel":
                     pending = self.id_map.get(event.params.get("id"))
                     if pending is not None and await self.client.cancel(pending):
@@ -272,6 +302,15 @@ class Person:
             params["textDocument"] = dict(params["textDocument"], version=doc.version)
         await self.client.notify("textDocument/didChange", params)
 
+    async def _cursor(self, event: Event) -> None:
+        uri = self.uri(event.uri)
+        await self._supersede(uri)
+        params = self._params(event)
+        doc = self.docs.get(uri)
+        if doc is not None and "version" in params.get("textDocument", {}):
+            params["textDocument"] = dict(params["textDocument"], version=doc.version)
+        await self.client.notify(event.lsp_method, params)
+
     async def _supersede(self, uri: str) -> None:
         """A key press on a document whose request is still running: cancel the request."""
         entry = self.inflight.pop(uri, None)
@@ -283,7 +322,7 @@ class Person:
             self.result.cancels_sent += 1
             record.outcome = "cancelled"  # provisional: becomes "late" if an answer still comes
 
-    async def _complete(self, event: Event) -> None:
+    async def _complete(self, event: Event, jump: JumpMark | None = None) -> None:
         uri = self.uri(event.uri)
         await self._supersede(uri)
         doc = self.docs.get(uri)
@@ -303,15 +342,20 @@ class Person:
             sent_ms=(pending.sent - self.clock0) * 1000.0,
             outcome="answered",
         )
+        if jump is not None:
+            record.jump_pause_ms = jump.pause_ms
+            record.jump_switch = jump.switch
         self.completes += 1
         self.result.records.append(record)
         self.counter[0] += 1
         if self.observer.on_request:
             self.observer.on_request(self.counter[0])
-        if self.options.speed == "max":
+        if self.options.speed in ("max", "paced"):
             await self._await_answer(uri, pending, record, version, cursor)
             if first and self.probe is not None:
                 await self.probe.after_first()
+            if self.request_probe is not None:
+                await self.request_probe.after_request(record)
         else:
             task = asyncio.create_task(self._await_answer(uri, pending, record, version, cursor))
             self.tasks.append(task)

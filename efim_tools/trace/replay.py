@@ -4,6 +4,9 @@ One configuration = one fresh server process (`efim serve` unless told otherwise
 started with the configuration's settings as `initializationOptions`, waited on until
 its model is ready, then fed the traces by `users` concurrent simulated people
 (`person.Person`: what each does with each event is described there).
+
+With `request_stats` (one user, answers awaited) each request also gets its own share
+of the server's counters and its server-side TTFT (`probe.RequestProbe`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import msgspec
 from efim_tools.trace.client import LspClient, ResponseError, ServerCrashed
 from efim_lsp.trace_format import Trace
 from efim_tools.trace.person import Moment, Observer, Outcome, Person, RequestRecord, Stage
+from efim_tools.trace.probe import RequestProbe
 
 __all__ = [
     "STANDARD_CONFIGS", "Config", "ConfigResult", "ModelFailed", "Moment", "Observer", "Outcome",
@@ -29,7 +33,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Speed = Literal["realtime", "max"]
+Speed = Literal["realtime", "max", "paced"]
 
 STANDARD_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("fim-nocache", {"promptFormat": "fim", "cache": False}),
@@ -64,6 +68,7 @@ class ReplayOptions(NamedTuple):
     ready_timeout_s: float = 900.0
     request_timeout_s: float = 300.0
     env: dict[str, str] | None = None
+    request_stats: bool = False  # per-request server numbers (serial replays only)
 
 
 class ConfigResult(msgspec.Struct, kw_only=True):
@@ -223,8 +228,10 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
 
         # A serial replay can bracket each trace's first request with counter snapshots
         # (the time they take is kept out of the wall clock).
-        probe = ColdStartProbe(client) if options.users == 1 and options.speed == "max" else None
-        stage = Stage(client, options, result, clock0, observer, counter, probe)
+        serial = options.users == 1 and options.speed in ("max", "paced")
+        request_probe = RequestProbe(client) if serial and options.request_stats else None
+        probe = ColdStartProbe(client) if serial and options.speed == "max" and request_probe is None else None
+        stage = Stage(client, options, result, clock0, observer, counter, probe, request_probe)
 
         async def person(user: int) -> None:
             while not jobs.empty():
@@ -238,9 +245,14 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
             for w in workers:
                 w.cancel()
         result.wall_s = time.perf_counter() - clock0 - (probe.paused_s if probe else 0.0)
+        if request_probe is not None:
+            result.wall_s -= request_probe.paused_s
         if probe is not None:
             result.first_requests = probe.first
-        result.stats_after = await settled_stats(client)
+        if request_probe is not None and request_probe.enabled:
+            result.stats_after = await request_probe.finish()  # the segments' sum: stats were reset after each
+        else:
+            result.stats_after = await settled_stats(client)
     except (ServerCrashed, TimeoutError, ModelFailed) as exc:
         result.crashed = str(exc) if not isinstance(exc, ServerCrashed) else _crash_text(exc)
         if not result.wall_s:

@@ -11,6 +11,8 @@ being passed through, never as measurements.
 Run as a script: `python tests/trace/oracle_server.py` speaks LSP on stdio.
 $EFIM_ORACLE_CRASH_AFTER=N makes the process die at the (N+1)-th engine request;
 $EFIM_ORACLE_RECORD=DIR installs the `--record` observer, as `efim serve --record` does.
+$EFIM_ORACLE_LOG=FILE appends every incoming notification (method, params) to FILE as a
+JSON line, so a test can see what the replayer sent, methods the server ignores included.
 """
 
 from __future__ import annotations
@@ -162,6 +164,9 @@ class OracleEngine:
     def wait_idle(self, timeout: float = 30.0) -> None:
         pass  # handles finish on their own timers
 
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        pass  # nothing to precompute for an oracle
+
     def close(self) -> None:
         pass
 
@@ -181,7 +186,18 @@ def main() -> int:
         from efim_lsp.recording import make_recorder
 
         recorder = make_recorder(os.environ["EFIM_ORACLE_RECORD"])
-    server = build_server(factory, message_observer=recorder)
+    observer = recorder
+    if os.environ.get("EFIM_ORACLE_LOG"):
+        log_file = open(os.environ["EFIM_ORACLE_LOG"], "a", encoding="utf-8")
+
+        def observer(direction: str, message: dict, at: float) -> None:
+            if direction == "in" and "method" in message and "id" not in message:
+                log_file.write(json.dumps({"method": message["method"], "params": message.get("params"), "at": at}) + "\n")
+                log_file.flush()
+            if recorder is not None:
+                recorder(direction, message, at)
+
+    server = build_server(factory, message_observer=observer)
     try:
         server.start_io()
     finally:
