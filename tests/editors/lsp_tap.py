@@ -1,11 +1,10 @@
 """A stdio tap between an editor and a language server: `python lsp_tap.py LOG -- CMD...`.
 
-Starts CMD, passes the editor's stdin through to it unchanged (the server's
-stdout and stderr are inherited, so its answers reach the editor untouched),
-and appends every client -> server JSON-RPC message to LOG as one JSON line
-`{"t": <monotonic seconds>, "message": {...}}`, flushed as it is written. The
-editor tests read LOG to check what a client sent (e.g. `efim/didMoveCursor`)
-whatever the server does with it.
+Starts CMD and passes bytes through unchanged both ways (the server's stderr is
+inherited), appending every JSON-RPC message to LOG as one JSON line
+`{"t": <monotonic s>, "dir": "in" | "out", "message": {...}}` ("in": editor to
+server), flushed as it is written. The editor tests read LOG to check what a
+client sent (e.g. `efim/didMoveCursor`) and what the server answered.
 """
 
 from __future__ import annotations
@@ -14,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from typing import BinaryIO, TextIO
 
 
 def frames(data: bytearray):
@@ -37,33 +38,53 @@ def frames(data: bytearray):
         yield body
 
 
+class Log:
+    def __init__(self, file: TextIO) -> None:
+        self.file = file
+        self.lock = threading.Lock()
+
+    def write(self, direction: str, body: bytes) -> None:
+        line = json.dumps({"t": time.monotonic(), "dir": direction, "message": json.loads(body)}) + "\n"
+        with self.lock:
+            self.file.write(line)
+            self.file.flush()
+
+
+def pump(source: int, sink: BinaryIO, log: Log, direction: str) -> None:
+    """Copies `source` (a file descriptor) to `sink` until EOF, logging each whole message."""
+    pending = bytearray()
+    while True:
+        chunk = os.read(source, 65536)
+        if not chunk:
+            return
+        try:
+            sink.write(chunk)
+            sink.flush()
+        except BrokenPipeError:
+            return
+        pending += chunk
+        for body in frames(pending):
+            log.write(direction, body)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 4 or argv[2] != "--":
         print("usage: lsp_tap.py LOG -- CMD...", file=sys.stderr)
         return 2
     log_path, cmd = argv[1], argv[3:]
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE)
-    pending = bytearray()
-    with open(log_path, "a", encoding="utf-8") as log:
-        stdin = sys.stdin.buffer.fileno()
-        while True:
-            chunk = os.read(stdin, 65536)
-            if not chunk:
-                break
-            try:
-                child.stdin.write(chunk)
-                child.stdin.flush()
-            except BrokenPipeError:
-                break
-            pending += chunk
-            for body in frames(pending):
-                log.write(json.dumps({"t": time.monotonic(), "message": json.loads(body)}) + "\n")
-                log.flush()
-    try:
-        child.stdin.close()
-    except BrokenPipeError:
-        pass
-    return child.wait()
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    with open(log_path, "a", encoding="utf-8") as file:
+        log = Log(file)
+        answers = threading.Thread(target=pump, args=(child.stdout.fileno(), sys.stdout.buffer, log, "out"), daemon=True)
+        answers.start()
+        pump(sys.stdin.buffer.fileno(), child.stdin, log, "in")
+        try:
+            child.stdin.close()
+        except BrokenPipeError:
+            pass
+        code = child.wait()
+        answers.join(timeout=5)
+    return code
 
 
 if __name__ == "__main__":

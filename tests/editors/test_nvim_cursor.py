@@ -30,9 +30,11 @@ require("efim").setup({ cmd = cmd, settings = { model = "fake", maxTokens = 8, m
 
 
 def client_messages(log: Path) -> list[dict]:
+    """What the client sent, in order (lsp_tap.py's "in" direction)."""
     if not log.exists():
         return []
-    return [json.loads(line)["message"] for line in log.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return [e["message"] for e in entries if e["dir"] == "in"]
 
 
 def cursor_notes(log: Path) -> list[dict]:
