@@ -7,7 +7,6 @@
 import * as vscode from 'vscode';
 import {
     ClientCapabilities,
-    DidChangeConfigurationNotification,
     FeatureState,
     InlineCompletionItem as LspInlineCompletionItem,
     LanguageClient,
@@ -21,7 +20,7 @@ import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion } fro
 import { CursorReporter } from './core/cursor';
 import { serverLaunch, spawnServer } from './core/launch';
 import { EfimStats, StatsRequest } from './core/protocol';
-import { ClientSettings, needsRestart, readSettings, serverOptions } from './core/settings';
+import { ClientSettings, readSettings, sendSettings, serverOptions, settingsAction } from './core/settings';
 import { formatStats, ServerProgress, statusLine } from './core/status';
 
 const ACCEPTED_COMMAND = 'efim._accepted';
@@ -231,18 +230,19 @@ class EfimExtension implements vscode.Disposable {
     private async settingsChanged(): Promise<void> {
         const before = this.settings;
         this.settings = currentSettings();
-        if (!this.settings.enable) {
-            this.refreshStatus();
-            return;
-        }
-        if (!this.client) {
-            await this.start();
-        } else if (needsRestart(before, this.settings)) {
-            await this.restart();
-        } else {
-            await this.client
-                .sendNotification(DidChangeConfigurationNotification.type, { settings: serverOptions(this.settings) })
-                .catch((err) => this.output.warn(`didChangeConfiguration: ${err}`));
+        switch (settingsAction(before, this.settings, this.client !== undefined)) {
+            case 'start':
+                await this.start();
+                break;
+            case 'restart':
+                await this.restart();
+                break;
+            case 'notify':
+                // Applied by the running server: no restart, documents and caches stay.
+                if (this.client) await sendSettings(this.client, this.settings).catch((err) => this.output.warn(`didChangeConfiguration: ${err}`));
+                break;
+            case 'none':
+                break;
         }
         this.refreshStatus();
     }

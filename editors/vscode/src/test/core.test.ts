@@ -9,7 +9,7 @@ import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion, Send
 import { CursorReporter, Debouncer, Timers } from '../core/cursor';
 import { resolveExecutable, serverLaunch, ServerNotFoundError } from '../core/launch';
 import type { EfimStats } from '../core/protocol';
-import { needsRestart, readSettings, serverOptions } from '../core/settings';
+import { needsRestart, readSettings, sendSettings, serverOptions, settingsAction } from '../core/settings';
 import { formatStats, ServerProgress, statusLine } from '../core/status';
 
 /** Records every message and answers requests from a table. */
@@ -61,6 +61,25 @@ describe('settings', () => {
         assert.equal(needsRestart(a, { ...a, maxTokens: 5, model: 'x' }), false);
         assert.equal(needsRestart(a, { ...a, serverPath: '/other/efim' }), true);
         assert.equal(needsRestart(a, { ...a, serverArgs: ['--log-file', 'x'] }), true);
+    });
+});
+
+describe('settings changes', () => {
+    test('server options go to the running server; only the launch command restarts it', async () => {
+        const a = readSettings((key) => ({ maxTokens: 12 } as Record<string, unknown>)[key]);
+        assert.equal(settingsAction(a, { ...a, maxTokens: 1 }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a, model: '/models/other' }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a, serverSettings: { blendRatio: 0.3 } }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a }, true), 'none');
+        assert.equal(settingsAction(a, { ...a, serverArgs: ['--log-file', 'x'] }, true), 'restart');
+        assert.equal(settingsAction(a, { ...a, maxTokens: 1 }, false), 'start');
+        assert.equal(settingsAction(a, { ...a, enable: false }, true), 'none', 'off keeps the server');
+        assert.equal(settingsAction({ ...a, enable: false }, a, true), 'none', 'on again: nothing changed for the server');
+        const sender = new RecordingSender();
+        await sendSettings(sender, { ...a, maxTokens: 1 });
+        assert.deepEqual(sender.sent, [
+            { kind: 'notification', method: 'workspace/didChangeConfiguration', params: { settings: { model: 'default', maxTokens: 1 } } },
+        ]);
     });
 });
 
