@@ -30,7 +30,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
 editors-setup:
-	bash editors/setup.sh
+	PYTHON=$(PY) bash editors/setup.sh
 
 clean:
 	rm -rf $(VENV) editors/vscode/node_modules editors/vscode/out

@@ -92,9 +92,9 @@ class _Reader:
 
 
 class EmbeddedNvim:
-    def __init__(self, args: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, binary: str = "nvim") -> None:
         self.proc = subprocess.Popen(
-            ["nvim", "--embed", "--headless", *args],
+            [binary, "--embed", "--headless", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

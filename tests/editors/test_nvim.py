@@ -1,4 +1,5 @@
-"""The Neovim plugin (editors/nvim) driven in a headless Neovim against the real `efim serve`.
+"""The Neovim plugin (editors/nvim) driven in a headless Neovim against the real `efim serve`,
+on each installed Neovim (the `nvim` fixture in conftest.py: the system's 0.7.2 and 0.12).
 
 Keys are sent with `nvim_input`, so insert-mode autocommands fire as for a
 user; the ghost text is read back from the plugin's extmarks. Every wait is
@@ -7,49 +8,16 @@ bounded, and Neovim runs in its own process group that is killed afterwards.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from embedded_nvim import EmbeddedNvim  # tests/editors is on sys.path (pytest rootdir-relative imports)
 
-REPO = Path(__file__).resolve().parents[2]
-PLUGIN = REPO / "editors" / "nvim"
 INITIAL = 'import os\n\n\n\nif __name__ == "__main__":\n    main()\n'
 # Typed on line 3 one key at a time until a suggestion appears.
 BODY = "def total_size(paths):\n    size = 0\n    for path in paths:\n        size += os.path.getsize(path)\n    return size\n"
-
-
-def _nvim_version() -> tuple[int, ...] | None:
-    exe = shutil.which("nvim")
-    if exe is None:
-        return None
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10).stdout
-    match = re.search(r"NVIM v(\d+)\.(\d+)\.(\d+)", out)
-    return tuple(int(x) for x in match.groups()) if match else (0, 0, 0)
-
-
-NVIM_VERSION = _nvim_version()
-
-
-@pytest.fixture
-def nvim(tmp_path):
-    if NVIM_VERSION is None:
-        pytest.skip("nvim not found on PATH: install Neovim >= 0.7 (editors/setup.sh installs Debian's neovim) to run the Neovim client tests")
-    if NVIM_VERSION < (0, 7, 0):
-        pytest.skip(f"Neovim {'.'.join(map(str, NVIM_VERSION))} is older than the plugin's minimum, 0.7")
-    env = dict(os.environ)
-    for var in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
-        env[var] = str(tmp_path / "xdg" / var.lower())  # LSP log and shada stay in the test's folder
-    session = EmbeddedNvim(["-u", "NONE", "-i", "NONE", "-n", "--cmd", f"set rtp^={PLUGIN}"], cwd=str(tmp_path), env=env)
-    try:
-        yield session
-    finally:
-        session.close()
 
 
 SETUP = """
@@ -136,7 +104,7 @@ def test_ghost_text_from_a_real_suggestion_and_accept_inserts_it(nvim, efim_serv
     assert (mark_row, mark_col) == (row, col)
     if "\n" not in suggestion or not suggestion.startswith("\n"):
         assert details["virt_text"][0][0] == suggestion.split("\n")[0]
-        expected_pos = "inline" if NVIM_VERSION >= (0, 10, 0) else "overlay"  # typed at the end of the line
+        expected_pos = "inline" if nvim.version >= (0, 10, 0) else "overlay"  # typed at the end of the line
         assert details["virt_text_pos"] == expected_pos
 
     # Accept: the buffer becomes text + suggestion, the cursor lands after it.
@@ -225,7 +193,7 @@ return {
 
 def test_text_arithmetic(nvim):
     """Column conversions (surrogate pairs, multibyte) and the pieces partial accepts take."""
-    out = nvim.lua(TEXT_CASES) if NVIM_VERSION >= (0, 9, 0) else nvim.lua(_without_unicode_escapes(TEXT_CASES))
+    out = nvim.lua(TEXT_CASES) if nvim.version >= (0, 9, 0) else nvim.lua(_without_unicode_escapes(TEXT_CASES))
     assert out["utf16"] == [3, 4, 5]
     assert out["utf32"] == [2, 4]
     assert out["bytes"] == [5, 8, 9, 6, 4]
@@ -259,7 +227,7 @@ return { mid = mid, col = marks[1][3], pos = details.virt_text_pos, below = deta
 def test_ghost_rendering(nvim):
     """Where ghost text goes: inline from 0.10; before that at eol when text follows the cursor, else overlay."""
     out = nvim.lua(GHOST_CASES)
-    inline = NVIM_VERSION >= (0, 10, 0)
+    inline = nvim.version >= (0, 10, 0)
     assert out["mid"] == "b, c\n    d"
     assert out["n"] == 1 and out["col"] == 6
     assert out["pos"] == ("inline" if inline else "eol")

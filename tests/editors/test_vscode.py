@@ -7,10 +7,13 @@ API lives in `src/core/` and is what these tests exercise.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,12 +51,60 @@ def test_typecheck(build):
 def test_node_tests_against_efim_serve(build, efim_serve, tiny_model_dir):
     assert build.returncode == 0, build.stdout + build.stderr
     env = dict(os.environ)
-    env.update(EFIM_SERVER=efim_serve[0], EFIM_TEST_MODEL=str(tiny_model_dir), EFIM_REQUIRE_SERVER="1")
+    env.update(EFIM_SERVER=efim_serve[0], EFIM_TEST_MODEL=str(tiny_model_dir), EFIM_REQUIRE_SERVER="1", EFIM_PYTHON=sys.executable)
     result = _run(["node", "--test", "--test-reporter=tap", "out/test/"], env=env, timeout=150)
     output = result.stdout + result.stderr
     counts = {key: int(n) for key, n in re.findall(r"^# (pass|fail|skipped|cancelled|todo) (\d+)$", result.stdout, re.M)}
     assert result.returncode == 0, output
     assert counts.get("fail") == 0 and counts.get("cancelled") == 0, output
     assert counts.get("skipped") == 0, f"a Node test skipped itself:\n{output}"
-    assert counts.get("pass", 0) >= 13, output  # 12 unit tests of core/ + the integration test
+    assert counts.get("pass", 0) >= 20, output  # 18 unit tests of core/ + 2 integration tests (efim serve, settings change)
     assert "# suggestion after" in result.stdout, output  # the integration test reached a real suggestion
+
+
+def _runtime_packages(lock: dict) -> set[str]:
+    """Top-level node_modules packages that are not dev-only: the runtime dependencies and theirs."""
+    out = set()
+    for key, info in lock["packages"].items():
+        if not key.startswith("node_modules/") or info.get("dev") or info.get("devOptional"):
+            continue
+        out.add(key[len("node_modules/") :].split("/node_modules/")[0])  # a nested copy ships inside its top-level owner
+    return out
+
+
+def test_vsix_package(build):
+    """`npm run package` builds efim.vsix with the compiled extension, its manifest, and only the runtime dependencies."""
+    assert build.returncode == 0, build.stdout + build.stderr
+    vsix = VSCODE / "efim.vsix"
+    vsix.unlink(missing_ok=True)
+    result = _run(["npm", "run", "--silent", "package"], timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with zipfile.ZipFile(vsix) as z:
+        names = set(z.namelist())
+        manifest = json.loads(z.read("extension/package.json"))
+    source = json.loads((VSCODE / "package.json").read_text())
+
+    # The compiled extension, without tests, maps or sources.
+    compiled = {f"extension/out/{p.relative_to(VSCODE / 'out').as_posix()}" for p in (VSCODE / "out").rglob("*.js") if "test" not in p.parts}
+    assert compiled and compiled <= names, sorted(compiled - names)
+    assert f"extension/{manifest['main'].removeprefix('./')}" in names
+    leaked = [n for n in names if n.startswith(("extension/src/", "extension/out/test/")) or n.endswith((".map", ".ts", ".vsix"))]
+    assert leaked == []
+
+    # The manifest VS Code reads: the same contributes (commands, settings) as the source.
+    assert manifest["contributes"] == source["contributes"]
+    assert {c["command"] for c in manifest["contributes"]["commands"]} == {"efim.toggle", "efim.showStats", "efim.restartServer"}
+    assert manifest["engines"]["vscode"] == source["engines"]["vscode"]
+
+    # node_modules: exactly the runtime closure of vscode-languageclient (+ the protocol package it
+    # brings, which core/ imports), per the lock file; no dev tool (typescript, vsce, @types).
+    lock = json.loads((VSCODE / "package-lock.json").read_text())
+    runtime = _runtime_packages(lock)
+    assert set(source["dependencies"]) <= runtime and "vscode-languageclient" in runtime
+    packaged = set()
+    for name in names:
+        parts = name.split("/")
+        if len(parts) > 3 and parts[:2] == ["extension", "node_modules"]:
+            packaged.add("/".join(parts[2:4]) if parts[2].startswith("@") else parts[2])
+    assert packaged == runtime, {"extra": sorted(packaged - runtime), "missing": sorted(runtime - packaged)}
+    assert not packaged & {"typescript", "@vscode/vsce", "@types/node", "@types/vscode"}

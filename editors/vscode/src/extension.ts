@@ -7,7 +7,6 @@
 import * as vscode from 'vscode';
 import {
     ClientCapabilities,
-    DidChangeConfigurationNotification,
     FeatureState,
     InlineCompletionItem as LspInlineCompletionItem,
     LanguageClient,
@@ -18,12 +17,15 @@ import {
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion } from './core/completions';
+import { CursorReporter } from './core/cursor';
 import { serverLaunch, spawnServer } from './core/launch';
 import { EfimStats, StatsRequest } from './core/protocol';
-import { ClientSettings, needsRestart, readSettings, serverOptions } from './core/settings';
+import { ClientSettings, readSettings, sendSettings, serverOptions, settingsAction } from './core/settings';
 import { formatStats, ServerProgress, statusLine } from './core/status';
 
 const ACCEPTED_COMMAND = 'efim._accepted';
+/** The documents the client syncs with the server (and so the only ones it reports a cursor for). */
+const DOCUMENT_SELECTOR: vscode.DocumentFilter[] = [{ scheme: 'file' }, { scheme: 'untitled' }];
 
 function currentSettings(): ClientSettings {
     const config = vscode.workspace.getConfiguration('efim');
@@ -65,6 +67,7 @@ class EfimExtension implements vscode.Disposable {
     private settings = currentSettings();
     private client?: LanguageClient;
     private reporter?: CompletionReporter;
+    private cursor?: CursorReporter;
     private readonly tracker = new PartialAcceptTracker();
     private readonly progress = new ServerProgress();
     private readonly output = vscode.window.createOutputChannel('efim', { log: true });
@@ -88,6 +91,8 @@ class EfimExtension implements vscode.Disposable {
                 if (e.affectsConfiguration('efim')) void this.settingsChanged();
             }),
             vscode.workspace.onDidChangeTextDocument((e) => this.documentChanged(e)),
+            vscode.window.onDidChangeTextEditorSelection((e) => this.selectionChanged(e)),
+            vscode.window.onDidChangeActiveTextEditor((editor) => this.activeEditorChanged(editor)),
         );
         this.refreshStatus();
     }
@@ -97,10 +102,12 @@ class EfimExtension implements vscode.Disposable {
         const client = this.createClient();
         this.client = client;
         this.reporter = new CompletionReporter(client);
+        this.cursor = new CursorReporter(client, { onError: (err) => this.output.debug(`efim/didMoveCursor: ${err}`) });
         this.progress.starting();
         this.refreshStatus();
         try {
             await client.start();
+            this.activeEditorChanged(vscode.window.activeTextEditor); // where the user is when the server comes up
         } catch (err) {
             const message = err instanceof Error ? err.message : String(err);
             this.progress.stopped('error', message);
@@ -115,6 +122,8 @@ class EfimExtension implements vscode.Disposable {
         const client = this.client;
         this.client = undefined;
         this.reporter = undefined;
+        this.cursor?.dispose();
+        this.cursor = undefined;
         this.tracker.clear();
         if (client) await client.stop().catch((err) => this.output.warn(`stopping the server: ${err}`));
         this.progress.stopped();
@@ -193,8 +202,25 @@ class EfimExtension implements vscode.Disposable {
         await this.reporter?.accepted(item).catch((err) => this.output.warn(`reporting an accept: ${err}`));
     }
 
+    /** Whether the cursor notification applies: a running server, completions on, a document the client syncs. */
+    private tracksCursor(document: vscode.TextDocument): boolean {
+        return this.client?.state === State.Running && this.settings.enable && vscode.languages.match(DOCUMENT_SELECTOR, document) > 0;
+    }
+
+    private selectionChanged(e: vscode.TextEditorSelectionChangeEvent): void {
+        const document = e.textEditor.document;
+        if (!this.cursor || e.textEditor !== vscode.window.activeTextEditor || !this.tracksCursor(document)) return;
+        this.cursor.selectionChanged(document.uri.toString(), document.version, e.selections[0].active);
+    }
+
+    private activeEditorChanged(editor: vscode.TextEditor | undefined): void {
+        if (!this.cursor || !editor || !this.tracksCursor(editor.document)) return;
+        this.cursor.activated(editor.document.uri.toString(), editor.document.version, editor.selection.active);
+    }
+
     private documentChanged(e: vscode.TextDocumentChangeEvent): void {
         if (e.contentChanges.length === 0) return;
+        this.cursor?.edited(e.document.uri.toString(), e.document.version, e.contentChanges);
         const partial = this.tracker.changed(e.document.uri.toString(), e.contentChanges);
         if (partial && this.reporter) {
             void this.reporter.partiallyAccepted(partial.item, partial.acceptedLength).catch((err) => this.output.warn(`didPartiallyAcceptCompletion: ${err}`));
@@ -204,18 +230,19 @@ class EfimExtension implements vscode.Disposable {
     private async settingsChanged(): Promise<void> {
         const before = this.settings;
         this.settings = currentSettings();
-        if (!this.settings.enable) {
-            this.refreshStatus();
-            return;
-        }
-        if (!this.client) {
-            await this.start();
-        } else if (needsRestart(before, this.settings)) {
-            await this.restart();
-        } else {
-            await this.client
-                .sendNotification(DidChangeConfigurationNotification.type, { settings: serverOptions(this.settings) })
-                .catch((err) => this.output.warn(`didChangeConfiguration: ${err}`));
+        switch (settingsAction(before, this.settings, this.client !== undefined)) {
+            case 'start':
+                await this.start();
+                break;
+            case 'restart':
+                await this.restart();
+                break;
+            case 'notify':
+                // Applied by the running server: no restart, documents and caches stay.
+                if (this.client) await sendSettings(this.client, this.settings).catch((err) => this.output.warn(`didChangeConfiguration: ${err}`));
+                break;
+            case 'none':
+                break;
         }
         this.refreshStatus();
     }

@@ -5,11 +5,14 @@
 --     filetypes = nil,                      -- nil: every file type not in exclude_filetypes
 --     keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>" },
 --     settings = { model = "default" },     -- flat camelCase server settings (initializationOptions)
+--     cursor_notify = true,                 -- send `efim/didMoveCursor` (debounced) so the server warms ahead
+--     cursor_debounce_ms = 80,
 --   }
 --
 -- Works on Neovim 0.7+. The plugin asks for `textDocument/inlineCompletion` on
 -- every keystroke in insert mode, cancels the request in flight when the user
 -- types on, draws the answer as ghost text and reports shows and accepts.
+local moves = require("efim.cursor") -- the cursor notification
 local ghost = require("efim.ghost")
 local server = require("efim.server")
 local text = require("efim.text")
@@ -27,6 +30,8 @@ local defaults = {
   keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>" },
   settings = { model = "default" },
   hl_group = "EfimSuggestion",
+  cursor_notify = true,
+  cursor_debounce_ms = 80,
 }
 
 local cfg = vim.deepcopy(defaults)
@@ -253,6 +258,7 @@ function M.restart()
   local buffers = vim.tbl_filter(function(b)
     return vim.api.nvim_buf_is_loaded(b) and vim.b[b].efim_attached
   end, vim.api.nvim_list_bufs())
+  moves.reset() -- the new server has not heard where the cursor is
   server.stop(function()
     for _, b in ipairs(buffers) do
       vim.b[b].efim_attached = nil
@@ -270,6 +276,7 @@ function M.status()
     detail = server.status.detail,
     client_id = client and client.id or nil,
     pending = inflight ~= nil,
+    cursor_sent = moves.sent,
     suggestion = current and remainder() or nil,
     counters = vim.deepcopy(counters),
     last_error = last_error,
@@ -359,6 +366,12 @@ function M.attach(bufnr)
     return false
   end
   vim.b[bufnr].efim_attached = true
+  if cfg.cursor_notify then
+    moves.delay_ms = cfg.cursor_debounce_ms or moves.delay_ms
+    moves.attach(bufnr, function()
+      return enabled and server.client(bufnr) or nil
+    end)
+  end
   local km = cfg.keymaps or {}
   map(bufnr, km.accept, function()
     return M.accept("all")

@@ -98,11 +98,12 @@ export interface TextChange {
     text: string;
 }
 
-function samePosition(a: Position, b: Position): boolean {
+export function samePosition(a: Position, b: Position): boolean {
     return a.line === b.line && a.character === b.character;
 }
 
-function advance(pos: Position, text: string): Position {
+/** Where the cursor ends up after typing `text` at `pos` (UTF-16 columns). */
+export function advance(pos: Position, text: string): Position {
     const lines = text.split('\n');
     if (lines.length === 1) return { line: pos.line, character: pos.character + text.length };
     return { line: pos.line + lines.length - 1, character: lines[lines.length - 1].length };

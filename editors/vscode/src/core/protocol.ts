@@ -1,8 +1,9 @@
 /**
  * The server's messages beyond LSP 3.18: show/accept reports (the names
- * Copilot's language server uses, so existing telemetry works) and `efim/stats`.
+ * Copilot's language server uses, so existing telemetry works), `efim/stats`,
+ * and the cursor notification `efim/didMoveCursor`.
  */
-import { InlineCompletionItem, NotificationType, RequestType } from 'vscode-languageserver-protocol';
+import { InlineCompletionItem, NotificationType, Position, RequestType } from 'vscode-languageserver-protocol';
 
 export interface Percentiles {
     p50: number;
@@ -45,3 +46,15 @@ export const DidShowCompletionNotification = new NotificationType<DidShowComplet
 export const DidPartiallyAcceptCompletionNotification = new NotificationType<DidPartiallyAcceptCompletionParams>(
     'textDocument/didPartiallyAcceptCompletion',
 );
+
+/**
+ * Where the user's cursor is, sent without an edit (debounced) so the server can
+ * prefill the window a request there would need before the first keystroke.
+ * `position` counts in the negotiated encoding (UTF-16 for this client).
+ */
+export interface DidMoveCursorParams {
+    textDocument: { uri: string; version?: number };
+    position: Position;
+}
+
+export const DidMoveCursorNotification = new NotificationType<DidMoveCursorParams>('efim/didMoveCursor');

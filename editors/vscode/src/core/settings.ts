@@ -100,3 +100,30 @@ export function serverOptions(settings: ClientSettings): Record<string, unknown>
 export function needsRestart(before: ClientSettings, after: ClientSettings): boolean {
     return before.serverPath !== after.serverPath || before.serverArgs.join('\0') !== after.serverArgs.join('\0');
 }
+
+/** What a change of `efim.*` settings needs from the extension. */
+export type SettingsAction = 'none' | 'start' | 'restart' | 'notify';
+
+/**
+ * `restart` only when the launch command changed (`serverPath`, `serverArgs`);
+ * every server option goes to the running server as
+ * `workspace/didChangeConfiguration` (`notify`), which applies it at once — a
+ * new `model` included (the server reloads its engine itself). Turning
+ * completions off keeps the server; turning them on starts one if none runs.
+ */
+export function settingsAction(before: ClientSettings, after: ClientSettings, running: boolean): SettingsAction {
+    if (!after.enable) return 'none';
+    if (!running) return 'start';
+    if (needsRestart(before, after)) return 'restart';
+    return JSON.stringify(serverOptions(before)) === JSON.stringify(serverOptions(after)) ? 'none' : 'notify';
+}
+
+/** The part of a connection `sendSettings` needs (vscode-languageclient's client, or a test's connection). */
+export interface NotificationSender {
+    sendNotification(method: string, params: unknown): Promise<void>;
+}
+
+/** Sends the server its new options (flat camelCase, the same shape as `initializationOptions`). */
+export function sendSettings(sender: NotificationSender, settings: ClientSettings): Promise<void> {
+    return sender.sendNotification('workspace/didChangeConfiguration', { settings: serverOptions(settings) });
+}

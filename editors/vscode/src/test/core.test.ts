@@ -6,9 +6,10 @@ import * as path from 'node:path';
 import { describe, test } from 'node:test';
 import { CancellationToken, InlineCompletionItem, InlineCompletionParams, InlineCompletionTriggerKind } from 'vscode-languageserver-protocol';
 import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion, Sender } from '../core/completions';
+import { CursorReporter, Debouncer, Timers } from '../core/cursor';
 import { resolveExecutable, serverLaunch, ServerNotFoundError } from '../core/launch';
 import type { EfimStats } from '../core/protocol';
-import { needsRestart, readSettings, serverOptions } from '../core/settings';
+import { needsRestart, readSettings, sendSettings, serverOptions, settingsAction } from '../core/settings';
 import { formatStats, ServerProgress, statusLine } from '../core/status';
 
 /** Records every message and answers requests from a table. */
@@ -60,6 +61,25 @@ describe('settings', () => {
         assert.equal(needsRestart(a, { ...a, maxTokens: 5, model: 'x' }), false);
         assert.equal(needsRestart(a, { ...a, serverPath: '/other/efim' }), true);
         assert.equal(needsRestart(a, { ...a, serverArgs: ['--log-file', 'x'] }), true);
+    });
+});
+
+describe('settings changes', () => {
+    test('server options go to the running server; only the launch command restarts it', async () => {
+        const a = readSettings((key) => ({ maxTokens: 12 } as Record<string, unknown>)[key]);
+        assert.equal(settingsAction(a, { ...a, maxTokens: 1 }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a, model: '/models/other' }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a, serverSettings: { blendRatio: 0.3 } }, true), 'notify');
+        assert.equal(settingsAction(a, { ...a }, true), 'none');
+        assert.equal(settingsAction(a, { ...a, serverArgs: ['--log-file', 'x'] }, true), 'restart');
+        assert.equal(settingsAction(a, { ...a, maxTokens: 1 }, false), 'start');
+        assert.equal(settingsAction(a, { ...a, enable: false }, true), 'none', 'off keeps the server');
+        assert.equal(settingsAction({ ...a, enable: false }, a, true), 'none', 'on again: nothing changed for the server');
+        const sender = new RecordingSender();
+        await sendSettings(sender, { ...a, maxTokens: 1 });
+        assert.deepEqual(sender.sent, [
+            { kind: 'notification', method: 'workspace/didChangeConfiguration', params: { settings: { model: 'default', maxTokens: 1 } } },
+        ]);
     });
 });
 
@@ -201,5 +221,148 @@ describe('status', () => {
         for (const piece of ['requests 10', 'served 8', 'typing-through 3', 'reuse 97.0%', 'p50 12 ms', 'p99 150 ms', '3.0 MiB', '2 rebases', 'accepted: 4']) {
             assert.ok(text.includes(piece), `${piece} missing from:\n${text}`);
         }
+    });
+});
+
+/** A hand-driven clock: `advance(ms)` runs the timers that come due, in order. */
+class FakeTimers implements Timers {
+    now = 0;
+    private next = 1;
+    private readonly timers = new Map<number, { at: number; callback: () => void }>();
+    setTimeout(callback: () => void, ms: number): unknown {
+        const id = this.next++;
+        this.timers.set(id, { at: this.now + ms, callback });
+        return id;
+    }
+    clearTimeout(handle: unknown): void {
+        this.timers.delete(handle as number);
+    }
+    get active(): number {
+        return this.timers.size;
+    }
+    advance(ms: number): void {
+        const end = this.now + ms;
+        for (;;) {
+            const due = [...this.timers.entries()].filter(([, t]) => t.at <= end).sort((a, b) => a[1].at - b[1].at)[0];
+            if (!due) break;
+            this.timers.delete(due[0]);
+            this.now = due[1].at;
+            due[1].callback();
+        }
+        this.now = end;
+    }
+}
+
+describe('cursor notification', () => {
+    const at = (line: number, character: number) => ({ line, character });
+    const note = (uri: string, version: number, line: number, character: number) => ({
+        kind: 'notification',
+        method: 'efim/didMoveCursor',
+        params: { textDocument: { uri, version }, position: at(line, character) },
+    });
+    const setup = () => {
+        const timers = new FakeTimers();
+        const sender = new RecordingSender();
+        return { timers, sender, cursor: new CursorReporter(sender, { delayMs: 80, timers }) };
+    };
+
+    test('the debouncer fires the latest value once, delay after the last schedule', () => {
+        const timers = new FakeTimers();
+        const fired: number[] = [];
+        const debouncer = new Debouncer<number>(80, (v) => fired.push(v), timers);
+        debouncer.schedule(1);
+        timers.advance(50);
+        debouncer.schedule(2);
+        timers.advance(79);
+        assert.deepEqual(fired, []);
+        assert.equal(debouncer.pending, 2);
+        timers.advance(1);
+        assert.deepEqual(fired, [2]);
+        assert.equal(debouncer.pending, undefined);
+        assert.equal(timers.active, 0);
+        debouncer.schedule(3);
+        debouncer.cancel();
+        timers.advance(1000);
+        assert.deepEqual(fired, [2]);
+        debouncer.schedule(4);
+        debouncer.flush();
+        assert.deepEqual(fired, [2, 4]);
+        assert.equal(timers.active, 0);
+    });
+
+    test('a burst of moves sends one notification with the last position and the version', () => {
+        const { timers, sender, cursor } = setup();
+        for (let c = 0; c < 10; c++) {
+            cursor.selectionChanged('file:///a.py', 3, at(4, c));
+            timers.advance(10);
+        }
+        assert.deepEqual(sender.sent, []);
+        timers.advance(80);
+        assert.deepEqual(sender.sent, [note('file:///a.py', 3, 4, 9)]);
+        assert.equal(cursor.sent, 1);
+    });
+
+    test('the same document version and position is not sent twice; switching documents is', () => {
+        const { timers, sender, cursor } = setup();
+        cursor.selectionChanged('file:///a.py', 1, at(2, 5));
+        timers.advance(100);
+        cursor.activated('file:///a.py', 1, at(2, 5));
+        timers.advance(100);
+        cursor.activated('file:///b.py', 7, at(0, 0));
+        timers.advance(100);
+        cursor.activated('file:///a.py', 1, at(2, 5));
+        timers.advance(100);
+        assert.deepEqual(sender.sent, [note('file:///a.py', 1, 2, 5), note('file:///b.py', 7, 0, 0), note('file:///a.py', 1, 2, 5)]);
+        cursor.reset(); // a new server: the same place is news to it
+        cursor.activated('file:///a.py', 1, at(2, 5));
+        timers.advance(100);
+        assert.equal(sender.sent.length, 4);
+    });
+
+    test('the move an edit causes is not sent; a move after the edit is, at the new version', () => {
+        const { timers, sender, cursor } = setup();
+        const insert = (line: number, character: number, text: string) => [{ range: { start: at(line, character), end: at(line, character) }, text }];
+        cursor.selectionChanged('file:///a.py', 1, at(3, 0)); // a move, then typing before it fires
+        timers.advance(40);
+        cursor.edited('file:///a.py', 2, insert(3, 0, 'x'));
+        cursor.selectionChanged('file:///a.py', 2, at(3, 1));
+        cursor.edited('file:///a.py', 3, insert(3, 1, 'y'));
+        cursor.selectionChanged('file:///a.py', 3, at(3, 2));
+        timers.advance(500);
+        assert.deepEqual(sender.sent, [], 'the edit superseded the pending move and caused the others');
+        cursor.selectionChanged('file:///a.py', 3, at(3, 1)); // arrow left
+        timers.advance(100);
+        assert.deepEqual(sender.sent, [note('file:///a.py', 3, 3, 1)]);
+        // An edit that leaves the cursor where it was (delete forward): the next move still counts.
+        cursor.edited('file:///a.py', 4, [{ range: { start: at(3, 1), end: at(3, 2) }, text: '' }]);
+        cursor.selectionChanged('file:///a.py', 4, at(3, 0));
+        timers.advance(100);
+        assert.deepEqual(sender.sent.at(-1), note('file:///a.py', 4, 3, 0));
+        // A multi-line paste ends on a later line: the cursor there is the edit's.
+        cursor.edited('file:///a.py', 5, insert(3, 0, 'a\nbc'));
+        cursor.selectionChanged('file:///a.py', 5, at(4, 2));
+        timers.advance(100);
+        assert.equal(sender.sent.length, 2);
+    });
+
+    test('a failed send is reported and the reporter goes on', async () => {
+        const timers = new FakeTimers();
+        const errors: unknown[] = [];
+        let calls = 0;
+        const failing: Sender = {
+            sendRequest: async () => null,
+            sendNotification: async () => {
+                calls += 1;
+                throw new Error('connection closed');
+            },
+        };
+        const cursor = new CursorReporter(failing, { delayMs: 80, timers, onError: (e) => errors.push(e) });
+        cursor.activated('file:///a.py', 1, at(0, 0));
+        timers.advance(80);
+        cursor.activated('file:///a.py', 1, at(1, 0));
+        timers.advance(80);
+        await new Promise((resolve) => setImmediate(resolve));
+        assert.equal(calls, 2);
+        assert.equal(errors.length, 2);
     });
 });

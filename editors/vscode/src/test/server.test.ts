@@ -27,6 +27,7 @@ import {
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageserver-protocol/node';
 import { CompletionReporter, requestInlineCompletion } from '../core/completions';
+import { CursorReporter } from '../core/cursor';
 import { serverLaunch, spawnServer } from '../core/launch';
 import { StatsRequest } from '../core/protocol';
 import { readSettings, serverOptions } from '../core/settings';
@@ -192,6 +193,17 @@ test('open, type, request, receive a suggestion, report show and accept against 
     await connection.sendNotification('textDocument/didOpen', {
         textDocument: { uri: doc.uri, languageId: 'python', version: doc.version, text: doc.text },
     });
+
+    // Where the cursor is before typing, as the extension reports it (debounced), and one for a
+    // document the server does not know: the server takes both without an error and keeps serving.
+    const cursorErrors: unknown[] = [];
+    const moves = new CursorReporter(connection, { onError: (err) => cursorErrors.push(err) });
+    moves.activated(doc.uri, doc.version, { line: 2, character: 0 });
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    moves.activated('file:///work/not-open.py', 1, { line: 40, character: 3 });
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    assert.equal(moves.sent, 2);
+    assert.deepEqual(cursorErrors, []);
 
     // Type a function one key at a time, asking after every key as VS Code does, until a suggestion comes back.
     const body = 'def total_size(paths):\n    size = 0\n    for path in paths:\n        size += os.path.getsize(path)\n    return size\n';
