@@ -21,6 +21,7 @@ Sync rules (DESIGN.md §6: the copy never drifts silently):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import NamedTuple, Sequence
 
@@ -78,6 +79,7 @@ class Document:
         self.unsupported: str | None = None
         self._text = ""
         self._index: LineIndex | None = None
+        self._checksum: str | None = None
         self.replace_text(text)
 
     @property
@@ -89,6 +91,13 @@ class Document:
         if self._index is None:
             self._index = LineIndex(self._text)
         return self._index
+
+    @property
+    def checksum(self) -> str:
+        """`text_checksum(text)`, computed once per text version."""
+        if self._checksum is None:
+            self._checksum = text_checksum(self._text)
+        return self._checksum
 
     @property
     def eol(self) -> str:
@@ -106,6 +115,7 @@ class Document:
     def replace_text(self, text: str) -> None:
         self._text = text
         self._index = None
+        self._checksum = None
         self.in_sync = True
         self.sync_problem = None
         self.unsupported = unsupported_reason(text)
@@ -114,6 +124,7 @@ class Document:
         text = self._text
         self._text = text[: edit.start] + edit.new_text + text[edit.end :]
         self._index = None
+        self._checksum = None
         self.unsupported = unsupported_reason(self._text)  # a C-speed scan; cheap next to the slicing above
 
     def mark_out_of_sync(self, problem: str) -> None:
@@ -124,6 +135,13 @@ class Document:
 
     def offset_at(self, line: int, character: int, encoding: Encoding) -> int:
         return self.index.offset(line, character, encoding)
+
+
+def text_checksum(text: str) -> str:
+    """sha256 of the text's UTF-8 bytes (lone surrogates encoded as Python's `surrogatepass`
+    does), hex, first 16 digits: what `efim/documentText` and `efim/stats` report, so a
+    client can check the server's copy against its own."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def unsupported_reason(text: str) -> str | None:

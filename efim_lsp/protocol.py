@@ -10,6 +10,12 @@
   moment a request was read, and answers only for the version it arrived with.
 - A request whose params do not fit the LSP types gets an InvalidParams error
   response (pygls alone would log it and leave the client waiting forever).
+- Lifecycle by the LSP spec (`_refused_by_lifecycle`): before `initialize` a
+  request gets ServerNotInitialized (-32002) and a notification is dropped; a
+  second `initialize` gets InvalidRequest; after `shutdown` every request gets
+  InvalidRequest and notifications are dropped; `exit` is always accepted and
+  records the process's exit code (0 after `shutdown`, 1 without) in
+  `exit_code`, which ends the stdio loop (`efim_lsp.stdio`).
 - pygls keeps its own copy of every document and re-splits it into lines on
   each change; this server keeps exactly one copy (`documents.DocumentStore`),
   so the built-in open/change/close handlers only forward to ours.
@@ -30,6 +36,8 @@ from pygls.protocol.json_rpc import RPCRequest
 log = logging.getLogger(__name__)
 
 MessageObserver = Callable[[str, dict, float], None]
+
+SERVER_NOT_INITIALIZED = -32002
 
 COMPLETION_METHODS = frozenset({types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION})
 _MAX_PENDING_ARRIVALS = 1024
@@ -53,6 +61,9 @@ class EfimProtocol(LanguageServerProtocol):
         self.arrivals: OrderedDict[Any, Arrival] = OrderedDict()
         # Set by the server: uri -> current version (None when not open).
         self.version_of: Callable[[str], int | None] = lambda uri: None
+        self.initialize_received = False
+        self.shutdown_received = False
+        self.exit_code: int | None = None  # set by `exit`; ends the stdio loop
 
     # -- incoming ------------------------------------------------------------
     def structure_message(self, data: dict[str, Any]):
@@ -78,13 +89,61 @@ class EfimProtocol(LanguageServerProtocol):
                 self._send_response(message["id"], error=error)
             return
         if isinstance(message, _Malformed):
+            if self._refused_by_lifecycle(message.method, message.id, malformed=True):
+                return
             log.warning("%s", message.reason)
             if message.id is not None and message.method:
                 self._send_response(message.id, error=JsonRpcInvalidParams(message.reason).to_response_error())
             return
+        if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
+            log.warning("ignored a message that is not a JSON object: %.200r", message)
+            return
+        method = getattr(message, "method", None)
+        if method is not None and self._refused_by_lifecycle(method, message.id if isinstance(message, RPCRequest) else None):
+            return
         if isinstance(message, RPCRequest) and message.method in COMPLETION_METHODS:
             self._stamp(message)
         super().handle_message(message)
+
+    def _refused_by_lifecycle(self, method: str | None, msg_id: Any, *, malformed: bool = False) -> bool:
+        """Apply the lifecycle rules to an incoming request (`msg_id` set) or notification;
+        True when the message was answered with an error or dropped here. A malformed
+        `initialize` is answered InvalidParams and does not count as the initialize."""
+        if method is None or method == types.EXIT:
+            return False
+        if self.shutdown_received:
+            if msg_id is not None:
+                self._refuse(msg_id, JsonRpcInvalidRequest.CODE, f"{method}: the server is shutting down (shutdown was received); only exit is accepted")
+            else:
+                log.info("dropped %s: the server is shutting down", method)
+            return True
+        if not self.initialize_received:
+            if method == types.INITIALIZE and msg_id is not None:
+                self.initialize_received = not malformed
+                return False
+            if msg_id is not None:
+                self._refuse(msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized (send initialize first)")
+            else:
+                log.info("dropped %s: received before initialize", method)
+            return True
+        if method == types.INITIALIZE:
+            if msg_id is not None:
+                self._refuse(msg_id, JsonRpcInvalidRequest.CODE, "initialize: the server is already initialized")
+            return True
+        if method == types.SHUTDOWN and msg_id is not None:
+            self.shutdown_received = True
+        return False
+
+    def _refuse(self, msg_id: Any, code: int, message: str) -> None:
+        log.warning("%s", message)
+        self._send_response(msg_id, error=types.ResponseError(code=code, message=message))
+
+    @lsp_method(types.EXIT)
+    def lsp_exit(self, *args) -> None:
+        """Record the exit code; the stdio loop stops after this message (no sys.exit here:
+        the server closes its engine and files on the way out)."""
+        self.exit_code = 0 if self.shutdown_received else 1
+        log.info("exit received (%s shutdown): exit code %d", "after" if self.shutdown_received else "without", self.exit_code)
 
     def _stamp(self, message) -> None:
         try:

@@ -1,6 +1,11 @@
 """`efim serve`: the language server an editor starts (stdio).
 
 stdout carries only the LSP protocol; logs go to stderr or `--log-file`.
+
+Exit: 0 after `shutdown` + `exit`, 1 when the server stops without `shutdown`
+(`exit` alone, stdin closed, SIGTERM). The process ends within a second or two
+of that: worker threads still busy (a model load, a long prefill) are not
+waited for beyond `EXIT_GRACE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -9,7 +14,11 @@ import argparse
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
+
+EXIT_GRACE_SECONDS = 1.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,12 +111,33 @@ def run(args: argparse.Namespace) -> int:
     server = build_server(engine_factory(args), message_observer=observer, defaults=defaults, context_source=context)
     context.bind(server)
     protocol_out = _claim_stdout()
+    code = 1
     try:
-        server.start_io(sys.stdin.buffer, protocol_out)
+        code = server.start_io(sys.stdin.buffer, protocol_out)
     finally:
         server.close()
         context.close()
         close = getattr(observer, "close", None)
         if close is not None:
             close()
-    return 0
+    _exit_promptly(code)
+    return code
+
+
+def _exit_promptly(code: int) -> None:
+    """Give worker threads `EXIT_GRACE_SECONDS` to finish; then end the process regardless.
+
+    The interpreter's own exit joins every non-daemon thread (thread pools' workers
+    included), so a model load in progress would hold the exit up for as long as it runs.
+    """
+    deadline = time.monotonic() + EXIT_GRACE_SECONDS
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    if stuck:
+        logging.getLogger(__name__).warning("exiting with busy threads (%s): not waiting for them", ", ".join(stuck))
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
