@@ -28,8 +28,9 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
+import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams, JsonRpcInvalidRequest
+from pygls.exceptions import JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound
 from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.protocol.json_rpc import RPCRequest
 
@@ -52,6 +53,15 @@ class _Malformed(NamedTuple):
     id: Any
     method: str | None
     reason: str
+    code: int = JsonRpcInvalidParams.CODE  # the error a request gets
+
+
+def _is_notification(method: Any) -> bool:
+    """An LSP method whose message type has no `id` (a notification by the spec)."""
+    if not isinstance(method, str):
+        return False
+    message_type = types.METHOD_TO_TYPES.get(method, (None,))[0]
+    return message_type is not None and attrs.has(message_type) and "id" not in attrs.fields_dict(message_type)
 
 
 class EfimProtocol(LanguageServerProtocol):
@@ -70,6 +80,10 @@ class EfimProtocol(LanguageServerProtocol):
         if not isinstance(data, dict) or "jsonrpc" not in data:
             return data
         self._observe("in", data)
+        if "method" in data and "id" in data and _is_notification(data["method"]):
+            # pygls would structure it as the notification and never answer the id.
+            reason = f"{data['method']} is a notification; it cannot be called as a request"
+            return _Malformed(data["id"], data["method"], reason, JsonRpcMethodNotFound.CODE)
         if "method" in data and "params" not in data:
             # JSON-RPC 2.0 lets a request or notification omit params; pygls' message
             # classes require the member, so `efim/stats` without params was refused.
@@ -93,7 +107,7 @@ class EfimProtocol(LanguageServerProtocol):
                 return
             log.warning("%s", message.reason)
             if message.id is not None and message.method:
-                self._send_response(message.id, error=JsonRpcInvalidParams(message.reason).to_response_error())
+                self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
             log.warning("ignored a message that is not a JSON object: %.200r", message)

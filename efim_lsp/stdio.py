@@ -16,8 +16,9 @@ protocol needs it:
 - a `Content-Length` header is found even at the end of a line of garbage (the
   tail of a body whose length was too short), so the stream re-synchronises on
   the next message instead of losing every message after a framing error;
-- a body that is not JSON is searched for a `Content-Length:` header (a length
-  that was too long swallowed the next message): the stream is re-read from there;
+- a body that is not JSON is re-read as header lines: a length that was too long
+  swallowed the next message's header, which the line scan then finds; one that was
+  too short leaves the rest of the body in front of the next header line;
 - a body that stalls mid-way (no bytes for `STALL_SECONDS`) while it already
   contains the next message's header is cut there for the same reason;
 - a length over `MAX_CONTENT_LENGTH` is refused (the header is ignored) rather
@@ -130,10 +131,9 @@ class Framer:
             chunk = await self._reader.read_some(min(length - have, 1 << 16), STALL_SECONDS)
             if chunk is None:  # stalled: a framing error if the next message is already inside
                 so_far = b"".join(parts)
-                match = _HEADER_IN_BODY.search(so_far)
-                if match:
+                if _HEADER_IN_BODY.search(so_far):
                     self._framing_error(f"a body of {length} bytes stalled after {have} with a message header inside it")
-                    self._pending = so_far[match.start() :] + self._pending
+                    self._pending = so_far + self._pending  # re-read as header lines
                     return b""
                 continue
             if not chunk:
@@ -173,11 +173,15 @@ class Framer:
             length = n
 
     def resync(self, body: bytes) -> None:
-        """`body` did not parse: if it holds the next message's header, read on from there."""
-        match = _HEADER_IN_BODY.search(body, 1)
-        if match:
-            self._framing_error("a body that did not parse holds a message header; reading on from it")
-            self._pending = body[match.start() :] + self._pending
+        """`body` did not parse: read it again as header lines.
+
+        Its length was wrong: too long, and the next message's header sits inside it (the
+        line scan finds it); too short, and the rest of it runs into the next header line
+        (found at the end of that line); or not a message at all, and its bytes are skipped.
+        """
+        if body:
+            self._framing_error(f"re-reading a {len(body)}-byte body that did not parse as header lines")
+            self._pending = body + self._pending
 
     def _framing_error(self, what: str) -> None:
         self.framing_errors += 1

@@ -101,8 +101,8 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                if id in self._responses:
-                    return self._responses.pop(id)
+                if _key(id) in self._responses:
+                    return self._responses.pop(_key(id))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no response to request {id!r} within {timeout} s; stderr:\n{self.stderr()[-3000:]}")
@@ -209,7 +209,7 @@ class ServerProcess:
                 self.notifications.append(message)
             else:
                 with self._lock:
-                    self._responses[message.get("id")] = message
+                    self._responses[_key(message.get("id"))] = message
             self.messages.put(message)
 
     def _answer_server_request(self, message: dict) -> None:
@@ -224,6 +224,16 @@ class ServerProcess:
 
     def shown_messages(self) -> list[str]:
         return [m["params"]["message"] for m in self.notifications if m.get("method") == "window/showMessage"]
+
+
+def _key(id: Any) -> str:
+    """Responses are matched by id; a hostile test may use any JSON value as one."""
+    return json.dumps(id, sort_keys=True)
+
+
+def has_response(server: "ServerProcess", id: Any) -> bool:
+    with server._lock:
+        return _key(id) in server._responses
 
 
 def children_of(pid: int) -> list[int]:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 
 from edit_scripts import Script, play, scripts
 from efim_lsp.documents import DocumentStore, Edit, FullChange, RangeChange, text_checksum
+from efim_lsp.positions import line_starts
 from efim_lsp.session import Budget, EditSession
 from efim_lsp.window import TokenMeter
 from stdio_client import ServerProcess
@@ -57,6 +58,8 @@ def test_documents_and_edit_session_never_drift(script: Script):
         assert outcome.in_sync, doc.sync_problem
         assert doc.text == step.text, f"drift after batch {version}: {step.changes}"
         assert doc.checksum == text_checksum(step.text)
+        if version % 3 == 0 or step.cursor is not None:  # the line table kept per edit, as if rebuilt
+            assert list(doc.index.starts) == line_starts(doc.text), f"line table drift after batch {version}"
         # The edits the store reports are the client's, in code-point offsets.
         if not outcome.resynced:
             assert outcome.edits == [Edit(*e) for e in step.edits]
