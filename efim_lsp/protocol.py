@@ -16,6 +16,11 @@
   InvalidRequest and notifications are dropped; `exit` is always accepted and
   records the process's exit code (0 after `shutdown`, 1 without) in
   `exit_code`, which ends the stdio loop (`efim_lsp.stdio`).
+- A completion request whose handler raised unexpectedly (a bug in building or
+  post-processing the answer) is answered with an empty list, not an error: the
+  editor shows nothing rather than an error popup per keystroke. The exception is
+  logged with its traceback and reported once per kind through `on_fault`
+  (the server shows it with `window/showMessage`); the next request is served as usual.
 - pygls keeps its own copy of every document and re-splits it into lines on
   each change; this server keeps exactly one copy (`documents.DocumentStore`),
   so the built-in open/change/close handlers only forward to ours.
@@ -30,7 +35,7 @@ from typing import Any, Callable, NamedTuple
 
 import attrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound
 from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.protocol.json_rpc import RPCRequest
 
@@ -74,6 +79,9 @@ class EfimProtocol(LanguageServerProtocol):
         self.initialize_received = False
         self.shutdown_received = False
         self.exit_code: int | None = None  # set by `exit`; ends the stdio loop
+        self.on_fault: Callable[[str], None] | None = None  # a request failed unexpectedly
+        self._completions: dict[Any, str] = {}  # request id -> method, while in flight
+        self._faults_reported: set[str] = set()
 
     # -- incoming ------------------------------------------------------------
     def structure_message(self, data: dict[str, Any]):
@@ -117,6 +125,9 @@ class EfimProtocol(LanguageServerProtocol):
             return
         if isinstance(message, RPCRequest) and message.method in COMPLETION_METHODS:
             self._stamp(message)
+            self._completions[message.id] = message.method
+            while len(self._completions) > _MAX_PENDING_ARRIVALS:
+                self._completions.pop(next(iter(self._completions)))
         super().handle_message(message)
 
     def _refused_by_lifecycle(self, method: str | None, msg_id: Any, *, malformed: bool = False) -> bool:
@@ -172,6 +183,28 @@ class EfimProtocol(LanguageServerProtocol):
         """The arrival stamp of the request being handled (call from its handler)."""
         stamp = self.arrivals.pop(self.msg_id, None)
         return stamp if stamp is not None else Arrival(time.monotonic(), self.version_of(uri))
+
+    def _send_handler_result(self, future, *, msg_id):
+        method = self._completions.pop(msg_id, None)
+        if method is not None and not future.cancelled():
+            exc = future.exception()
+            if exc is not None and not isinstance(exc, JsonRpcException):
+                self._request_futures.pop(msg_id, None)
+                self._completion_fault(msg_id, method, exc)
+                return
+        super()._send_handler_result(future, msg_id=msg_id)
+
+    def _completion_fault(self, msg_id: Any, method: str, exc: BaseException) -> None:
+        log.error("%s %r failed; answering an empty list", method, msg_id, exc_info=(type(exc), exc, exc.__traceback__))
+        empty = types.InlineCompletionList(items=[]) if method == types.TEXT_DOCUMENT_INLINE_COMPLETION else types.CompletionList(is_incomplete=True, items=[])
+        self._send_response(msg_id, result=empty)
+        kind = f"{type(exc).__name__}: {exc}"[:200]
+        if self.on_fault is not None and kind not in self._faults_reported:
+            self._faults_reported.add(kind)
+            try:
+                self.on_fault(f"completion failed ({kind}); see the server log. Later requests are served as usual.")
+            except Exception:
+                log.exception("reporting a fault failed")
 
     # -- outgoing ------------------------------------------------------------
     def _send_data(self, data: Any):

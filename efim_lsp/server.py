@@ -81,6 +81,7 @@ class EfimServer(LanguageServer):
         self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
+        self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)
         self._pending_problems: list[str] = []
         self._client_is_neovim = False
         self._background: set[asyncio.Task] = set()

@@ -38,6 +38,7 @@ import os
 import re
 import signal
 import stat
+import time
 from typing import Any, BinaryIO, Callable
 
 from pygls.io_ import StdinAsyncReader
@@ -234,7 +235,9 @@ def run(stdin: BinaryIO, protocol, executor, *, exit_code: Callable[[], int | No
             log.info("SIGTERM: stopping")
         finally:
             if on_stop is not None:
+                started = time.monotonic()
                 on_stop()
+                log.debug("on_stop took %.3f s", time.monotonic() - started)
 
     try:
         loop.run_until_complete(main())

@@ -56,10 +56,12 @@ def encode(message: dict) -> bytes:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str] | tuple[str, ...] = ("--model", NO_MODEL), env: dict[str, str] | None = None):
+    def __init__(self, args: list[str] | tuple[str, ...] = ("--model", NO_MODEL), env: dict[str, str] | None = None,
+                 command: list[str] | None = None):
+        """`efim serve ARGS`, or `command` (another server script) as is."""
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            serve_command(*args),
+            command or serve_command(*args),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
