@@ -34,6 +34,7 @@ from collections import OrderedDict
 from typing import Any, Callable, NamedTuple
 
 import attrs
+from cattrs import transform_error
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound
 from pygls.protocol import LanguageServerProtocol, lsp_method
@@ -59,6 +60,31 @@ class _Malformed(NamedTuple):
     method: str | None
     reason: str
     code: int = JsonRpcInvalidParams.CODE  # the error a request gets
+
+
+def _valid_id(msg_id: Any) -> bool:
+    return isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
+
+
+def _explain(exc: BaseException) -> str:
+    """A cattrs structuring error as "what @ where" lines (its own str() says only "1 sub-exception")."""
+    if isinstance(exc, BaseExceptionGroup):
+        try:
+            return "; ".join(transform_error(exc, path="$"))[:500]
+        except Exception:
+            pass
+    return str(exc)[:500]
+
+
+class _QuietDeserializeErrors(logging.Filter):
+    """pygls logs a full traceback for every message it cannot structure; this module
+    logs one line for each instead (a hostile client must not flood the log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable to deserialize message")
+
+
+logging.getLogger("pygls.protocol.json_rpc").addFilter(_QuietDeserializeErrors())
 
 
 def _is_notification(method: Any) -> bool:
@@ -88,6 +114,9 @@ class EfimProtocol(LanguageServerProtocol):
         if not isinstance(data, dict) or "jsonrpc" not in data:
             return data
         self._observe("in", data)
+        if "method" in data and "id" in data and not _valid_id(data["id"]):
+            # JSON-RPC: an id is a string or a number; the answer to an invalid request has id null.
+            return _Malformed(None, data["method"], f"invalid request id {data['id']!r} (must be a string or an integer)", JsonRpcInvalidRequest.CODE)
         if "method" in data and "id" in data and _is_notification(data["method"]):
             # pygls would structure it as the notification and never answer the id.
             reason = f"{data['method']} is a notification; it cannot be called as a request"
@@ -100,7 +129,7 @@ class EfimProtocol(LanguageServerProtocol):
             return super().structure_message(data)
         except Exception as exc:  # pygls raises JsonRpcInvalidParams / InternalError here
             cause = exc.__cause__ or exc
-            reason = f"malformed {data.get('method') or 'message'}: {cause}"
+            reason = f"malformed {data.get('method') or 'message'}: {_explain(cause)}"
             return _Malformed(data.get("id"), data.get("method"), reason)
 
     def handle_message(self, message) -> None:
@@ -114,8 +143,10 @@ class EfimProtocol(LanguageServerProtocol):
             if self._refused_by_lifecycle(message.method, message.id, malformed=True):
                 return
             log.warning("%s", message.reason)
-            if message.id is not None and message.method:
+            if message.method and message.id is not None:
                 self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
+            elif message.method and message.code == JsonRpcInvalidRequest.CODE:  # an invalid id: answered with id null
+                self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": message.code, "message": message.reason}})
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
             log.warning("ignored a message that is not a JSON object: %.200r", message)

@@ -198,11 +198,13 @@ async def serve(reader, protocol, *, exit_code: Callable[[], int | None], on_err
             log.info("stdin closed; stopping")
             return
         try:
-            message = json.loads(body, object_hook=protocol.structure_message)
+            message = json.loads(body)
         except ValueError as exc:  # not JSON, not UTF-8
             log.warning("ignored a message body that is not JSON (%s): %.120r", exc, body)
             framer.resync(body)
             continue
+        if isinstance(message, dict):  # only the top level is a message (nested dicts stay dicts)
+            message = protocol.structure_message(message)
         try:
             protocol.handle_message(message)
         except (BrokenPipeError, SystemExit, KeyboardInterrupt):
