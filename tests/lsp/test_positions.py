@@ -68,7 +68,7 @@ _PIECES = st.sampled_from(["a", "bc", "\n", "\r", "\r\n", "😀", " "])
 _TEXT = st.lists(_PIECES, max_size=30).map("".join)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(text=_TEXT, edits=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20), _TEXT), max_size=12))
 def test_line_starts_kept_per_edit_equal_a_rebuilt_table(text, edits):
     """Any edit (offsets between a CR and its LF included: the table must not care), in any order."""

@@ -6,8 +6,8 @@ prompt segments where the script makes a completion request), checked after ever
 Through the real `efim serve` process: scripts over stdio, checked with `efim/documentText`
 and the checksum in `efim/stats`.
 
-Sizes: EFIM_DRIFT_SCRIPTS (in-process, default 1,000) and EFIM_DRIFT_PROCESS_SCRIPTS
-(per position encoding through the process, default 50); docs/reliability.md has the
+Sizes: EFIM_DRIFT_SCRIPTS (in-process, default 500) and EFIM_DRIFT_PROCESS_SCRIPTS
+(per position encoding through the process, default 40); docs/reliability.md has the
 10,000-script command. Run with `-s` to see the counts.
 """
 
@@ -26,8 +26,8 @@ from efim_lsp.session import Budget, EditSession
 from efim_lsp.window import TokenMeter
 from stdio_client import ServerProcess
 
-IN_PROCESS = int(os.environ.get("EFIM_DRIFT_SCRIPTS", "1000"))
-THROUGH_PROCESS = int(os.environ.get("EFIM_DRIFT_PROCESS_SCRIPTS", "50"))
+IN_PROCESS = int(os.environ.get("EFIM_DRIFT_SCRIPTS", "500"))
+THROUGH_PROCESS = int(os.environ.get("EFIM_DRIFT_PROCESS_SCRIPTS", "40"))
 BUDGET = Budget(24, 12)  # small windows (tokens at ~3 chars each): edits land inside, above and below them
 
 checked = {"in-process": 0, "batches": 0, "segments": 0, "process": 0}
