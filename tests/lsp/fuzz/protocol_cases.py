@@ -2,8 +2,8 @@
 
 A `Case` is raw bytes for the server's stdin plus what the protocol says must come back:
 `id` is the request id to expect an answer for (None: a notification or framing garbage,
-nothing must come back for it), `codes` the error codes allowed (an empty set: a result
-is required; None: a result or any error but InternalError).
+nothing must come back for it; kind "invalid-id": an InvalidRequest answer with id null),
+`codes` the error codes allowed (None: a result or any error but InternalError).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def messages(draw) -> Case:
     msg_id = draw(json_values) if weird_id else draw(st.one_of(st.integers(1 << 40, 1 << 50), st.text(min_size=1, max_size=8).map(lambda s: "fz-" + s)))
     message["id"] = msg_id
     if weird_id and not isinstance(msg_id, (int, str)) or isinstance(msg_id, bool):
-        return Case("weird-id", frame(_encode(message)))
+        return Case("invalid-id", frame(_encode(message)))  # answered InvalidRequest with id null
     if method == "initialize":
         codes: frozenset[int] | None = frozenset({-32600})
     elif method in UNKNOWN_METHODS or method not in METHODS:

@@ -49,10 +49,14 @@ def server():
 def check(server: ServerProcess, case: Case) -> None:
     """Send one case, then prove the server is alive and its state intact."""
     server.send_bytes(case.raw)
+    if case.kind == "invalid-id":  # an id that is not a string or an integer: answered with id null
+        reply = server.wait_response(None, ANSWER_TIMEOUT)
+        assert reply["error"]["code"] == -32600 and reply["id"] is None, (case, reply)
+        tried["requests answered"] += 1
     if case.id is not None:
         reply = server.wait_response(case.id, ANSWER_TIMEOUT)
         error = reply.get("error")
-        if case.codes is not None and case.codes:
+        if case.codes:
             assert error is not None and error["code"] in case.codes, (case, reply)
         elif error is not None:
             assert error["code"] != -32603, ("InternalError: the server raised unexpectedly", case, reply)
