@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Sequence
 
 Encoding = Literal["utf-8", "utf-16", "utf-32"]
 ENCODINGS: tuple[Encoding, ...] = ("utf-8", "utf-16", "utf-32")
@@ -33,6 +33,86 @@ class LinePosition(NamedTuple):
 def line_starts(text: str) -> list[int]:
     """Offsets at which each line begins (the first is always 0)."""
     return [0, *(m.end() for m in _LINE_BREAK.finditer(text))]
+
+
+def _is_start(text: str, offset: int) -> bool:
+    """Whether a line begins at `offset`: after a `\n`, or after a `\r` not followed by `\n`."""
+    if offset == 0:
+        return True
+    before = text[offset - 1]
+    return before == "\n" or (before == "\r" and text[offset : offset + 1] != "\n")
+
+
+class LineStarts(Sequence[int]):
+    """The line starts of a text that changes by edits, kept up to date per edit.
+
+    A gap structure: starts before the last edit are stored as offsets (`_head`), starts
+    after it as distances from the end of the text (`_tail`, nearest to the gap last),
+    which an edit does not change. An edit costs its own length plus the lines between it
+    and the previous edit, not the document's size: typing in a 50 MB file stays cheap.
+    Indexing and `bisect` work as on the plain list (`line_starts(text)` equals `list(self)`).
+    """
+
+    __slots__ = ("_head", "_tail", "_length")
+
+    def __init__(self, text: str):
+        self._head = line_starts(text)
+        self._tail: list[int] = []
+        self._length = len(text)
+
+    def __len__(self) -> int:
+        return len(self._head) + len(self._tail)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        head = self._head
+        if i < 0:
+            i += len(self)
+        if 0 <= i < len(head):
+            return head[i]
+        j = i - len(head)
+        if not 0 <= j < len(self._tail):
+            raise IndexError("line index out of range")
+        return self._length - self._tail[-1 - j]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LineStarts, list, tuple)):
+            return len(self) == len(other) and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LineStarts({list(self)!r})" if len(self) <= 16 else f"LineStarts(<{len(self)} lines>)"
+
+    def edit(self, start: int, end: int, inserted: int, new_text: str) -> None:
+        """`old[start:end]` was replaced by `inserted` characters; `new_text` is the whole new text.
+
+        Only starts at old offsets in [start, end] can change (whether an offset is a line
+        start depends on the characters just before and at it); they are recomputed from
+        the new text at [start, start + inserted].
+        """
+        head, tail, length = self._head, self._tail, self._length
+        # Move the gap: head holds the starts below `start`, tail those above `end`.
+        cut = bisect.bisect_left(head, start)
+        if cut < len(head):
+            moved = head[cut:]
+            del head[cut:]
+            tail.extend(length - o for o in reversed(moved))
+        while tail and length - tail[-1] <= end:
+            o = length - tail.pop()
+            if o < start:
+                head.append(o)
+        # Starts at [start, start + inserted] of the new text.
+        lo, hi = max(start - 1, 0), min(start + inserted + 1, len(new_text))
+        for m in _LINE_BREAK.finditer(new_text, lo, hi):
+            o = m.end()
+            if start <= o <= start + inserted and _is_start(new_text, o) and (not head or head[-1] < o):
+                head.append(o)
+        if start == 0 and (not head or head[0] != 0):
+            head.insert(0, 0)
+        self._length = len(new_text)
 
 
 def _units(chunk: str, encoding: Encoding) -> int:
@@ -60,9 +140,11 @@ class LineIndex:
 
     __slots__ = ("text", "starts")
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, starts: Sequence[int] | None = None):
+        """`starts`: the text's line starts when the caller keeps them (a `LineStarts`
+        the document updates per edit; this index is then valid until the next edit)."""
         self.text = text
-        self.starts = line_starts(text)
+        self.starts = line_starts(text) if starts is None else starts
 
     @property
     def line_count(self) -> int:

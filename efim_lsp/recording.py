@@ -10,6 +10,10 @@ Privacy: recording is opt-in (traces contain source code). The directory is crea
 0700 if missing, each trace file 0600, and nothing leaves this machine: the recorder
 only appends to its file. One trace per session (one server process over stdio).
 
+Faults: a trace that cannot be created or written stops the recording (the session
+goes on unrecorded); the problem is logged and reported once through `on_problem`
+(the server shows it with `window/showMessage`), outside the recorder's lock.
+
 Robustness: each event is flushed as it is written, so a server that dies mid-session
 still leaves a readable trace; the header waits for the `initialize` answer because
 the position encoding is negotiated there.
@@ -22,7 +26,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from efim_lsp.trace_format import DEFAULT_METHODS, Event, Header, encode_line, utc_now
 
@@ -56,6 +60,8 @@ class Recorder:
         self._init_params: dict[str, Any] | None = None
         self._backlog: list[Event] = []
         self.events_written = 0
+        self.on_problem: Callable[[str], None] | None = None
+        self._problems: list[str] = []
 
     # The protocol calls this for every message; it must never raise into the server.
     def __call__(self, direction: str, message: dict[str, Any], at: float) -> None:
@@ -65,6 +71,13 @@ class Recorder:
             elif direction == "out" and self._init_params is not None and self._file is None:
                 if message.get("id") == self._initialize_id and "method" not in message:
                     self._begin(message.get("result") or {})
+            problems, self._problems = self._problems, []
+        for problem in problems:  # outside the lock: reporting sends a message, which comes back here
+            if self.on_problem is not None:
+                try:
+                    self.on_problem(problem)
+                except Exception:
+                    log.exception("reporting a recording problem failed")
 
     def _incoming(self, message: dict[str, Any], at: float) -> None:
         method = message.get("method")
@@ -116,7 +129,7 @@ class Recorder:
             path = self.directory / f"efim-trace-{stamp}-{os.getpid()}.jsonl"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as exc:
-            log.error("--record: cannot create a trace in %s (%s); this session is not recorded", self.directory, exc)
+            self._problem(f"--record: cannot create a trace in {self.directory} ({exc}); this session is not recorded")
             self._init_params = None
             self._backlog.clear()
             return
@@ -135,8 +148,12 @@ class Recorder:
             self._file.flush()
             self.events_written += 1
         except OSError as exc:
-            log.error("--record: writing %s failed (%s); recording stops", self.path, exc)
+            self._problem(f"--record: writing {self.path} failed ({exc}); recording stops, the session goes on")
             self._close_file()
+
+    def _problem(self, message: str) -> None:
+        log.error("%s", message)
+        self._problems.append(message)
 
     def _close_file(self) -> None:
         if self._file is not None:

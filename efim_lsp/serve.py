@@ -1,6 +1,12 @@
 """`efim serve`: the language server an editor starts (stdio).
 
 stdout carries only the LSP protocol; logs go to stderr or `--log-file`.
+
+Exit: 0 after `shutdown` + `exit`, 1 when the server stops without `shutdown`
+(`exit` alone, stdin closed, SIGTERM). The process ends promptly after that:
+worker threads still busy (a model load, a long prefill) are not waited for
+beyond `EXIT_GRACE_SECONDS`, and the interpreter's teardown is skipped (see
+`_exit_promptly`).
 """
 
 from __future__ import annotations
@@ -9,7 +15,11 @@ import argparse
 import logging
 import os
 import sys
+import threading
+import time
 from pathlib import Path
+
+EXIT_GRACE_SECONDS = 0.5
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -101,13 +111,50 @@ def run(args: argparse.Namespace) -> int:
     context = WorkspaceContext()
     server = build_server(engine_factory(args), message_observer=observer, defaults=defaults, context_source=context)
     context.bind(server)
+    if observer is not None:
+        from lsprotocol import types
+
+        observer.on_problem = lambda message: server.show(message, types.MessageType.Error)
     protocol_out = _claim_stdout()
+    code = 1
+    log = logging.getLogger(__name__)
     try:
-        server.start_io(sys.stdin.buffer, protocol_out)
+        code = server.start_io(sys.stdin.buffer, protocol_out)
     finally:
+        stopping = time.monotonic()
         server.close()
         context.close()
         close = getattr(observer, "close", None)
         if close is not None:
             close()
-    return 0
+        log.debug("stopped the server's parts in %.3f s", time.monotonic() - stopping)
+    _exit_promptly(code)
+    return code  # not reached
+
+
+def _exit_promptly(code: int) -> None:
+    """End the process now that the server's parts are closed, without the interpreter's teardown.
+
+    The interpreter's own exit joins every non-daemon thread (a model load in progress
+    would hold it up for as long as it runs) and then tears down torch and every module
+    (measured: 2-3 s on a loaded 2-core machine, after the server had stopped in 3 ms).
+    Worker threads get `EXIT_GRACE_SECONDS` to finish; logs and stdio are flushed; then
+    `os._exit`. Everything that must reach disk (the trace, the log file) is closed by now.
+    """
+    log = logging.getLogger(__name__)
+    deadline = time.monotonic() + EXIT_GRACE_SECONDS
+    main = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in threading.enumerate() if t is not main and not t.daemon and t.is_alive()]
+    if stuck:
+        log.warning("exiting with busy threads (%s): not waiting for them", ", ".join(stuck))
+    log.debug("exiting with code %d", code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -17,6 +17,11 @@ Custom protocol:
   and when a document becomes the active one; the server warms the window there in the
   background (docs/design.md, "After a jump"). Unknown documents and bad positions are
   ignored.
+- `efim/documentText` (request, read-only) `{"textDocument": {"uri"}}` → `{uri, version,
+  text, checksum, inSync}`: the server's copy of an open document, so a client (and the
+  tests) can check it never drifts; `checksum` is `documents.text_checksum`. `efim/stats`
+  carries `documents: {uri: {version, checksum, length, inSync}}` for the same check
+  without the text.
 - `efim.accepted` (command, attached to every item): a full accept.
 - `textDocument/didShowCompletion`, `textDocument/didPartiallyAcceptCompletion`
   (Copilot-compatible notifications): shown / partially accepted counters.
@@ -29,7 +34,7 @@ import logging
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
 from engine.api import Engine
@@ -51,6 +56,7 @@ SERVER_VERSION = "0.1.0"
 STATS = "efim/stats"
 CHECK_INTEGRITY = "efim/debug/checkIntegrity"
 DID_MOVE_CURSOR = "efim/didMoveCursor"
+DOCUMENT_TEXT = "efim/documentText"
 ACCEPTED_COMMAND = "efim.accepted"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
@@ -85,6 +91,7 @@ class EfimServer(LanguageServer):
         self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
+        self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)
         self._pending_problems: list[str] = []
         self._client_is_neovim = False
         self._background: set[asyncio.Task] = set()
@@ -211,36 +218,41 @@ class EfimServer(LanguageServer):
         result = await self.completer.complete(uri, cursor, arrival.version, arrival.at)
         return result if isinstance(result, Answer) else None
 
-    def start_io(self, stdin=None, stdout=None) -> None:
-        """pygls' stdio loop, with a non-threaded pipe reader (see `efim_lsp.stdio`)."""
+    def start_io(self, stdin=None, stdout=None) -> int:
+        """Serve LSP over stdio until `exit`, stdin closing or SIGTERM (see `efim_lsp.stdio`).
+
+        Returns the process exit code: 0 after `shutdown`, 1 when the server stops without one.
+        """
         import sys
         import threading
 
-        from pygls.io_ import StdoutWriter, run_async
+        from pygls.io_ import StdoutWriter
 
-        from efim_lsp.stdio import open_reader
+        from efim_lsp import stdio
 
         self._stop_event = threading.Event()
         self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
-
-        async def serve() -> None:
-            reader = await open_reader(stdin or sys.stdin.buffer, self.thread_pool)
-            await run_async(
-                stop_event=self._stop_event,
-                reader=reader,
-                protocol=self.protocol,
-                logger=log,
-                error_handler=self.report_server_error,
-            )
-
         try:
-            asyncio.run(serve())
+            stdio.run(
+                stdin or sys.stdin.buffer,
+                self.protocol,
+                self.thread_pool,
+                exit_code=lambda: self.protocol.exit_code,
+                on_error=lambda exc: self.report_server_error(exc, JsonRpcInternalError),
+                on_stop=self.close,
+            )
         except BrokenPipeError:
             log.error("connection to the client lost; shutting down")
         except (KeyboardInterrupt, SystemExit):
             pass
         finally:
-            self.shutdown()
+            self._stop_event.set()
+            if self._thread_pool:
+                self._thread_pool.shutdown(wait=False, cancel_futures=True)
+        code = self.protocol.exit_code
+        if code is None:
+            code = 0 if self.protocol.shutdown_received else 1
+        return code
 
     def close(self) -> None:
         self.completer.close()
@@ -410,10 +422,15 @@ def build_server(
                 extra["context"] = context_source.status()
             except Exception:  # counters are informative; never fail the stats request
                 log.exception("context status failed")
+        extra["documents"] = _documents_summary(ls.documents)
         out = ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
         if _mapping(params).get("reset"):
             ls.completer.reset_counters()  # benchmarks: measure a phase on its own
         return out
+
+    @server.feature(DOCUMENT_TEXT)
+    def document_text(ls: EfimServer, params: Any) -> dict[str, Any]:
+        return _document_text(ls.documents, params)
 
     @server.feature(CHECK_INTEGRITY)
     async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:
@@ -438,6 +455,27 @@ def build_server(
         return {"ok": not problems, "engine": engine_report, "problems": problems}
 
     return server
+
+
+def _document_text(documents: DocumentStore, params: Any) -> dict[str, Any]:
+    """`efim/documentText`: the server's copy of one open document."""
+    ident = _mapping(_mapping(params).get("textDocument"))
+    uri = ident.get("uri")
+    if not isinstance(uri, str):
+        raise JsonRpcInvalidParams("efim/documentText: params must be {\"textDocument\": {\"uri\": string}}")
+    doc = documents.get(uri)
+    if doc is None:
+        raise JsonRpcInvalidParams(f"unknown document {uri!r} (not opened with didOpen)")
+    return {"uri": uri, "version": doc.version, "text": doc.text, "checksum": doc.checksum, "inSync": doc.in_sync}
+
+
+def _documents_summary(documents: DocumentStore) -> dict[str, Any]:
+    """`efim/stats` "documents": per open document, what a client needs to detect drift."""
+    out = {}
+    for uri in documents.uris():
+        doc = documents.get(uri)
+        out[uri] = {"version": doc.version, "checksum": doc.checksum, "length": len(doc.text), "inSync": doc.in_sync}
+    return out
 
 
 def _mapping(value: Any) -> dict[str, Any]:

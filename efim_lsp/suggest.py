@@ -179,8 +179,11 @@ def _repeats(line: str, target: str) -> bool:
 
 
 def _balance(first: str, line_after: str) -> tuple[str, bool]:
-    """Cut `first` at a closer that the text right of the cursor already provides."""
-    needed = _unmatched_closers(line_after)
+    """Cut `first` at a closer that the text right of the cursor already provides.
+
+    Only the first `_SCAN_CHARS` of the line are scanned: this runs at every streamed
+    token, and a 100,000-character line must not cost a Python loop over all of it."""
+    needed = _unmatched_closers(line_after[:_SCAN_CHARS])
     if not needed:
         return first, False
     stack: list[str] = []

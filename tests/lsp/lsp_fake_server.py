@@ -1,7 +1,8 @@
 """`efim serve`'s real server code over stdio with the in-test FakeEngine (server-logic tests only).
 
 Environment: EFIM_FAKE_TEXT (what every request generates, default "value = compute(x)\\n"),
-EFIM_FAKE_TOKEN_MS (delay per 4-character token), EFIM_FAKE_LOAD_MS (model load time).
+EFIM_FAKE_TOKEN_MS (delay per 4-character token), EFIM_FAKE_LOAD_MS (model load time),
+EFIM_FAKE_FAULT=post (building the answer raises for documents whose URI contains "fault").
 """
 
 from __future__ import annotations
@@ -35,7 +36,17 @@ def main() -> None:
         loads.append(model)
         return FakeEngine(lambda req: text, token_delay=token_s)
 
-    build_server(factory).start_io()
+    server = build_server(factory)
+    if os.environ.get("EFIM_FAKE_FAULT") == "post":
+        lsp_range = server.lsp_range
+
+        def broken(uri, answer):
+            if "fault" in uri:
+                raise ZeroDivisionError("injected fault in post-processing")
+            return lsp_range(uri, answer)
+
+        server.lsp_range = broken
+    sys.exit(server.start_io())
 
 
 if __name__ == "__main__":

@@ -56,3 +56,29 @@ def test_position_round_trips(encoding):
             continue  # between CR and LF is not a position
         line, character = index.position(offset, encoding)
         assert index.offset(line, character, encoding) == offset
+
+
+# --- LineStarts: the line table kept per edit --------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from efim_lsp.positions import LineStarts, line_starts  # noqa: E402
+
+_PIECES = st.sampled_from(["a", "bc", "\n", "\r", "\r\n", "😀", " "])
+_TEXT = st.lists(_PIECES, max_size=30).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_TEXT, edits=st.lists(st.tuples(st.integers(0, 200), st.integers(0, 20), _TEXT), max_size=12))
+def test_line_starts_kept_per_edit_equal_a_rebuilt_table(text, edits):
+    """Any edit (offsets between a CR and its LF included: the table must not care), in any order."""
+    starts = LineStarts(text)
+    for where, length, new in edits:
+        start = where % (len(text) + 1)
+        end = min(len(text), start + length)
+        text = text[:start] + new + text[end:]
+        starts.edit(start, end, len(new), text)
+        assert list(starts) == line_starts(text), (start, end, new, text)
+        assert len(starts) == len(line_starts(text))
+    for offset in range(len(text) + 1):
+        assert LineIndex(text, starts).position(offset) == LineIndex(text).position(offset)
