@@ -13,6 +13,7 @@
 -- are reported: no request follows them. Nor twice in a row for the same
 -- document version and position.
 -- Works on Neovim 0.7+ (vim.loop timers, nvim_create_autocmd).
+local server = require("efim.server")
 local text = require("efim.text")
 
 local M = {}
@@ -27,13 +28,6 @@ local seen_tick = {} -- bufnr -> changedtick at the previous cursor event
 local last_sent = nil -- "uri|version|line|character" of the last notification
 local clients = {} -- bufnr -> function() returning the client to notify, or nil
 M.sent = 0 -- notifications sent since start (for status lines and tests)
-
-local function call(client, name, ...)
-  if vim.fn.has("nvim-0.11") == 1 then
-    return client[name](client, ...)
-  end
-  return client[name](...)
-end
 
 local function version_of(bufnr)
   local versions = vim.lsp.util.buf_versions
@@ -78,7 +72,7 @@ local function send()
   end
   last_sent = key
   M.sent = M.sent + 1
-  call(client, "notify", M.METHOD, params)
+  server.notify(client, M.METHOD, params)
 end
 
 --- Arms the debounce timer for `bufnr` (a later event, for any buffer, restarts it).
