@@ -55,6 +55,7 @@ class DocumentWork:
         self._passes: collections.OrderedDict[str, DocumentPass] = collections.OrderedDict()
         self._inflight: _InFlight | None = None
         self.origins: set[str] = set()  # documents with pieces in the store
+        self._memos: dict[str, dict[str, tuple[int, ...]]] = {}  # finished passes' piece ids
         self.pieces_stored = 0
         self.tokens_prefilled = 0
         self.seconds = 0.0
@@ -62,12 +63,17 @@ class DocumentWork:
     # ------------------------------------------------------------ engine thread
     def plan(self, work: DocumentPass) -> None:
         """Make `work` the document's pass (most recent first); an empty text forgets it."""
-        self._passes.pop(work.key, None)
+        old = self._passes.pop(work.key, None)
+        if old is not None:
+            work.memo = old.memo or work.memo
+        else:
+            work.memo = self._memos.pop(work.key, work.memo)
         if not work.text:
             if self._inflight is not None and self._inflight.key == work.key:
                 self._inflight = None
             self.store.forget_origin(work.key)
             self.origins.discard(work.key)
+            self._memos.pop(work.key, None)
             return
         self._passes[work.key] = work
         self._passes.move_to_end(work.key, last=False)
@@ -129,6 +135,7 @@ class DocumentWork:
     def _complete(self, key: str, work: DocumentPass) -> None:
         """The pass is done: drop its document's pieces it no longer has."""
         self._passes.pop(key, None)
+        self._memos[key] = work.memo
         wanted = set(work.ids_in_order())
         for entry in self.store.entries_of(key):
             if entry.ids not in wanted:

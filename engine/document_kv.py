@@ -186,6 +186,9 @@ class DocumentPass:
         self.max_tokens = max_tokens  # most tokens of this document's pieces to keep
         self._order: list[tuple[int, ...]] | None = None
         self.done = False
+        # Piece text -> ids, handed on from the document's previous pass: after an edit
+        # only the pieces it changed are tokenized again.
+        self.memo: dict[str, tuple[int, ...]] = {}
 
     def ids_in_order(self) -> list[tuple[int, ...]]:
         """Token ids of the pieces to keep, nearest the cursor first, within `max_tokens`
@@ -194,9 +197,14 @@ class DocumentPass:
             pieces = cut_pieces(self.text)
             order: list[tuple[int, ...]] = []
             total = 0
+            known, self.memo = self.memo, {}
             for i in nearest_first(pieces, self.cursor):
                 p = pieces[i]
-                ids = tuple(self._tokenize(self.text[p.start : p.end]))
+                piece = self.text[p.start : p.end]
+                ids = known.get(piece)
+                if ids is None:
+                    ids = tuple(self._tokenize(piece))
+                self.memo[piece] = ids
                 if not ids:
                     continue
                 if total + len(ids) > self.max_tokens:

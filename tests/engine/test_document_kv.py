@@ -69,3 +69,23 @@ def test_a_pass_keeps_the_pieces_around_the_cursor_within_its_token_cap(sources)
     assert sum(map(len, capped)) <= len(text) // 3
     assert capped[0] == tuple(tokens(text[pieces[-1].start :]))  # the cursor's piece first
     assert MIN_RUN >= 8
+
+
+def test_a_pass_after_an_edit_tokenizes_only_the_pieces_the_edit_changed(sources):
+    text = sources[2]
+    calls: list[str] = []
+
+    def tokens(s):
+        calls.append(s)
+        return [ord(c) for c in s]
+
+    first = DocumentPass("k", text, 0, tokens, max_tokens=10**9)
+    first.ids_in_order()
+    n_pieces = len(calls)
+    at = len(text) // 2
+    edited = text[:at] + "z = 3\n" + text[at:]
+    second = DocumentPass("k", edited, at, tokens, max_tokens=10**9)
+    second.memo = first.memo
+    calls.clear()
+    second.ids_in_order()
+    assert 1 <= len(calls) <= 5 < n_pieces
