@@ -140,12 +140,13 @@ class EfimProtocol(LanguageServerProtocol):
                 self._send_response(message["id"], error=error)
             return
         if isinstance(message, _Malformed):
-            if self._refused_by_lifecycle(message.method, message.id, malformed=True):
+            invalid_id = message.id is None and message.code == JsonRpcInvalidRequest.CODE
+            if not invalid_id and self._refused_by_lifecycle(message.method, message.id, malformed=True):
                 return
             log.warning("%s", message.reason)
             if message.method and message.id is not None:
                 self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
-            elif message.method and message.code == JsonRpcInvalidRequest.CODE:  # an invalid id: answered with id null
+            elif message.method and invalid_id:  # answered with id null, whatever the lifecycle state
                 self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": message.code, "message": message.reason}})
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
@@ -217,9 +218,14 @@ class EfimProtocol(LanguageServerProtocol):
 
     def _send_handler_result(self, future, *, msg_id):
         method = self._completions.pop(msg_id, None)
-        if method is not None and not future.cancelled():
+        if not future.cancelled():
             exc = future.exception()
-            if exc is not None and not isinstance(exc, JsonRpcException):
+            if isinstance(exc, JsonRpcException):  # the client's mistake (unknown document...): one log line
+                self._request_futures.pop(msg_id, None)
+                log.warning("request %r answered with error %s: %s", msg_id, exc.code, exc)
+                self._send_response(msg_id, error=exc.to_response_error())
+                return
+            if exc is not None and method is not None:
                 self._request_futures.pop(msg_id, None)
                 self._completion_fault(msg_id, method, exc)
                 return

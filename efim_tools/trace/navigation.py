@@ -68,7 +68,7 @@ class NavigationSummary(msgspec.Struct, kw_only=True):
     prefilled_per_key: float | None
     warmup: dict[str, float] | None  # efim/stats "warmup" over the replay; None: not reported
     ttft_source: str  # "server" | "server+client" (typing-through hits) | "client-latency"
-    latency_fallbacks: int  # answered requests counted with their client latency
+    latency_fallbacks: int  # answered requests counted with their client latency (typing-through hits)
     requests: int
     answered: int
     errors: int
@@ -164,7 +164,7 @@ def table(summaries: dict[str, NavigationSummary]) -> str:
         )
     head2 = (
         f"{'config':<12} | {'prefilled/jump':>14} {'p50':>7} | {'prefilled/key':>13} | "
-        f"{'warm-ups (done/cancelled)':>25} {'warm tokens':>11} {'warm ms':>9} | {'requests':>8} {'errors':>6}"
+        f"{'warm-ups (done/cancelled)':>25} {'warm tokens':>11} {'warm ms':>9} | {'requests':>8} {'typing-through':>14} {'errors':>6}"
     )
     lines += ["", "Work", head2, "-" * len(head2)]
     for name, s in summaries.items():
@@ -175,7 +175,7 @@ def table(summaries: dict[str, NavigationSummary]) -> str:
         lines.append(
             f"{name:<12} | {fmt_number(s.prefilled_per_jump):>14} {fmt_number(s.prefilled_per_jump_p50, 0):>7} | "
             f"{fmt_number(s.prefilled_per_key):>13} | {warm:>25} {fmt_number(w.get('prefilledTokens') if w else None, 0):>11} "
-            f"{fmt_number(w.get('computeMs') if w else None, 0):>9} | {s.requests:>8} {s.errors:>6}"
+            f"{fmt_number(w.get('computeMs') if w else None, 0):>9} | {s.requests:>8} {s.latency_fallbacks:>14} {s.errors:>6}"
         )
     sources = {s.ttft_source for s in summaries.values()}
     lines.append("")

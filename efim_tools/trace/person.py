@@ -23,8 +23,8 @@ What the person does with each event of the trace:
   one's, so they are not forwarded; recorded `cancel` events are.
 
 A completion request that is the first after a jump (`jumps.py`) is recorded with the
-pause before it. Only the first `limit` completion requests of each trace are sent (the edits before
-each still apply). All times are `time.perf_counter()` on this side of the pipe.
+pause before it. Only the first `limit` completion requests of each trace are sent (the
+edits before each still apply). All times are `time.perf_counter()` on this side of the pipe.
 """
 
 from __future__ import annotations
