@@ -5,7 +5,7 @@ offsets (positions are converted with the document's own `LineIndex`, in the
 negotiated encoding) and reports every applied change as an `Edit`, so edit
 sessions and typing-through can follow what happened around the cursor.
 
-Sync rules (DESIGN.md §6: the copy never drifts silently):
+Sync rules (docs/design.md, "Failure behaviour": the copy never drifts silently):
 - Versions must increase. A version that goes backwards, repeats, or (with
   `strict_versions`, the default) skips a number means a change was lost or
   reordered: the document is marked out of sync, incremental changes are

@@ -3,7 +3,7 @@
 - Every message in and out can be seen by a `message_observer`
   (`observer(direction, message, monotonic_time)`, direction "in" or "out",
   `message` the JSON object as a dict). This is the seam for
-  `efim serve --record` (issue 4, `efim_lsp.recording`). An observer that
+  `efim serve --record` (`efim_lsp.recording`). An observer that
   raises is logged and never breaks the server.
 - Completion requests are stamped on arrival (time and document version)
   before pygls schedules their handler: the server measures latency from the
