@@ -504,7 +504,9 @@ class Completer:
         if state.session.alive and state.session.cursor == cursor:
             return False  # the live session's prompt is the one a request here renders
         request, _segments = self._request_at(uri, doc, state, cursor, settings, info)
-        request = msgspec.structs.replace(request, max_tokens=0, background=True)
+        # Same max_tokens as the request it stands in for: the prompt is fitted to the
+        # context identically; the engine samples nothing for a background request.
+        request = msgspec.structs.replace(request, background=True)
         try:
             handle = engine.submit(request)
         except Exception as exc:

@@ -85,10 +85,12 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # (on unless the model is fragment-trained).
     heal: bool | None = None
     blend_ratio: float = 0.15
-    # Background work (a warm-up: usually max_tokens=0): runs only while no foreground
-    # request is queued or running, in small chunks; it never supersedes a foreground
-    # request of the same key, and a foreground request of the same key ends it (keeping
-    # what it computed). A newer background request of the same key supersedes it.
+    # Background work (a warm-up): its prompt is prefilled and nothing is sampled (keep
+    # `max_tokens` as the real request would have it, so the prompt is cut the same way).
+    # It runs only while no foreground request is queued or running, in small chunks; it
+    # never supersedes a foreground request of the same key, and a foreground request of
+    # the same key ends it (keeping what it computed). A newer background request of the
+    # same key supersedes it.
     background: bool = False
     # Assemble the local segments from the document's stored KV (`Engine.warm_document`)
     # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.

@@ -389,6 +389,9 @@ class Scheduler:
         if not out.last:
             return
         self._prefilling.remove(seq)
+        if seq.background:  # a warm-up computes the prompt's rows and never samples
+            self._finish(seq, "length")
+            return
         if reason is not None:  # e.g. max_tokens == 0: a cache warm-up
             self._finish(seq, reason)
             return

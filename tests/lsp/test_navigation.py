@@ -23,7 +23,7 @@ async def test_a_cursor_signal_warms_exactly_the_prompt_the_next_request_extends
     rig.completer.cursor_moved(URI, target)
     await asyncio.sleep(SETTLE)
     (warm,) = _warmups(rig.engine)
-    assert warm.max_tokens == 0 and warm.key == URI and warm.increment == ""
+    assert warm.background and warm.key == URI and warm.increment == ""
     rig.edit(target, target, "y")
     answer = await rig.complete(target + 1)
     assert isinstance(answer, Answer)
