@@ -44,6 +44,7 @@ KINDS = {
     "textDocument/didShowCompletion": "show",
     "textDocument/didPartiallyAcceptCompletion": "accept",
     "textDocument/didClose": "close",
+    "efim/didMoveCursor": "cursor",
 }
 
 
