@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-functions", type=int, default=6, help="only modules with at least this many functions (default 6)")
     parser.add_argument("--visits", type=int, default=16, help="stops in the tour (default 16)")
     parser.add_argument("--sessions", type=int, default=1, help="tours (default 1)")
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds the files are open before the first jump (default 0: a cold start)")
     parser.add_argument("--no-pause-rate", type=float, default=0.3, help="share of jumps typed into at once (default 0.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, help="completion requests replayed per tour (default: all)")
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         efim = [sys.executable, "-m", "efim_tools.cli"]
         synth = [*efim, "trace", "synth", "--tour", *map(str, sources), "-o", str(out), "--files", str(args.files),
                  "--visits", str(args.visits), "--sessions", str(args.sessions), "--seed", str(args.seed),
-                 "--no-pause-rate", str(args.no_pause_rate)]
+                 "--no-pause-rate", str(args.no_pause_rate), "--settle", str(args.settle)]
         print("$ " + shlex.join(synth), file=sys.stderr, flush=True)
         subprocess.run(synth, check=True)
         settings = {"model": args.model}  # the default configuration: the navigation switches are the only difference

@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--visits", type=int, default=12, metavar="N", help="stops per tour (default 12)")
     t.add_argument("--files", type=int, default=3, metavar="N", help="files open in one tour (default 3)")
     t.add_argument("--same-file-rate", type=float, default=0.5, metavar="R", help="chance a jump stays in the same file (default 0.5)")
+    t.add_argument("--settle", type=float, default=0.0, metavar="S", help="seconds the files are open before the first jump (a person who had them open a while; default 0)")
     t.add_argument("--no-pause-rate", type=float, default=0.3, metavar="R", help="chance the first key follows a jump at once (default 0.3)")
     t.add_argument("--undo-rate", type=float, default=0.3, metavar="R", help="chance a new line or paste is undone (default 0.3)")
     s.set_defaults(func=run_synth)
@@ -99,6 +100,7 @@ def run_tour(args: argparse.Namespace) -> int:
         files=args.files,
         same_file_rate=args.same_file_rate,
         no_pause_rate=args.no_pause_rate,
+        settle_ms=args.settle * 1000.0,
         undo_rate=args.undo_rate,
     ).check()
     paths = output_paths(args.output, args.sessions, stem="tour")

@@ -54,10 +54,13 @@ class TourOptions(NamedTuple):
     same_file_rate: float = 0.5  # chance a jump stays in the current file
     no_pause_rate: float = 0.3  # chance the first key follows a jump at once
     undo_rate: float = 0.3  # chance a new line or a paste is taken back
+    settle_ms: float = 0.0  # how long the files were open before the first jump (a person who had them open a while)
 
     def check(self) -> "TourOptions":
         if self.sessions < 1 or self.visits < 1 or self.files < 1:
             raise ValueError("--sessions, --visits and --files must be at least 1")
+        if not 0.0 <= self.settle_ms <= 3_600_000.0:
+            raise ValueError(f"--settle must be in [0, 3600] seconds, got {self.settle_ms / 1000:g}")
         for name in ("same_file_rate", "no_pause_rate", "undo_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
@@ -256,7 +259,7 @@ def tour_trace(sources: list[tuple[Path, str]], options: TourOptions, rng: rando
     remembered = {uri: 0 for uri, _ in files}  # each document's cursor, as the editor keeps it
     jumps, actions = [], Counter()
     current: tuple[str, int] | None = None  # (uri, function index)
-    t = rng.uniform(400.0, 1200.0)  # the editor comes up; the person looks around
+    t = rng.uniform(400.0, 1200.0) + options.settle_ms  # the editor comes up; the person looks around
     for visit in range(options.visits):
         switch = current is None or (len(files) > 1 and rng.random() >= options.same_file_rate)
         if switch:
@@ -313,6 +316,7 @@ def tour_trace(sources: list[tuple[Path, str]], options: TourOptions, rng: rando
             "same_file_rate": options.same_file_rate,
             "no_pause_rate": options.no_pause_rate,
             "undo_rate": options.undo_rate,
+            "settle_ms": options.settle_ms,
             "actions": dict(sorted(actions.items())),
             "jumps": jumps,
         },
