@@ -149,3 +149,25 @@ def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
     _settle(engine)
     stats = engine.stats()
     assert stats.cache_bytes_used <= stats.cache_bytes_total
+
+
+def test_a_file_larger_than_its_share_keeps_the_pieces_around_the_cursor(tiny_model_factory, text):
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="4M", idle_grace=0.0, warm_chunk_tokens=64)
+    try:
+        big = text * 6
+        cursor = len(big) * 2 // 3
+        eng.warm_document("big", big, cursor)
+        _settle(eng)
+        store = eng.scheduler.chunk_store
+        kept = store.entries_of("big")
+        assert 0 < eng.scheduler.document_tokens() <= eng.document_cap_tokens
+        assert eng.scheduler.document_tokens() < eng.count_tokens(big) // 2  # not the whole file
+        # The piece under the cursor is among them.
+        from engine.document_kv import cut_pieces  # noqa: PLC0415
+
+        here = next(p for p in cut_pieces(big) if p.start <= cursor < p.end)
+        assert tuple(eng.tokenizer.encode_uncached(big[here.start : here.end])) in {e.ids for e in kept}
+        stats = eng.stats()
+        assert stats.cache_bytes_used <= stats.cache_bytes_total
+    finally:
+        eng.close()
