@@ -32,6 +32,9 @@ MIN_RUN = 16  # shortest run of a piece reused in a prompt (shorter: cheap to re
 MAX_HITS = 8  # places remembered per n-gram (code repeats itself: the longest run wins)
 PIECE_MIN_CHARS = 320
 PIECE_MAX_CHARS = 1200
+# Characters per token are rarely above this in code: the region cut around the cursor is
+# this many characters per token of the document's cap on each side.
+CHARS_PER_TOKEN_BOUND = 8
 
 
 class Piece(NamedTuple):
@@ -194,7 +197,13 @@ class DocumentPass:
         """Token ids of the pieces to keep, nearest the cursor first, within `max_tokens`
         (a file larger than that keeps the pieces around the cursor)."""
         if self._order is None:
-            pieces = cut_pieces(self.text)
+            # Only the text that can matter is cut: a region around the cursor a few times
+            # the token cap wide (a 50 MB file costs what its neighbourhood costs).
+            reach = self.max_tokens * CHARS_PER_TOKEN_BOUND
+            lo = self.text.rfind("\n", 0, max(0, self.cursor - reach)) + 1
+            hi = self.text.find("\n", min(len(self.text), self.cursor + reach))
+            hi = len(self.text) if hi < 0 else hi + 1
+            pieces = [Piece(lo + p.start, lo + p.end) for p in cut_pieces(self.text[lo:hi])]
             order: list[tuple[int, ...]] = []
             total = 0
             known, self.memo = self.memo, {}

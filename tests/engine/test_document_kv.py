@@ -89,3 +89,14 @@ def test_a_pass_after_an_edit_tokenizes_only_the_pieces_the_edit_changed(sources
     calls.clear()
     second.ids_in_order()
     assert 1 <= len(calls) <= 5 < n_pieces
+
+
+def test_a_huge_document_is_cut_only_around_the_cursor(sources):
+    from engine.document_kv import CHARS_PER_TOKEN_BOUND  # noqa: PLC0415
+
+    huge = sources[0] * 200  # several MB
+    seen: list[int] = []
+    work = DocumentPass("k", huge, len(huge) // 2, lambda s: seen.append(len(s)) or [1] * (len(s) // 4), max_tokens=2000)
+    order = work.ids_in_order()
+    assert order and sum(map(len, order)) <= 2000
+    assert sum(seen) <= 2 * 2000 * CHARS_PER_TOKEN_BOUND + 2 * 1300 < len(huge) // 100
