@@ -425,6 +425,7 @@ class Completer:
         its rules say so). A warm-up renders the same prompt, so what it computes is
         exactly the prefix the first request there will match."""
         fmt = prompt_format(settings, info)
+        state.session.prefix_last = fmt == "prefix" or bool(info is not None and info.suffix_first)
         segments = state.session.segments(doc.index, cursor, budget_for(settings, info, fmt))
         # Cross-file context enters requests here and only here. Chunks should stay
         # identical while an edit session lives, or the prompt's prefix (and the KV

@@ -16,7 +16,11 @@ Rules (`EditSession.observe` for edits, `EditSession.segments` at requests):
   below S_win's last) keeps it too: the prompt's text is unchanged, only
   offsets shift;
 - an edit that touches P_win or S_win (backspace past the anchor, an edit in
-  S, a paste elsewhere in the window) ends it;
+  S, a paste elsewhere in the window) ends it — except, when the prompt puts the prefix
+  last (`prefix_last`: a suffix-first template, or a model without FIM tokens, where P and
+  `inc` are adjacent at the prompt's end), an edit inside P_win + inc: the anchor moves
+  back to the edit's start (P_win shrinks, `inc` holds the rest), so the prompt keeps its
+  head and only its tail changes (a backspace after a jump costs a token or two);
 - at a request, a cursor that is not right after `inc` (a jump), or an `inc`
   longer than `MAX_INCREMENT_CHARS` characters or `MAX_INCREMENT_LINES` line
   breaks, rebases: `P, S = text[:cursor], text[cursor:]`, `inc = ""`.
@@ -84,6 +88,9 @@ class EditSession:
         self._sticky_start: int | None = None  # previous window start, kept across rebases
         self.rebases = 0
         self.reasons: Counter[str] = Counter()
+        # The prompt layout puts P_win and inc last and adjacent (set by the caller, which
+        # knows the engine's template; False is always safe).
+        self.prefix_last = False
 
     # -- state -------------------------------------------------------------
     @property
@@ -141,6 +148,12 @@ class EditSession:
             self._live = live._replace(window_start=live.window_start + d, anchor=live.anchor + d)
         elif a >= suffix_end:
             pass  # below the window: nothing in the prompt moves
+        elif self.prefix_last and live.window_start <= a and b <= cursor:
+            # P_win + inc is one stretch at the prompt's end: cut P_win at the edit.
+            head = live.prefix + live.increment
+            lo, hi = a - live.window_start, b - live.window_start
+            edited = head[:lo] + edit.new_text + head[hi:]
+            self._live = live._replace(anchor=a, prefix=head[:lo], increment=edited[lo:])
         elif a < live.anchor:
             self.end("edit before the anchor (in the prefix window)")
         else:

@@ -135,6 +135,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int
     dtype: str
     quant: str | None = None
+    # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
+    # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
+    suffix_first: bool = False
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -116,6 +116,7 @@ class LocalEngine:
             context_length=int(cfg.max_position),
             dtype=_DTYPE_NAMES.get(self.model.dtype, str(self.model.dtype)),
             quant=self.quant,
+            suffix_first=self.template.suffix_first,
         )
 
     def submit(self, request: InfillRequest) -> LocalHandle:

@@ -201,3 +201,34 @@ def test_budget_change_rebases_and_rebases_are_counted():
     segs = ed.request()
     assert segs.rebased and "budget" in segs.rebase_reason
     assert ed.session.rebases == 1
+
+
+def test_prefix_last_layouts_keep_the_session_through_edits_just_before_the_cursor():
+    """Suffix-first templates (and prefix-only models) put P_win and inc last: a backspace
+    after a jump, or a selection deleted before the cursor, only shortens the prompt's tail."""
+    from efim_lsp.documents import Edit  # noqa: PLC0415
+    from efim_lsp.positions import LineIndex  # noqa: PLC0415
+    from efim_lsp.session import Budget, EditSession  # noqa: PLC0415
+
+    text = "def f(x):\n    return x + 1\n\nprint(f(2))\n"
+    cursor = text.index(" + 1") + 4
+    budget = Budget(100, 100)
+    for prefix_last in (True, False):
+        s = EditSession()
+        s.prefix_last = prefix_last
+        first = s.segments(LineIndex(text), cursor, budget)
+        t = text
+        for k in range(3):  # backspace x3
+            s.observe(Edit(cursor - 1 - k, cursor - k, ""))
+            t = t[: cursor - 1 - k] + t[cursor - k :]
+        cur = cursor - 3
+        t2 = t[:cur] + "2" + t[cur:]
+        s.observe(Edit(cur, cur, "2"))
+        seg = s.segments(LineIndex(t2), cur + 1, budget)
+        assert s.consistent(t2)
+        assert seg.prefix + seg.increment + seg.suffix == t2[: cur + 1] + t2[cur + 1 : cur + 1 + len(seg.suffix)]
+        if prefix_last:
+            assert not seg.rebased and seg.suffix == first.suffix
+            assert seg.prefix == first.prefix[:-3] and seg.increment == "2"
+        else:
+            assert seg.rebased

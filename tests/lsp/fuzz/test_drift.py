@@ -53,6 +53,7 @@ def test_documents_and_edit_session_never_drift(script: Script):
     store.open(uri, "python", 0, script.text)
     doc = store.get(uri)
     session = EditSession(TokenMeter(None, 3.0))
+    session.prefix_last = len(script.text) % 2 == 1  # both session rules (PSM; suffix-first / prefix-only)
     for version, step in enumerate(play(script), start=1):
         outcome = store.change(uri, version, wire_changes(step.changes))
         assert outcome.in_sync, doc.sync_problem
