@@ -117,6 +117,10 @@ class EfimProtocol(LanguageServerProtocol):
         if "method" in data and "id" in data and not _valid_id(data["id"]):
             # JSON-RPC: an id is a string or a number; the answer to an invalid request has id null.
             return _Malformed(None, data["method"], f"invalid request id {data['id']!r} (must be a string or an integer)", JsonRpcInvalidRequest.CODE)
+        if "method" in data and "id" in data and not self._serves(data["method"]):
+            # Checked before the params: a method this server does not have is MethodNotFound,
+            # whatever its params (pygls would first refuse params that do not fit its LSP type).
+            return _Malformed(data["id"], data["method"], f"unknown method {data['method']!r}", JsonRpcMethodNotFound.CODE)
         if "method" in data and "id" in data and _is_notification(data["method"]):
             # pygls would structure it as the notification and never answer the id.
             reason = f"{data['method']} is a notification; it cannot be called as a request"
@@ -131,6 +135,12 @@ class EfimProtocol(LanguageServerProtocol):
             cause = exc.__cause__ or exc
             reason = f"malformed {data.get('method') or 'message'}: {_explain(cause)}"
             return _Malformed(data.get("id"), data.get("method"), reason)
+
+    def _serves(self, method: Any) -> bool:
+        """Whether a request to `method` has a handler here (or is a notification, answered below)."""
+        if not isinstance(method, str):
+            return True  # left to the structuring, which refuses it
+        return method in self.fm.features or method in self.fm.builtin_features or _is_notification(method)
 
     def handle_message(self, message) -> None:
         if isinstance(message, dict):  # no "jsonrpc" member: not a JSON-RPC 2.0 message
