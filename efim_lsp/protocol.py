@@ -87,6 +87,14 @@ class _QuietDeserializeErrors(logging.Filter):
 logging.getLogger("pygls.protocol.json_rpc").addFilter(_QuietDeserializeErrors())
 
 
+def _is_request(method: Any) -> bool:
+    """An LSP method whose message type has an `id` (a request by the spec)."""
+    if not isinstance(method, str):
+        return False
+    message_type = types.METHOD_TO_TYPES.get(method, (None,))[0]
+    return message_type is not None and attrs.has(message_type) and "id" in attrs.fields_dict(message_type)
+
+
 def _is_notification(method: Any) -> bool:
     """An LSP method whose message type has no `id` (a notification by the spec)."""
     if not isinstance(method, str):
@@ -125,6 +133,8 @@ class EfimProtocol(LanguageServerProtocol):
             # pygls would structure it as the notification and never answer the id.
             reason = f"{data['method']} is a notification; it cannot be called as a request"
             return _Malformed(data["id"], data["method"], reason, JsonRpcMethodNotFound.CODE)
+        if "method" in data and "id" not in data and _is_request(data["method"]):
+            return _Malformed(None, data["method"], f"{data['method']} is a request; sent without an id it is ignored")
         if "method" in data and "params" not in data:
             # JSON-RPC 2.0 lets a request or notification omit params; pygls' message
             # classes require the member, so `efim/stats` without params was refused.
@@ -154,9 +164,9 @@ class EfimProtocol(LanguageServerProtocol):
             if not invalid_id and self._refused_by_lifecycle(message.method, message.id, malformed=True):
                 return
             log.warning("%s", message.reason)
-            if message.method and message.id is not None:
+            if message.method is not None and message.id is not None:
                 self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
-            elif message.method and invalid_id:  # answered with id null, whatever the lifecycle state
+            elif message.method is not None and invalid_id:  # answered with id null, whatever the lifecycle state
                 self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": message.code, "message": message.reason}})
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
