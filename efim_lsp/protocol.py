@@ -87,6 +87,14 @@ class _QuietDeserializeErrors(logging.Filter):
 logging.getLogger("pygls.protocol.json_rpc").addFilter(_QuietDeserializeErrors())
 
 
+def _is_request(method: Any) -> bool:
+    """An LSP method whose message type has an `id` (a request by the spec)."""
+    if not isinstance(method, str):
+        return False
+    message_type = types.METHOD_TO_TYPES.get(method, (None,))[0]
+    return message_type is not None and attrs.has(message_type) and "id" in attrs.fields_dict(message_type)
+
+
 def _is_notification(method: Any) -> bool:
     """An LSP method whose message type has no `id` (a notification by the spec)."""
     if not isinstance(method, str):
@@ -117,10 +125,16 @@ class EfimProtocol(LanguageServerProtocol):
         if "method" in data and "id" in data and not _valid_id(data["id"]):
             # JSON-RPC: an id is a string or a number; the answer to an invalid request has id null.
             return _Malformed(None, data["method"], f"invalid request id {data['id']!r} (must be a string or an integer)", JsonRpcInvalidRequest.CODE)
+        if "method" in data and "id" in data and not self._serves(data["method"]):
+            # Checked before the params: a method this server does not have is MethodNotFound,
+            # whatever its params (pygls would first refuse params that do not fit its LSP type).
+            return _Malformed(data["id"], data["method"], f"unknown method {data['method']!r}", JsonRpcMethodNotFound.CODE)
         if "method" in data and "id" in data and _is_notification(data["method"]):
             # pygls would structure it as the notification and never answer the id.
             reason = f"{data['method']} is a notification; it cannot be called as a request"
             return _Malformed(data["id"], data["method"], reason, JsonRpcMethodNotFound.CODE)
+        if "method" in data and "id" not in data and _is_request(data["method"]):
+            return _Malformed(None, data["method"], f"{data['method']} is a request; sent without an id it is ignored")
         if "method" in data and "params" not in data:
             # JSON-RPC 2.0 lets a request or notification omit params; pygls' message
             # classes require the member, so `efim/stats` without params was refused.
@@ -131,6 +145,12 @@ class EfimProtocol(LanguageServerProtocol):
             cause = exc.__cause__ or exc
             reason = f"malformed {data.get('method') or 'message'}: {_explain(cause)}"
             return _Malformed(data.get("id"), data.get("method"), reason)
+
+    def _serves(self, method: Any) -> bool:
+        """Whether a request to `method` has a handler here (or is a notification, answered below)."""
+        if not isinstance(method, str):
+            return True  # left to the structuring, which refuses it
+        return method in self.fm.features or method in self.fm.builtin_features or _is_notification(method)
 
     def handle_message(self, message) -> None:
         if isinstance(message, dict):  # no "jsonrpc" member: not a JSON-RPC 2.0 message
@@ -144,9 +164,9 @@ class EfimProtocol(LanguageServerProtocol):
             if not invalid_id and self._refused_by_lifecycle(message.method, message.id, malformed=True):
                 return
             log.warning("%s", message.reason)
-            if message.method and message.id is not None:
+            if message.method is not None and message.id is not None:
                 self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
-            elif message.method and invalid_id:  # answered with id null, whatever the lifecycle state
+            elif message.method is not None and invalid_id:  # answered with id null, whatever the lifecycle state
                 self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": message.code, "message": message.reason}})
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
