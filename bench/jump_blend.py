@@ -66,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the cursor choice (default: 0)")
     parser.add_argument("--prefix-tokens", type=int, default=1536, help="prefix window budget (default: 1536)")
     parser.add_argument("--suffix-tokens", type=int, default=512, help="suffix window budget (default: 512)")
-    parser.add_argument("--piece-tokens", type=int, default=4096,
-                        help="most tokens of a document's pieces computed, nearest the cursor first (default: 4096)")
+    parser.add_argument("--piece-tokens", type=int, default=3072,
+                        help="most tokens of a document's pieces computed, nearest the cursor first (default: 3072)")
     parser.add_argument("--gen", type=int, default=32, help="greedy tokens compared by teacher forcing (default: 32)")
     parser.add_argument("--max-line-tokens", type=int, default=64, help="most tokens of a held-out line (default: 64)")
     parser.add_argument("--tolerance", type=float, default=0.02,
@@ -237,28 +237,49 @@ class Documents:
         return document_spans(self.store, index, sample.ids, sample.segments), built
 
 
-def _line(engine: Any, kv: Any, n: int, logits: Any, sample: Sample, max_tokens: int) -> str:
-    """The greedy completion after the prompt's rows 0..n-1 of `kv` (first-token logits
-    `logits` [V]) with the serving path's stop rules: end ids, stop "\\n"."""
+def _line(engine: Any, kv: Any, n: int, given: list[int], sample: Sample, max_tokens: int) -> str:
+    """The greedy completion at the prompt's end (rows 0..n-1 of `kv`) with the serving
+    path's stop rules (end ids, stop "\\n"), where the first tokens `given` are already
+    known to be the greedy choices and rows n..n+len(given)-2 of `kv` hold all but the
+    last of them (the teacher-forced rows): decoding goes on from there only when the
+    line has not ended within them."""
     import torch  # noqa: PLC0415
 
-    from engine.sampler import Sampler, StopRules  # noqa: PLC0415
+    from engine.sampler import StopRules  # noqa: PLC0415
     from engine.tokenize import StreamDecoder  # noqa: PLC0415
 
     rules = StopRules(end_ids=engine.end_ids, stop=("\n",), max_tokens=max_tokens)
     decoder = StreamDecoder(engine.tokenizer.vocab, sample.healed_bytes)
-    token = Sampler(0.0).sample(logits, sample.allowed_first)
     pos = n
-    while True:
+    for i, token in enumerate(given):
         check = rules.on_token(token, decoder.feed(token))
-        if check.finish is not None or rules.before_step() is not None or pos + 1 >= kv.capacity:
+        if check.finish is not None:
             break
-        token = int(engine.model.forward(torch.tensor([token]), kv, pos, "last")[0].argmax())
+        if i == len(given) - 1:  # the line goes on past what is known: decode it
+            while rules.before_step() is None and pos + 1 < kv.capacity:
+                token = int(engine.model.forward(torch.tensor([token]), kv, pos, "last")[0].argmax())
+                pos += 1
+                check = rules.on_token(token, decoder.feed(token))
+                if check.finish is not None:
+                    break
         pos += 1
     if check.finish != "stop":
         rules.finish_text()
         return rules.text + decoder.flush()
     return rules.text
+
+
+def _line_tokens(engine: Any, tokens: list[int], sample: Sample, max_tokens: int) -> int:
+    """How many of `tokens` a greedy line takes (its stop included); len+1 when it has not ended."""
+    from engine.sampler import StopRules  # noqa: PLC0415
+    from engine.tokenize import StreamDecoder  # noqa: PLC0415
+
+    rules = StopRules(end_ids=engine.end_ids, stop=("\n",), max_tokens=max_tokens)
+    decoder = StreamDecoder(engine.tokenizer.vocab, sample.healed_bytes)
+    for i, token in enumerate(tokens):
+        if rules.on_token(token, decoder.feed(token)).finish is not None:
+            return i + 1
+    return len(tokens) + 1
 
 
 class Scores(NamedTuple):
@@ -293,7 +314,10 @@ def quality(engine: Any, docs: Documents, samples: list[Sample], ratios, n_gen: 
         forced = model.forward(torch.tensor(cont[:-1]), kv, n, "all")  # [gen-1, V]
         ref_preds = [cont[0], *forced.argmax(-1).tolist()]
         ref_logp = F.log_softmax(ref, -1)
-        full_line = _line(engine, kv, n, ref, sample, max_line)
+        if sample.allowed_first is not None:
+            raise ValueError("the held-out lines need prompts without token healing (increment \"\")")
+        full_line = _line(engine, kv, n, cont, sample, max_line)
+        line_len = _line_tokens(engine, cont, sample, max_line)
         scores: dict[str, Scores] = {}
         for r in ratios:
             kv = model.new_kv(cap)
@@ -303,7 +327,12 @@ def quality(engine: Any, docs: Documents, samples: list[Sample], ratios, n_gen: 
             forced = model.forward(torch.tensor(cont[:-1]), kv, n, "all")  # [gen-1, V]
             preds = [int(logits.argmax()), *forced.argmax(-1).tolist()]
             agree = sum(p == q for p, q in zip(preds, ref_preds)) / len(ref_preds)
-            scores[f"{r:g}"] = Scores(agree, kl, _line(engine, kv, n, logits, sample, max_line))
+            # Greedy decoding follows the full prefill's tokens up to the first step where
+            # the teacher-forced argmax differs: the line is decoded from there on only.
+            j = next((i for i, (p, q) in enumerate(zip(preds, cont)) if p != q), len(cont))
+            given = cont if j == len(cont) else [*cont[:j], preds[j]]
+            line = full_line if j >= line_len else _line(engine, kv, n, given, sample, max_line)
+            scores[f"{r:g}"] = Scores(agree, kl, line)
         covered = covered_rows(spans)
         rows.append({
             "name": sample.name, "prompt_tokens": n, "covered_rows": covered,
@@ -431,6 +460,8 @@ def _run(args: argparse.Namespace) -> int:
             "threads": torch.get_num_threads(),
             "modules": modules,
             "seed": args.seed,
+            "tolerance": args.tolerance,
+            "repeats": args.repeats,
             "windows": [args.prefix_tokens, args.suffix_tokens],
             "samples": len(samples),
             "prompt_tokens_mean": statistics.fmean(len(s.ids) for s in samples),
@@ -442,28 +473,34 @@ def _run(args: argparse.Namespace) -> int:
             "seconds": round(time.perf_counter() - t0, 1),
         },
     }
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    out = sys.stdout
-    setup = result["setup"]
-    print(f"Window after a jump from the document's KV, {setup['model']} ({setup['template']}, {setup['dtype']}, "
-          f"{setup['threads']} threads): {len(samples)} held-out lines from {', '.join(modules)}; prompts of "
-          f"~{setup['prompt_tokens_mean']:.0f} tokens, {setup['coverage_mean']:.0%} of their rows found in the "
-          f"pieces (the scheduler blends {setup['scheduler_blends']:.0%} of them)", file=out)
-    print(f"{'ratio':>6} {'agreement':>10} {'KL':>8} {'exact':>7} {'= full':>7}", file=out)
-    print(f"{'full':>6} {1.0:>10.3f} {0.0:>8.4f} {qual['full']['exact']:>7.1%} {1.0:>7.0%}", file=out)
-    for r, q in qual["ratios"].items():
-        print(f"{r:>6} {q['agreement']:>10.3f} {q['kl']:>8.4f} {q['exact']:>7.1%} {q['same_as_full']:>7.0%}", file=out)
-    sp = spd
-    print(f"recommended ratio (exact within {args.tolerance:.0%} of full prefill, cheapest): {best:g}", file=out)
-    print(f"TTFT (median, {args.repeats} runs x {len(sp['samples'])} prompts of ~{sp['prompt_tokens']:.0f} tokens): "
-          f"full {sp['ttft_ms']['full']:.0f} ms; " + "; ".join(
-              f"{k} {v:.0f} ms ({sp['recomputed_rows'][k]:.0f} rows recomputed, {sp['reused_rows'][k]:.0f} reused)"
-              for k, v in sp["ttft_ms"].items() if k != "full")
-          + f"; index build {sp['index_build_ms']:.1f} ms", file=out)
-    print(f"wall time {setup['seconds']:.0f} s", file=out)
+    print(json.dumps(result) if args.json else format_table(result), file=sys.stdout)
     return 0
 
 
-__all__ = ["add_arguments", "run_cli", "statement_lines", "pick_cursors", "quality", "speed", "recommend", "RATIOS"]
+def format_table(result: dict[str, Any]) -> str:
+    """The human-readable report of a result (`efim bench jump --json` prints the result)."""
+    setup, sp, qual = result["setup"], result["setup"]["speed"], result
+    lines = [
+        f"Window after a jump from the document's KV, {setup['model']} ({setup['template']}, {setup['dtype']}, "
+        f"{setup['threads']} threads): {setup['samples']} held-out lines from {', '.join(setup['modules'])}; "
+        f"prompts of ~{setup['prompt_tokens_mean']:.0f} tokens, {setup['coverage_mean']:.0%} of their rows found "
+        f"in the pieces (the scheduler would blend {setup['scheduler_blends']:.0%} of them)",
+        f"{'ratio':>6} {'agreement':>10} {'KL':>8} {'exact':>7} {'= full':>7}",
+        f"{'full':>6} {1.0:>10.3f} {0.0:>8.4f} {qual['full']['exact']:>7.1%} {1.0:>7.0%}",
+    ]
+    for r, q in qual["ratios"].items():
+        lines.append(f"{r:>6} {q['agreement']:>10.3f} {q['kl']:>8.4f} {q['exact']:>7.1%} {q['same_as_full']:>7.0%}")
+    lines.append(f"recommended ratio (exact within {setup['tolerance']:.0%} of full prefill, cheapest): "
+                 f"{result['recommended_ratio']:g}")
+    t = result["ttft_ms"]
+    lines.append(
+        f"TTFT (median, {setup['repeats']} runs x {len(sp['samples'])} prompts of ~{sp['prompt_tokens']:.0f} tokens): "
+        f"full {t['full']:.0f} ms; "
+        + "; ".join(f"{k} {v:.0f} ms ({sp['recomputed_rows'][k]:.0f} rows recomputed, {sp['reused_rows'][k]:.0f} reused)"
+                    for k, v in t.items() if k != "full")
+        + f"; index build {sp['index_build_ms']:.1f} ms")
+    lines.append(f"wall time {setup['seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+__all__ = ["add_arguments", "run_cli", "statement_lines", "pick_cursors", "quality", "speed", "recommend", "format_table", "RATIOS"]

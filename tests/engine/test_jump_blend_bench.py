@@ -36,3 +36,4 @@ def test_bench_jump_json_on_a_tiny_model(tiny_model_factory, capsys):
     assert {"full", "blend@0.15", f"blend@{out['recommended_ratio']:g}"} == set(out["ttft_ms"])
     speed = setup["speed"]
     assert speed["recomputed_rows"]["blend@0.15"] < speed["prompt_tokens"]  # rows were reused
+    assert "recommended ratio" in jump_blend.format_table(out)
