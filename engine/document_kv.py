@@ -29,6 +29,7 @@ from engine.blend import ReusedSpan
 from engine.cache import common_prefix_len
 
 MIN_RUN = 16  # shortest run of a piece reused in a prompt (shorter: cheap to recompute)
+MAX_HITS = 8  # places remembered per n-gram (code repeats itself: the longest run wins)
 PIECE_MIN_CHARS = 320
 PIECE_MAX_CHARS = 1200
 
@@ -93,11 +94,13 @@ class DocumentIndex:
     def __init__(self, store: Any, origin: str) -> None:
         self.origin = origin
         self.version = store.version_of(origin)
-        self._grams: dict[tuple[int, ...], _Hit] = {}
+        self._grams: dict[tuple[int, ...], list[_Hit]] = {}
         for entry in store.entries_of(origin):
             ids = entry.ids
             for i in range(len(ids) - MIN_RUN + 1):
-                self._grams.setdefault(ids[i : i + MIN_RUN], _Hit(entry, i))
+                hits = self._grams.setdefault(ids[i : i + MIN_RUN], [])
+                if len(hits) < MAX_HITS:
+                    hits.append(_Hit(entry, i))
 
     def stale(self, store: Any) -> bool:
         return store.version_of(self.origin) != self.version
@@ -105,8 +108,9 @@ class DocumentIndex:
     def __len__(self) -> int:
         return len(self._grams)
 
-    def find(self, gram: Sequence[int]) -> _Hit | None:
-        return self._grams.get(tuple(gram))
+    def find(self, gram: Sequence[int]) -> list[_Hit]:
+        """Where `gram` (MIN_RUN ids) occurs in the pieces (at most MAX_HITS places)."""
+        return self._grams.get(tuple(gram), [])
 
 
 def document_spans(
@@ -130,13 +134,19 @@ def document_spans(
             if clash is not None:
                 pos = clash[1]
                 continue
-            hit = index.find(ids[pos : pos + MIN_RUN])
-            if hit is None:
+            hits = index.find(ids[pos : pos + MIN_RUN])
+            if not hits:
                 pos += 1
                 continue
-            limit = min(e, next((a for a, _b in blocked if a >= pos), e)) - pos
-            limit = min(limit, len(hit.entry.ids) - hit.at)
-            n = common_prefix_len(hit.entry.ids[hit.at : hit.at + limit], ids[pos : pos + limit])
+            room = min(e, next((a for a, _b in blocked if a >= pos), e)) - pos
+            best, n = hits[0], 0
+            want = tuple(ids[pos : pos + room])  # pieces hold tuples: compare like with like
+            for hit in hits:  # the occurrence that agrees the longest
+                limit = min(room, len(hit.entry.ids) - hit.at)
+                m = common_prefix_len(hit.entry.ids[hit.at : hit.at + limit], want[:limit])
+                if m > n:
+                    best, n = hit, m
+            hit = best
             k, v, positions = store.load_rows(hit.entry, hit.at, n)
             spans.append(ReusedSpan(pos, k, v, positions))
             pos += n
