@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suffix-tokens", type=int, default=512, help="suffix window budget (default: 512)")
     parser.add_argument("--piece-tokens", type=int, default=3072,
                         help="most tokens of a document's pieces computed, nearest the cursor first (default: 3072)")
+    parser.add_argument("--piece-header", choices=("template", "sentinel"), default="template",
+                        help="what a piece is prefilled after: the template's header, as the engine does "
+                             "(none for byte-level tokenizers: the piece's first token becomes an attention "
+                             "sink), or the template's first FIM sentinel (an experiment)")
     parser.add_argument("--gen", type=int, default=32, help="greedy tokens compared by teacher forcing (default: 32)")
     parser.add_argument("--max-line-tokens", type=int, default=64, help="most tokens of a held-out line (default: 64)")
     parser.add_argument("--tolerance", type=float, default=0.02,
@@ -443,7 +447,11 @@ def _run(args: argparse.Namespace) -> int:
         samples = [s for s in (build_sample(engine, c, args) for c in cursors) if s is not None]
         if not samples:
             raise ValueError("no sample prompt fits the model's context")
-        docs = Documents(engine.model, engine.tokenizer, tuple(engine.template.bos_ids), args.piece_tokens)
+        header = tuple(engine.template.bos_ids)
+        if args.piece_header == "sentinel":
+            tpl = engine.template
+            header += ((tpl.suffix_id if tpl.suffix_first else tpl.prefix_id),) if tpl.supports_fim else ()
+        docs = Documents(engine.model, engine.tokenizer, header, args.piece_tokens)
         qual = quality(engine, docs, samples, RATIOS, args.gen, args.max_line_tokens)
         best = recommend(qual, args.tolerance)
         speed_ratios = sorted({SPEED_RATIO, best})
@@ -463,6 +471,7 @@ def _run(args: argparse.Namespace) -> int:
             "tolerance": args.tolerance,
             "repeats": args.repeats,
             "windows": [args.prefix_tokens, args.suffix_tokens],
+            "piece_header": [args.piece_header, list(header)],
             "samples": len(samples),
             "prompt_tokens_mean": statistics.fmean(len(s.ids) for s in samples),
             "coverage_mean": qual["coverage"],
