@@ -1,4 +1,4 @@
-"""`efim bench engine|kernels|blend`: benchmarks that compare configurations in one run.
+"""`efim bench engine|kernels|blend|jump`: benchmarks that compare configurations in one run.
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
 imported only when their subcommand runs (torch and friends load slowly)."""
@@ -12,11 +12,12 @@ TARGETS = {
     "engine": ("bench.engine_bench", "prefill/decode speed vs transformers, and keystroke reuse FIM vs EFIM"),
     "kernels": ("bench.kernel_bench", "each kernel against its reference on the present device"),
     "blend": ("bench.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
+    "jump": ("bench.jump_blend", "a window after a jump assembled from the document's KV vs full prefill"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)
