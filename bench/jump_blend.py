@@ -419,15 +419,10 @@ def speed(engine: Any, docs: Documents, samples: list[Sample], ratios, repeats: 
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    import torch  # noqa: PLC0415
+    from bench.torch_threads import torch_threads  # noqa: PLC0415
 
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    with torch_threads(args.threads):
         return _run(args)
-    finally:
-        torch.set_num_threads(threads)  # a process-wide setting: leave it as found
 
 
 def _run(args: argparse.Namespace) -> int:

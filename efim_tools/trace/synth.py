@@ -49,6 +49,16 @@ def load_sources(paths: list[str | Path], options: SynthOptions) -> list[SourceF
     """Read each file (a directory stands for its source files) and find typeable blocks.
 
     Files are read as UTF-8 with their line endings untouched (CRLF stays CRLF)."""
+    out = []
+    for f, text in read_sources(paths):
+        blocks = typeable(find_blocks(text, f), text, min_chars=options.min_chars, max_chars=options.max_chars)
+        out.append(SourceFile(f, text, blocks))
+    return out
+
+
+def read_sources(paths: list[str | Path]) -> list[tuple[Path, str]]:
+    """(path, text) of each file; a directory stands for its source files. Read as UTF-8
+    with line endings untouched; FileNotFoundError / ValueError name the file."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -60,11 +70,9 @@ def load_sources(paths: list[str | Path], options: SynthOptions) -> list[SourceF
     out = []
     for f in files:
         try:
-            text = f.read_bytes().decode("utf-8")
+            out.append((f, f.read_bytes().decode("utf-8")))
         except UnicodeDecodeError as exc:
             raise ValueError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        blocks = typeable(find_blocks(text, f), text, min_chars=options.min_chars, max_chars=options.max_chars)
-        out.append(SourceFile(f, text, blocks))
     return out
 
 

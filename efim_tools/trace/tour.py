@@ -34,7 +34,7 @@ from efim_tools.trace import edits
 from efim_tools.trace.blocks import find_blocks, split_lines
 from efim_tools.trace.document import TextDocument
 from efim_tools.trace.jumps import meta_entry
-from efim_tools.trace.synth import LANGUAGE_IDS, SOURCE_SUFFIXES
+from efim_tools.trace.synth import LANGUAGE_IDS, read_sources
 
 READING_MS = (300.0, 2000.0)  # looking at the code after a jump, before typing
 NO_PAUSE_MS = (0.0, 60.0)  # typing straight away
@@ -99,23 +99,7 @@ def sites(text: str, path: Path) -> list[Site]:
 
 def load_tour_sources(paths: list[str | Path]) -> list[tuple[Path, str]]:
     """Readable source files with at least `MIN_FUNCTIONS` function bodies to jump between."""
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files.extend(sorted(f for f in p.iterdir() if f.suffix in SOURCE_SUFFIXES and f.is_file()))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(f"{p}: no such source file")
-    out = []
-    for f in files:
-        try:
-            text = f.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-        if len({s.function for s in sites(text, f)}) >= MIN_FUNCTIONS:
-            out.append((f, text))
-    return out
+    return [(f, text) for f, text in read_sources(paths) if len({s.function for s in sites(text, f)}) >= MIN_FUNCTIONS]
 
 
 def _parses(text: str, path: Path) -> bool:
