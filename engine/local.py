@@ -26,7 +26,7 @@ from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
 from engine.loading import load_model_for_engine
-from engine.prompting import PromptBuilder, RequestSink, fit_to_context
+from engine.prompting import PromptBuilder, RequestSink
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
@@ -251,4 +251,4 @@ def load_engine(
     return LocalEngine(got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant, **engine_options)
 
 
-__all__ = ["LocalEngine", "LocalHandle", "load_engine", "fit_to_context"]
+__all__ = ["LocalEngine", "load_engine"]

@@ -56,7 +56,7 @@ from engine.chunks import ChunkStore
 from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence
-from engine.sequence import Prompt, Sequence, TokenSink
+from engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -485,4 +485,4 @@ class Scheduler:
             log.exception("finishing request %d failed", seq.request_id)
 
 
-__all__ = ["Scheduler", "Sequence", "Prompt", "TokenSink", "Counters"]
+__all__ = ["Scheduler", "Counters"]

@@ -7,7 +7,8 @@ import torch
 
 from engine.cache import RadixCache
 from engine.sampler import Sampler
-from engine.scheduler import Prompt, Scheduler, Sequence
+from engine.scheduler import Scheduler
+from engine.sequence import Prompt, Sequence
 
 
 class Sink:
