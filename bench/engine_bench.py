@@ -91,7 +91,7 @@ def keystroke_window(text: str, count, prefix_tokens: int = 1500, suffix_tokens:
 
 def memory_bandwidth_gbs(size_mb: int = 512, repeats: int = 5) -> float:
     """Read bandwidth: bytes of a large fp32 tensor / time of its sum (best of repeats)."""
-    from engine.model.speed import memory_bandwidth_gbs as measure_bandwidth  # noqa: PLC0415 - torch loads here
+    from bench.speed_probes import memory_bandwidth_gbs as measure_bandwidth  # noqa: PLC0415 - torch loads here
 
     return measure_bandwidth(mib=size_mb, repeats=repeats)
 

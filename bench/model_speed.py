@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from tokenizers import Tokenizer
 
+    from bench import speed_probes as speed
     from engine.model import load_model
-    from engine.model import speed
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -1,8 +1,9 @@
 """Speed probes for the model alone (no cache, no scheduler): decode ms/token, prefill
 tokens/s, the same for `transformers`' own model, and the machine's memory bandwidth.
 
-Used by `bench/model_speed.py` and available to `efim bench engine`. Timings on a shared
-machine drift; callers should interleave configurations and compare ratios.
+Benchmark code, not serving code: used by `bench/model_speed.py` and by `bench/engine_bench.py`
+(`efim bench engine`, memory bandwidth). Timings on a shared machine drift; callers should
+interleave configurations and compare ratios.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import torch
 from engine.model.transformer import Transformer
 
 
-class Timing(NamedTuple):
+class ProbeTiming(NamedTuple):
     median: float
     samples: tuple[float, ...]
 
 
-def _timing(samples: list[float]) -> Timing:
-    return Timing(statistics.median(samples), tuple(samples))
+def _timing(samples: list[float]) -> ProbeTiming:
+    return ProbeTiming(statistics.median(samples), tuple(samples))
 
 
 def memory_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
@@ -88,7 +89,7 @@ def hf_prefill_tok_s(hf_model, ids: torch.Tensor) -> float:
     return ids.shape[0] / (time.perf_counter() - t)
 
 
-def interleaved(probes: dict[str, Callable[[], float]], rounds: int) -> dict[str, Timing]:
+def interleaved(probes: dict[str, Callable[[], float]], rounds: int) -> dict[str, ProbeTiming]:
     """Run every probe once per round, round-robin, so load drift hits all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in probes}
     for _ in range(rounds):
@@ -98,7 +99,7 @@ def interleaved(probes: dict[str, Callable[[], float]], rounds: int) -> dict[str
 
 
 __all__ = [
-    "Timing",
+    "ProbeTiming",
     "memory_bandwidth_gbs",
     "engine_decode_ms",
     "engine_prefill_tok_s",
