@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-class Sample(NamedTuple):
+class BlendCase(NamedTuple):
     name: str  # module:line
     ids: list[int]
     units: list[tuple[int, int]]  # chunk rows
@@ -89,7 +89,7 @@ def _cursor_lines(text: str, count: int) -> list[int]:
     return picks
 
 
-def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[Sample]:
+def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[BlendCase]:
     """Prompts from the package: local window + gathered sibling chunks, rendered and
     tokenized as the engine does."""
     from efim_lsp.context import ContextGatherer  # noqa: PLC0415
@@ -108,7 +108,7 @@ def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[Sample]:
     )
     if not files:
         raise ValueError(f"package {args.package!r} has no module large enough for a {args.local_tokens}-token window")
-    samples: list[Sample] = []
+    samples: list[BlendCase] = []
     per_file = max(1, -(-args.samples // len(files)))
     for path in files:
         text = path.read_text(encoding="utf-8")
@@ -136,7 +136,7 @@ def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[Sample]:
             enc = tok.encode(template.render(req), heal=False)
             units = chunk_units(enc.spans)
             local = [(s.start, s.end) for s in enc.spans if s.role in ("prefix", "suffix")]
-            samples.append(Sample(f"{path.name}:{line_no + 1}", list(enc.ids), units, local, chunks))
+            samples.append(BlendCase(f"{path.name}:{line_no + 1}", list(enc.ids), units, local, chunks))
     gatherer.close()
     if not samples:
         raise ValueError(f"no prompt with context chunks could be built from {pkg}")
@@ -159,14 +159,14 @@ def _reference(model, ids, n_gen):
     return first, cont, [cont[0]] + forced.argmax(-1).tolist()
 
 
-def _reordered(sample: Sample) -> list[int]:
+def _reordered(sample: BlendCase) -> list[int]:
     """The sample's prompt with its chunks in the opposite order (same local window)."""
     units = sample.units
     body = [sample.ids[s:e] for s, e in units]
     return sample.ids[: units[0][0]] + [t for chunk in reversed(body) for t in chunk] + sample.ids[units[-1][1] :]
 
 
-def quality(model, cache, template, samples: list[Sample], ratios, n_gen: int) -> dict[str, dict]:
+def quality(model, cache, template, samples: list[BlendCase], ratios, n_gen: int) -> dict[str, dict]:
     """Agreement and KL per ratio in two settings: "fresh" (chunks prefilled alone, the
     local window uncached) and "reordered" (the previous request had the chunks in the
     opposite order: its local-window rows are reused too)."""
@@ -210,7 +210,7 @@ def quality(model, cache, template, samples: list[Sample], ratios, n_gen: int) -
     }
 
 
-def speed(model, cache_factory, template, sample: Sample, ratio: float, repeats: int) -> dict[str, Any]:
+def speed(model, cache_factory, template, sample: BlendCase, ratio: float, repeats: int) -> dict[str, Any]:
     """TTFT of the three paths for `sample` after a previous request of the same document
     with the chunk order reversed (chunk KV already in the store, as after that request).
     Each path runs the same functions the scheduler runs, without its thread hand-offs."""

@@ -88,7 +88,7 @@ class Cursor(NamedTuple):
     line: int  # 0-based line of the held-out statement
 
 
-class Sample(NamedTuple):
+class JumpCase(NamedTuple):
     name: str  # module:line (1-based)
     key: str  # the document key (one per module)
     text: str  # the document with the line's text removed
@@ -166,7 +166,7 @@ def pick_cursors(modules: list[str], count: int, seed: int, min_offset: int) -> 
     return sorted(picks, key=lambda c: (modules.index(c.module), c.line))
 
 
-def build_sample(engine: Any, cursor: Cursor, args: argparse.Namespace) -> Sample | None:
+def build_sample(engine: Any, cursor: Cursor, args: argparse.Namespace) -> JumpCase | None:
     """The held-out document and the prompt the server would build at its cursor
     (None when the prompt was cut to fit the context: it would not blend)."""
     from efim_lsp.positions import LineIndex  # noqa: PLC0415
@@ -192,7 +192,7 @@ def build_sample(engine: Any, cursor: Cursor, args: argparse.Namespace) -> Sampl
     blend = built.prompt.blend
     if blend is None:
         return None
-    return Sample(
+    return JumpCase(
         f"{cursor.path.name}:{cursor.line + 1}", cursor.module, text, at, line.strip(),
         list(built.prompt.ids), tuple(blend.segments), built.prompt.allowed_first, built.healed_bytes,
     )
@@ -231,7 +231,7 @@ class Documents:
             self.work.step()
         return self.work.tokens_prefilled - tokens, self.work.seconds - seconds
 
-    def spans(self, key: str, sample: Sample) -> tuple[list[Any], float]:
+    def spans(self, key: str, sample: JumpCase) -> tuple[list[Any], float]:
         """The spans the scheduler would reuse for `sample`, and the index build time (s)."""
         from engine.document_kv import DocumentIndex, document_spans  # noqa: PLC0415
 
@@ -241,7 +241,7 @@ class Documents:
         return document_spans(self.store, index, sample.ids, sample.segments), built
 
 
-def _line(engine: Any, kv: Any, n: int, given: list[int], sample: Sample, max_tokens: int) -> str:
+def _line(engine: Any, kv: Any, n: int, given: list[int], sample: JumpCase, max_tokens: int) -> str:
     """The greedy completion at the prompt's end (rows 0..n-1 of `kv`) with the serving
     path's stop rules (end ids, stop "\\n"), where the first tokens `given` are already
     known to be the greedy choices and rows n..n+len(given)-2 of `kv` hold all but the
@@ -273,7 +273,7 @@ def _line(engine: Any, kv: Any, n: int, given: list[int], sample: Sample, max_to
     return rules.text
 
 
-def _line_tokens(engine: Any, tokens: list[int], sample: Sample, max_tokens: int) -> int:
+def _line_tokens(engine: Any, tokens: list[int], sample: JumpCase, max_tokens: int) -> int:
     """How many of `tokens` a greedy line takes (its stop included); len+1 when it has not ended."""
     from engine.sampler import StopRules  # noqa: PLC0415
     from engine.tokenize import StreamDecoder  # noqa: PLC0415
@@ -292,7 +292,7 @@ class Scores(NamedTuple):
     line: str
 
 
-def quality(engine: Any, docs: Documents, samples: list[Sample], ratios, n_gen: int, max_line: int) -> dict[str, Any]:
+def quality(engine: Any, docs: Documents, samples: list[JumpCase], ratios, n_gen: int, max_line: int) -> dict[str, Any]:
     """Per sample: the pieces computed, then the full prefill and each ratio's blend scored."""
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
@@ -378,7 +378,7 @@ def recommend(qual: dict[str, Any], tolerance: float) -> float:
     return min(ok) if ok else 1.0
 
 
-def speed(engine: Any, docs: Documents, samples: list[Sample], ratios, repeats: int) -> dict[str, Any]:
+def speed(engine: Any, docs: Documents, samples: list[JumpCase], ratios, repeats: int) -> dict[str, Any]:
     """TTFT of a full prefill and of the blend at each of `ratios` (median of all runs)."""
     import torch  # noqa: PLC0415
 

@@ -31,7 +31,7 @@ class Case(NamedTuple):
     args: Callable[[], tuple]  # fresh arguments (in-place ops get their own copies)
 
 
-class Timing(NamedTuple):
+class KernelTiming(NamedTuple):
     op: str
     shape: str
     impl: str
@@ -219,7 +219,7 @@ def _cos_sin(torch: Any, positions: Any, inv_freq: Any) -> tuple[Any, Any]:
     return angles.cos(), angles.sin()
 
 
-def _time(case: Case, impl: str, fn: Callable, repeat: int, torch: Any, device: str) -> Timing:
+def _time(case: Case, impl: str, fn: Callable, repeat: int, torch: Any, device: str) -> KernelTiming:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     args = case.args()
     fn(*args)  # warm-up (and Triton's compilation)
@@ -232,4 +232,4 @@ def _time(case: Case, impl: str, fn: Callable, repeat: int, torch: Any, device: 
         samples.append(time.perf_counter() - start)
     seconds = statistics.median(samples)
     scale = 1e12 if case.metric == "TFLOP/s" else 1e9
-    return Timing(case.op, case.shape, impl, seconds * 1e3, case.work / seconds / scale, case.metric)
+    return KernelTiming(case.op, case.shape, impl, seconds * 1e3, case.work / seconds / scale, case.metric)

@@ -39,20 +39,20 @@ class SynthOptions(NamedTuple):
     max_chars: int = 700  # ~3 minutes of typing at 250 keys/min
 
 
-class SourceFile(NamedTuple):
+class TypeableFile(NamedTuple):
     path: Path
     text: str
     blocks: list[Block]
 
 
-def load_sources(paths: list[str | Path], options: SynthOptions) -> list[SourceFile]:
+def load_sources(paths: list[str | Path], options: SynthOptions) -> list[TypeableFile]:
     """Read each file (a directory stands for its source files) and find typeable blocks.
 
     Files are read as UTF-8 with their line endings untouched (CRLF stays CRLF)."""
     out = []
     for f, text in read_sources(paths):
         blocks = typeable(find_blocks(text, f), text, min_chars=options.min_chars, max_chars=options.max_chars)
-        out.append(SourceFile(f, text, blocks))
+        out.append(TypeableFile(f, text, blocks))
     return out
 
 
@@ -76,7 +76,7 @@ def read_sources(paths: list[str | Path]) -> list[tuple[Path, str]]:
     return out
 
 
-def session_trace(source: SourceFile, block: Block, options: SynthOptions, rng: random.Random, index: int) -> Trace:
+def session_trace(source: TypeableFile, block: Block, options: SynthOptions, rng: random.Random, index: int) -> Trace:
     blank, keys = type_block(source.text, block, options.style, rng)
     uri = f"file:///efim-synth/s{index:03d}/{source.path.name}"
     doc = TextDocument(uri, blank, version=1)
