@@ -27,6 +27,7 @@ test: setup editors-setup
 	$(PY) -m pytest -q -x --durations=15
 
 test-fast: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow"
 
 editors-setup:
