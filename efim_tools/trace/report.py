@@ -213,8 +213,12 @@ JSON_KEYS = (
 
 
 def to_json(summaries: dict[str, Summary], meta: dict[str, Any], baseline: str = BASELINE) -> dict[str, Any]:
-    """`{"configs": {NAME: {...}}, "ratios": {NAME: {...}}, "meta": {...}}` (the issue's schema
-    plus a few extra keys per configuration and the ratios against `baseline`)."""
+    """`{"configs": {NAME: {...}}, "ratios_vs_<baseline>": {NAME: {...}}, "meta": {...}}`.
+
+    Each configuration holds every `Summary` field, `JSON_KEYS` always among them (TTFT
+    p50/p95/p99, latency p50/p95, tokens prefilled per request, reuse ratio, completions/s,
+    requests); its ratios are against `baseline`: TTFT p50, latency p50, tokens prefilled per
+    request (all and warm), completions/s."""
     configs = {name: msgspec.to_builtins(s) for name, s in summaries.items()}
     base = summaries.get(baseline)
     ratios = {}
