@@ -1,4 +1,5 @@
-"""`efim bench engine|kernels|blend|jump`: benchmarks that compare configurations in one run.
+"""`efim bench engine|kernels|blend|jump|soak`: benchmarks that compare configurations in one run
+(soak: load and cancellation through the real server).
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
 imported only when their subcommand runs (torch and friends load slowly)."""
@@ -13,11 +14,13 @@ TARGETS = {
     "kernels": ("bench.kernel_bench", "each kernel against its reference on the present device"),
     "blend": ("bench.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
     "jump": ("bench.jump_blend", "a window after a jump assembled from the document's KV vs full prefill"),
+    "soak": ("bench.soak", "load and cancellation soak through efim serve: hangs, latency, RSS, integrity"),
+    "restart": ("bench.warm_restart", "first suggestion after a restart: cold vs warm from the KV disk tier"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)
