@@ -96,6 +96,7 @@ class EfimServer(LanguageServer):
         self._client_is_neovim = False
         self._background: set[asyncio.Task] = set()
         self._progress_tokens = 0
+        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from `initialize` on
 
     def _version_of(self, uri: str) -> int | None:
         doc = self.documents.get(uri)
@@ -127,6 +128,13 @@ class EfimServer(LanguageServer):
 
     def show(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
         self.window_show_message(types.ShowMessageParams(type=kind, message=f"efim: {message}"))
+
+    def show_from_thread(self, message: str, kind: types.MessageType = types.MessageType.Warning) -> None:
+        """`show` from another thread (the file watcher's): sent from the event loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # not serving (yet, or any more); the caller has logged it
+        loop.call_soon_threadsafe(self.show, message, kind)
 
     # -- engine ----------------------------------------------------------------
     def start_engine_load(self) -> asyncio.Task:
@@ -291,6 +299,7 @@ def build_server(
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: EfimServer, params: types.InitializeParams) -> None:
+        ls._loop = asyncio.get_running_loop()
         encoding = str(getattr(ls.workspace.position_encoding, "value", ls.workspace.position_encoding))
         ls.documents.encoding = encoding if encoding in ENCODINGS else "utf-16"
         ls._client_is_neovim = bool(params.client_info and params.client_info.name.lower().startswith("neovim"))

@@ -149,7 +149,14 @@ class ContextGatherer:
             "files": len(self.index.paths()),
             "chunks": len(self.index),
             "indexing": self._tasks.unfinished_tasks > 0,
+            "watch": self._watcher.state() if self._watcher is not None else {"state": "off"},
         }
+
+    def on_watch_problem(self, report: Callable[[str], None] | None) -> None:
+        """`report(message)` is called on the watcher thread, once per folder the watch
+        loses (deleted, moved away) and once if the watch fails (`watcher.WorkspaceWatcher`)."""
+        if self._watcher is not None:
+            self._watcher.on_problem = report
 
     def wait_watching(self, timeout: float = 5.0) -> bool:
         """Block until the file watcher is installed (tests write files only after this)."""

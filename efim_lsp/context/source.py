@@ -58,6 +58,9 @@ class ContextHost(Protocol):
     def context_engine(self) -> ContextEngine | None:
         """The ready engine, or None while none is loaded."""
 
+    # Optional: `show_from_thread(message)`, a warning for the user from any thread (the
+    # file watcher reports a lost folder through it).
+
 
 class WorkspaceContext:
     """ContextSource over a ContextGatherer. Call `bind(host)` once the server exists."""
@@ -73,6 +76,10 @@ class WorkspaceContext:
 
     def bind(self, host: ContextHost) -> "WorkspaceContext":
         self._host = host
+        # A lost workspace folder is shown to the user once (the host hops onto its loop).
+        report = getattr(host, "show_from_thread", None)
+        if report is not None:
+            self.gatherer.on_watch_problem(report)
         return self
 
     # -- ContextSource ----------------------------------------------------------------

@@ -3,6 +3,13 @@
 The thread only reports: it calls `on_changes(paths)` with the set of absolute paths
 that were added, modified or deleted since the last report; deciding what a change
 means (re-read, drop, re-scan after a `.gitignore` edit) is the caller's job.
+
+Losing a folder: when a watched root is deleted (or moved away), watchfiles reports it
+deleted and then stays silent for it; when the watch itself fails, it ends. Either is a
+fault the user should hear about once: one log warning and one `on_problem(message)`
+call per lost root (the server turns it into a `window/showMessage`), and `state()`
+says "lost" (with the folders) or "stopped" for `efim/stats`. Watching the other roots
+goes on; a later `set_roots` that includes the folder again, once it exists, watches it.
 """
 
 from __future__ import annotations
@@ -24,8 +31,12 @@ class WorkspaceWatcher:
     after `close()` returns, it is never called again.
     """
 
-    def __init__(self, on_changes: Callable[[set[str]], None], *, debounce_ms: int = 300) -> None:
+    def __init__(self, on_changes: Callable[[set[str]], None], *, debounce_ms: int = 300,
+                 on_problem: Callable[[str], None] | None = None) -> None:
         self._on_changes = on_changes
+        self.on_problem = on_problem  # called on the watcher thread, once per lost folder
+        self._lost: set[Path] = set()
+        self._stopped: str | None = None
         self._debounce_ms = debounce_ms
         self._roots: tuple[Path, ...] = ()
         self._thread: threading.Thread | None = None
@@ -45,6 +56,8 @@ class WorkspaceWatcher:
                 return
             self._stop_thread()
             self._roots = roots_t
+            self._lost = {r for r in self._lost if not r.is_dir()}  # a folder back again is watched again
+            self._stopped = None
             if roots_t and not self._closed:
                 self._stop = threading.Event()
                 self._ready = threading.Event()
@@ -52,6 +65,35 @@ class WorkspaceWatcher:
                     target=self._run, args=(roots_t, self._stop, self._ready), name="efim-watch", daemon=True
                 )
                 self._thread.start()
+
+    def state(self) -> dict[str, object]:
+        """For `efim/stats` ("context" → "watch"): "off" (nothing watched), "watching",
+        "lost" (`lost`: the folders that disappeared) or "stopped" (`error`: why)."""
+        with self._lock:
+            lost = sorted(map(str, self._lost))
+            if self._stopped is not None:
+                return {"state": "stopped", "error": self._stopped, "lost": lost}
+            if lost:
+                return {"state": "lost", "lost": lost}
+            return {"state": "watching" if self._roots else "off"}
+
+    def _problem(self, message: str) -> None:
+        log.warning("context: %s", message)
+        if self.on_problem is not None:
+            try:
+                self.on_problem(message)
+            except Exception:  # reporting must never end watching
+                log.exception("reporting a file watcher problem failed")
+
+    def _check_roots(self, roots: tuple[Path, ...]) -> None:
+        """Report (once each) the roots that are gone."""
+        for root in roots:
+            if root in self._lost or root.is_dir():
+                continue
+            with self._lock:
+                self._lost.add(root)
+            self._problem(f"workspace folder {root} disappeared: its files are no longer watched "
+                          "(cross-file context keeps what it had read)")
 
     def wait_started(self, timeout: float = 5.0) -> bool:
         """Block until the current watch is installed (events before that may be missed)."""
@@ -91,12 +133,19 @@ class WorkspaceWatcher:
                     break
                 if not changes:
                     continue
+                paths = {path for _change, path in changes}
+                self._check_roots(roots)
                 try:
-                    self._on_changes({path for _change, path in changes})
+                    self._on_changes(paths)
                 except Exception:  # a bad callback must not end watching
                     log.exception("context: handling file changes failed")
-        except Exception:
+        except Exception as exc:
             log.exception("file watcher for %s stopped", ", ".join(map(str, roots)))
+            if not stop.is_set():
+                with self._lock:
+                    self._stopped = f"{type(exc).__name__}: {exc}"
+                self._problem(f"watching {', '.join(map(str, roots))} stopped ({type(exc).__name__}: {exc}); "
+                              "files changed on disk are no longer noticed")
         finally:
             ready.set()
 
