@@ -17,7 +17,7 @@ from engine.api import Engine, EngineInfo, InfillRequest
 
 log = logging.getLogger(__name__)
 
-# factory(model, *, fim_tokens, adapter) -> Engine. The serve command wraps engine.local.load_engine;
+# factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget) -> Engine. The serve command wraps engine.local.load_engine;
 # tests inject their own.
 EngineFactory = Callable[..., Engine]
 
@@ -28,6 +28,8 @@ class EngineSpec(NamedTuple):
     model: str
     fim_tokens: str
     adapter: str = "auto"
+    kv_disk: bool = True
+    kv_disk_budget: str = "2G"
 
 
 class ProgressSink(Protocol):
@@ -95,7 +97,10 @@ class EngineSlot:
         progress.begin("efim", f"loading model {spec.model}")
         started = time.monotonic()
         try:
-            engine = await loop.run_in_executor(None, lambda: self._factory(spec.model, fim_tokens=spec.fim_tokens, adapter=spec.adapter))
+            engine = await loop.run_in_executor(None, lambda: self._factory(
+                spec.model, fim_tokens=spec.fim_tokens, adapter=spec.adapter,
+                kv_disk=spec.kv_disk, kv_disk_budget=spec.kv_disk_budget,
+            ))
             info = engine.info()
         except Exception as exc:
             if generation == self._generation:

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", help="engine weight quantisation (int8)")
     p.add_argument("--kv-budget", help="memory for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 3/4 radix-cached pool, 1/4 per-document workspaces")
+    p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts warm (default on)")
+    p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')
     p.add_argument("--threads", type=int, help="torch threads for the engine")
     p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
@@ -39,9 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def engine_factory(args: argparse.Namespace):
-    """`factory(model, *, fim_tokens, adapter) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
+    """`factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
 
-    def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto"):
+    def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", kv_disk: bool = True, kv_disk_budget: str = "2G"):
         from engine.local import load_engine  # torch loads here, in the server's loader thread
 
         kwargs = {}
@@ -49,7 +51,7 @@ def engine_factory(args: argparse.Namespace):
             value = getattr(args, name, None)
             if value is not None:
                 kwargs[name] = value
-        return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, **kwargs)
+        return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk, kv_disk_budget=kv_disk_budget, **kwargs)
 
     return load
 
@@ -105,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
         defaults["fimTokens"] = args.fim_tokens
     if args.adapter:
         defaults["adapter"] = args.adapter
+    if args.kv_disk is not None:
+        defaults["kvDisk"] = args.kv_disk
+    if args.kv_disk_budget:
+        defaults["kvDiskBudget"] = args.kv_disk_budget
     observer = _recorder(args.record) if args.record else None
     from efim_lsp.context.source import WorkspaceContext  # cross-file context; idle while `context` is off
 

@@ -144,7 +144,8 @@ class EfimServer(LanguageServer):
         return task
 
     async def _load_engine(self) -> None:
-        spec = EngineSpec(self.settings.model, self.settings.fim_tokens, self.settings.adapter)
+        s = self.settings
+        spec = EngineSpec(s.model, s.fim_tokens, s.adapter, s.kv_disk, s.kv_disk_budget)
         progress = await self._progress_sink()
         ok = await self.slot.load(spec, progress)
         if ok:

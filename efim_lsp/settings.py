@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 
 # Keys whose change needs a new engine (everything else applies to the next request).
-ENGINE_KEYS = frozenset({"model", "fim_tokens", "adapter"})
+ENGINE_KEYS = frozenset({"model", "fim_tokens", "adapter", "kv_disk", "kv_disk_budget"})
 
 
 class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
@@ -69,6 +69,12 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
 
     document_kv: bool = False
     """Navigation: keep each open document's KV in stable pieces (computed in the background, nearest the cursor first) and assemble a new window after a jump from them with CacheBlend (`blendRatio`). Off by default: 3.3x faster than a prefill after a jump, but with the embedded 135M model the assembled window changes the suggested line in 2 of 3 held-out lines (docs/navigation.md)."""
+
+    kv_disk: bool = True
+    """Disk tier: keep each document's last KV in the user cache directory (efim-lsp/kv), so a restarted server starts warm; `efim cache ls|clear` shows and removes it."""
+
+    kv_disk_budget: Annotated[str, msgspec.Meta(pattern=r"^\s*[0-9]*\.?[0-9]+\s*[kKmMgGtT]?(i?[bB])?\s*$")] = "2G"
+    """Most disk the KV files take (e.g. "2G", "500MB"); the least recently used go first."""
 
     strict_versions: bool | None = None
     """A didChange whose version skips marks the document out of sync. None: on, except for Neovim (its versions jump by design)."""

@@ -118,6 +118,12 @@ class ServerStats:
                 "computeMs": round(self.warm_compute_ms, 1),
                 "documentTokens": engine.document_tokens if engine else 0,
             },
+            # Disk tier: "on", "off", or "off: <why>" after a disk failure turned it off.
+            "kvDisk": {
+                "state": engine.kv_disk if engine else "off",
+                "loadedTokens": engine.kv_disk_loaded_tokens if engine else 0,
+                "savedFiles": engine.kv_disk_saved_files if engine else 0,
+            },
         }
         if extra:
             out.update(extra)

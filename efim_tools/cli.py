@@ -31,6 +31,7 @@ COMMANDS = (
     "demo",
     "train",
     "eval",
+    "cache",
 )
 
 

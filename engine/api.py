@@ -159,6 +159,10 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     warm_prefilled_tokens: int = 0
     warm_ms: float = 0.0
     document_tokens: int = 0  # tokens of document pieces whose KV is kept
+    # Disk tier (engine.disk_tier): "off", "on", or "off: <why>" once a disk failure stopped it.
+    kv_disk: str = "off"
+    kv_disk_loaded_tokens: int = 0  # tokens whose KV came from disk into the radix cache
+    kv_disk_saved_files: int = 0
 
 
 class EngineError(Exception):

@@ -22,6 +22,7 @@ from engine.api import EngineError
 class EngineModel(NamedTuple):
     loaded: Any  # engine.model.loader.LoadedModel
     fragment_trained: bool  # healing off by default
+    adapter: Path | None = None  # the adapter merged (the disk tier's fingerprint names it)
 
 
 def load_model_for_engine(
@@ -49,7 +50,7 @@ def load_model_for_engine(
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen)
     if fragment_trained is None:
         fragment_trained = chosen is not None and not adapter_heals(chosen)
-    return EngineModel(loaded, fragment_trained)
+    return EngineModel(loaded, fragment_trained, chosen)
 
 
 __all__ = ["EngineModel", "load_model_for_engine"]

@@ -23,6 +23,7 @@ import torch
 
 from engine.api import Completion, EngineError, EngineInfo, EngineStats, InfillRequest
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
+from engine.disk_tier import DiskTier, attach_disk_tier
 from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
 from engine.loading import load_model_for_engine
@@ -54,6 +55,9 @@ class LocalEngine:
         warm_chunk_tokens: int = 64,
         idle_grace: float = 0.25,
         document_share: float = 0.5,
+        kv_disk: bool | str | Path = False,
+        kv_disk_budget: int | str = "2G",
+        adapter_path: Path | None = None,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -99,6 +103,10 @@ class LocalEngine:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="efim-engine", daemon=True)
         self._thread.start()
+        # Disk tier (engine.disk_tier): True = the user cache directory, or a directory.
+        self.disk_tier: DiskTier | None = (
+            attach_disk_tier(self, kv_disk, parse_bytes(kv_disk_budget), adapter_path) if kv_disk else None
+        )
 
     def _run(self) -> None:
         with torch.inference_mode():
@@ -137,6 +145,9 @@ class LocalEngine:
             background=request.background,
         )
         handle.sequence = seq
+        tier = self.disk_tier
+        if tier is not None and request.cache:
+            tier.request(request.key)  # ready for this document's next request, if on disk
         live = self._warming if request.background else self._by_key
         with self._lock:
             if self._closed:
@@ -190,7 +201,15 @@ class LocalEngine:
             warm_prefilled_tokens=c.warm_prefilled_tokens,
             warm_ms=round(c.warm_seconds * 1e3, 1),
             document_tokens=self.scheduler.document_tokens(),
+            **self._disk_stats(),
         )
+
+    def _disk_stats(self) -> dict:
+        tier = self.disk_tier
+        if tier is None:
+            return {}
+        d = tier.stats()
+        return {"kv_disk": d.state, "kv_disk_loaded_tokens": d.loaded_tokens, "kv_disk_saved_files": d.saved_files}
 
     def count_tokens(self, text: str) -> int:
         return self.tokenizer.count(text)
@@ -212,6 +231,9 @@ class LocalEngine:
         self.scheduler.close()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+        if self.disk_tier is not None:  # the retained KV is read here only once the engine thread stopped
+            tier, self.disk_tier = self.disk_tier, None
+            tier.close(None if self._thread.is_alive() else self.scheduler.retained)
 
     def wait_idle(self, timeout: float = 30.0) -> None:
         """Block until no request is queued or running (tests, benchmarks, tools; never
@@ -248,7 +270,10 @@ def load_engine(
         model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, threads=threads, adapter=adapter,
         fragment_trained=fragment_trained,
     )
-    return LocalEngine(got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant, **engine_options)
+    return LocalEngine(
+        got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant, adapter_path=got.adapter,
+        **engine_options,
+    )
 
 
 __all__ = ["LocalEngine", "load_engine"]

@@ -51,6 +51,11 @@ class RetainedKV:
         ):
             self._by_key.popitem(last=False)
 
+    def entries(self) -> list[tuple[str, RetainedSequence]]:
+        """(key, sequence) of every kept document, least recently kept first (the disk
+        tier's snapshot reads them; the caller must not change the rows)."""
+        return list(self._by_key.items())
+
     def nbytes(self) -> int:
         """Bytes held by the kept KV (outside the pool, inside the engine's KV budget)."""
         return sum(kv_bytes(s.kv) for s in list(self._by_key.values()))

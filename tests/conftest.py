@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 # Before anything imports torch (libgomp reads this once, at load): OpenMP threads that
@@ -22,6 +23,9 @@ from pathlib import Path
 # instead of 0.05 s with 2 threads on a loaded machine). Passive waiting costs a few
 # microseconds per region on an idle machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The disk tier is on by default in `efim serve`: servers the tests start write their KV
+# files here, never into the user's cache.
+os.environ.setdefault("EFIM_KV_DIR", tempfile.mkdtemp(prefix="efim-kv-tests-"))
 
 import pytest  # noqa: E402
 

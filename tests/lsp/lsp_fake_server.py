@@ -27,7 +27,7 @@ def main() -> None:
     load_s = float(os.environ.get("EFIM_FAKE_LOAD_MS", "0")) / 1000
     loads = []
 
-    def factory(model: str, *, fim_tokens: str = "auto", adapter: str = "auto") -> FakeEngine:
+    def factory(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_engine_options) -> FakeEngine:
         time.sleep(load_s)
         if model.startswith("/missing"):
             raise FileNotFoundError(f"no model at {model}")

@@ -25,7 +25,7 @@ class Rig:
     def __init__(self, engine: FakeEngine, **settings):
         self.engine = engine
         self.docs = DocumentStore()
-        self.slot = EngineSlot(lambda model, fim_tokens="auto", adapter="auto": engine)
+        self.slot = EngineSlot(lambda model, fim_tokens="auto", adapter="auto", **_options: engine)
         self.stats = ServerStats()
         self.settings = apply(Settings(), settings).settings
         self.completer = Completer(self.docs, self.slot, self.stats, lambda: self.settings)
@@ -155,7 +155,7 @@ async def test_declines_before_the_model_is_ready_and_when_out_of_sync():
 
 
 async def test_failed_model_load_is_reported():
-    def broken(model, fim_tokens="auto", adapter="auto"):
+    def broken(model, fim_tokens="auto", adapter="auto", **_options):
         raise FileNotFoundError("no such model: /nope")
 
     docs = DocumentStore()
