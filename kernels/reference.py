@@ -49,7 +49,11 @@ def attention(
             return out.squeeze(0)
         if T <= _TAIL_ROWS and S - T >= _TAIL_MIN_PREFIX and _FLASH_LSE is not None and q.device.type == "cpu":
             return _attention_tail(q, k, v, scale)
-        q_pos = torch.arange(S - T, S, device=q.device)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=_tail_mask(T, S, q.dtype, q.device),
+            scale=scale, enable_gqa=gqa,
+        )  # [1, H, T, D]
+        return out.squeeze(0)
     if k_pos is None:
         k_pos = torch.arange(S, device=q.device)
     if q_pos is None:
@@ -59,6 +63,26 @@ def attention(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=gqa
     )  # [1, H, T, D]
     return out.squeeze(0)
+
+
+# A prefill chunk after a prefix (T queries at the tail of S keys) runs every layer with
+# the same mask. SDPA turns a boolean mask into an additive one on every call (fill +
+# where: ~10 % of a 256-token chunk's attention on a CPU), so the additive mask is built
+# once and kept for the next call of the same shape — the 29 other layers of the chunk.
+_last_tail_mask: tuple[tuple, torch.Tensor] | None = None
+
+
+def _tail_mask(T: int, S: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # [T, S]
+    """Additive mask (0 where key <= query, -inf after) of T queries at positions S-T..S-1."""
+    global _last_tail_mask
+    key = (T, S, dtype, device)
+    cached = _last_tail_mask  # one read: another thread may replace it, never mutate it
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    future = torch.ones(T, S, dtype=torch.bool, device=device).triu_(S - T + 1)  # key after query
+    mask = torch.zeros(T, S, dtype=dtype, device=device).masked_fill_(future, float("-inf"))
+    _last_tail_mask = (key, mask)
+    return mask
 
 
 # A few new tokens at the end of a long sequence (an EFIM keystroke): the prefix needs no

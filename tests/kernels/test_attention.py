@@ -173,3 +173,19 @@ def test_bad_inputs_are_refused_with_a_clear_message():
     with pytest.raises(KernelInputError, match="slot_table: index -1"):
         table = torch.tensor([[0, 1, -1, -1]] * 3)
         triton_decode.paged_attention_decode(q, k_pool, v_pool, table, torch.tensor([2, 3, 2]), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_after_prefix_equals_explicit_positions(dtype):
+    """A prefill chunk after a prefix (T tail queries, no positions given) uses an additive
+    mask kept between calls of one shape; it must equal the explicit-position path exactly,
+    also on the second call (the kept mask) and after the shape or dtype changes."""
+    gen = torch.Generator().manual_seed(11)
+    H, H_kv, D = 6, 2, 32
+    for T, S in ((24, 80), (24, 80), (40, 80), (24, 81), (24, 80)):
+        q = torch.randn(H, T, D, generator=gen).to(dtype)
+        k = torch.randn(H_kv, S, D, generator=gen).to(dtype)
+        v = torch.randn(H_kv, S, D, generator=gen).to(dtype)
+        got = reference.attention(q, k, v, None, None, 0.125)
+        want = reference.attention(q, k, v, torch.arange(S - T, S), torch.arange(S), 0.125)
+        assert torch.equal(got, want), (T, S, dtype)
