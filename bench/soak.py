@@ -90,6 +90,7 @@ class SoakResult:
     cancel_latency_ms: dict[str, float] = field(default_factory=dict)  # $/cancelRequest → -32800
     max_wait_ms: float = 0.0
     rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (s since typing began, MB)
+    threads: list[tuple[float, float]] = field(default_factory=list)  # (s since typing began, server threads)
     rss_after_warmup_mb: float = float("nan")
     rss_end_mb: float = float("nan")
     integrity: dict[str, Any] = field(default_factory=dict)
@@ -112,10 +113,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def rss_mb(pid: int) -> float:
+    return _status(pid, "VmRSS:") / 1024
+
+
+def _status(pid: int, field_name: str) -> float:
+    """A number from /proc/<pid>/status (VmRSS in kB, Threads); NaN once the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(field_name):
+                return int(line.split()[1])
     except OSError:
         pass
     return float("nan")
@@ -291,7 +297,9 @@ async def run_soak(options: SoakOptions) -> SoakResult:
 
         async def sample_rss() -> None:
             while not sampling.is_set():
-                result.rss_mb.append((round(time.perf_counter() - t0, 2), round(rss_mb(pid), 1)))
+                at = round(time.perf_counter() - t0, 2)
+                result.rss_mb.append((at, round(rss_mb(pid), 1)))
+                result.threads.append((at, _status(pid, "Threads:")))
                 try:
                     await asyncio.wait_for(sampling.wait(), 1.0)
                 except asyncio.TimeoutError:
