@@ -236,16 +236,18 @@ class Scheduler:
         the oldest prefilling sequence, one batched decode step of every decoding one."""
         self._stepping = True
         try:
-            # Cancelled sequences go first, so a superseding request of the same document
-            # finds the superseded one's KV retained and reuses its rows.
-            for group in (self._prefilling, self._decoding):
-                for seq in [s for s in group if s.cancelled]:
-                    self._finish(seq, "cancelled")
+            self._finish_cancelled()
             while self._forget:
                 self.chunk_store.forget_origin(self._forget.popleft())
             while self._plans:
                 self.documents.plan(self._plans.popleft())
-            while (seq := self._next_arrival()) is not None:
+            # Admit what had arrived when the step began, not what arrives meanwhile: under a
+            # flood (many documents typed at once) admitting until the inbox is empty never
+            # ends, and every admitted sequence holds a KV the size of its window. Sequences
+            # cancelled meanwhile (superseded by a newer keystroke) give theirs back before
+            # the next one is allocated.
+            for seq in self._take_arrivals():
+                self._finish_cancelled()
                 self._guard(seq, self._admit)
             foreground = [s for s in self._prefilling if not s.background]
             if foreground:
@@ -286,9 +288,19 @@ class Scheduler:
             except Exception as exc:  # handed to the waiter, who reports it
                 fut.set_exception(exc)
 
-    def _next_arrival(self) -> Sequence | None:
+    def _take_arrivals(self) -> list[Sequence]:
         with self._cond:
-            return self._inbox.popleft() if self._inbox else None
+            arrivals = list(self._inbox)
+            self._inbox.clear()
+        return arrivals
+
+    def _finish_cancelled(self) -> None:
+        """Finish the admitted sequences that were cancelled. Cancelled sequences go first,
+        so a superseding request of the same document finds the superseded one's KV
+        retained and reuses its rows."""
+        for group in (self._prefilling, self._decoding):
+            for seq in [s for s in group if s.cancelled]:
+                self._finish(seq, "cancelled")
 
     def _guard(self, seq: Sequence, work) -> None:
         try:

@@ -152,3 +152,33 @@ def test_prompt_errors_end_the_job_not_the_scheduler(model):
     assert too_long.finished[0] == "error" and "context" in too_long.finished[2]
     assert good.finished[0] == "length" and len(good.tokens) == 4
     assert s.counters.errors == 2
+
+
+def test_a_flood_of_superseding_requests_holds_one_kv_at_a_time(model):
+    """Each admission makes the client send a newer request of the same document (a flood:
+    keys arrive faster than windows are admitted). One step admits what had arrived when it
+    began, and a superseded sequence gives its KV back before the next one is allocated —
+    a step that admitted until the inbox ran dry never ended, holding a window's KV per
+    request (the soak's 7.8 GB)."""
+    s = make(model)
+    seqs = []
+    live_kv = []
+
+    class FloodSink(Sink):
+        def prepare(self, context_length):
+            live_kv.append(sum(1 for q in seqs if q.kv is not None))
+            if len(seqs) < 50:  # the client types again: this request is superseded
+                seqs[-1].cancelled = True
+                seqs.append(job(FloodSink(range(1, 40))))
+                s.submit(seqs[-1])
+            return Prompt(self.ids)
+
+    seqs.append(job(FloodSink(range(1, 40))))
+    s.submit(seqs[0])
+    s.step()
+    assert len(live_kv) == 1, "one step admitted requests that arrived during it"
+    drain(s)
+    assert len(seqs) == 50
+    assert max(live_kv) <= 1, f"superseded sequences still held their KV: {max(live_kv)}"
+    assert all(q.sink.finished is not None for q in seqs)
+    assert seqs[-1].sink.finished[0] == "length" and all(q.sink.finished[0] == "cancelled" for q in seqs[:-1])
