@@ -81,7 +81,7 @@ class LocalEngine:
         quant: str | None = None,
         check_integrity: bool = False,
         retain_documents: int = 4,
-        warm_chunk_tokens: int = 64,
+        warm_chunk_tokens: int | None = None,
         idle_grace: float = 0.25,
         document_share: float = 0.5,
         kv_disk: bool | str | Path = False,

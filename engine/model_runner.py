@@ -30,6 +30,8 @@ from engine.sequence import Sequence
 class PrefillOut(NamedTuple):
     logits: torch.Tensor  # [1, V] after the prompt's last row, [0, V] before it
     last: bool  # the prompt is complete
+    rows: int  # prompt rows this call made valid
+    blended: bool  # by a CacheBlend pass (not a plain chunk: its time says nothing of the prefill rate)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -87,7 +89,8 @@ class ModelRunner:
         Raises `engine.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
         when `preempted()` turns true between layers (a background sequence giving way)."""
         lo = seq.n_valid
-        if seq.blend is not None:
+        blended = seq.blend is not None
+        if blended:
             hi, last = seq.n_prompt, True
             stop = (lambda: seq.cancelled or preempted()) if preempted is not None else (lambda: seq.cancelled)
             out = blend_sequence(
@@ -104,7 +107,7 @@ class ModelRunner:
             logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
         seq.n_valid = hi
         seq.prefilled += hi - lo
-        return PrefillOut(logits, last)
+        return PrefillOut(logits, last, hi - lo, blended)
 
     def decode(self, batch: list[Sequence]) -> torch.Tensor:
         """One decode step for `batch` together: feed each `pending` token; logits [B, V]."""

@@ -182,3 +182,23 @@ def test_a_flood_of_superseding_requests_holds_one_kv_at_a_time(model):
     assert max(live_kv) <= 1, f"superseded sequences still held their KV: {max(live_kv)}"
     assert all(q.sink.finished is not None for q in seqs)
     assert seqs[-1].sink.finished[0] == "length" and all(q.sink.finished[0] == "cancelled" for q in seqs[:-1])
+
+
+def test_warm_chunk_follows_the_measured_prefill_rate():
+    """A background chunk is sized to take about `warm_chunk_seconds` at the rate measured
+    so far: a first guess before any measurement, multiples of 32, bounded by the request
+    chunk; a keystroke's few rows do not move the rate."""
+    from engine.scheduler import PrefillRate
+
+    rate = PrefillRate()
+    assert rate.chunk_for(0.1, 256) == PrefillRate.FIRST_GUESS
+    rate.observe(2, 0.001)  # a keystroke: ignored
+    assert rate.rows_per_s is None
+    rate.observe(256, 0.1)  # 2,560 rows/s
+    assert rate.chunk_for(0.1, 256) == 256
+    assert rate.chunk_for(0.05, 256) == 128
+    rate.observe(256, 0.4)  # slower now: 640 rows/s, averaged in
+    assert 32 <= rate.chunk_for(0.1, 256) < 256 and rate.chunk_for(0.1, 256) % 32 == 0
+    slow = PrefillRate()
+    slow.observe(64, 1.0)
+    assert slow.chunk_for(0.1, 256) == PrefillRate.SMALLEST
