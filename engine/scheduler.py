@@ -91,7 +91,7 @@ class PrefillRate:
     """Prefill rows per second, a running average over the chunks computed so far; sizes
     the background chunks (`Scheduler.warm_chunk`). Engine thread only."""
 
-    SMALLEST = 32  # rows: below this a chunk is mostly per-call overhead
+    SMALLEST = 64  # rows: smaller chunks are mostly per-call overhead (never below the old fixed size)
     FIRST_GUESS = 64  # rows, before anything was measured
     WEIGHT = 0.3  # of the newest chunk in the average
 

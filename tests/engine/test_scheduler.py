@@ -198,7 +198,7 @@ def test_warm_chunk_follows_the_measured_prefill_rate():
     assert rate.chunk_for(0.1, 256) == 256
     assert rate.chunk_for(0.05, 256) == 128
     rate.observe(256, 0.4)  # slower now: 640 rows/s, averaged in
-    assert 32 <= rate.chunk_for(0.1, 256) < 256 and rate.chunk_for(0.1, 256) % 32 == 0
+    assert PrefillRate.SMALLEST <= rate.chunk_for(0.1, 256) < 256 and rate.chunk_for(0.1, 256) % 32 == 0
     slow = PrefillRate()
     slow.observe(64, 1.0)
     assert slow.chunk_for(0.1, 256) == PrefillRate.SMALLEST
