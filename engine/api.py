@@ -95,6 +95,21 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Assemble the local segments from the document's stored KV (`Engine.warm_document`)
     # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.
     document_kv: bool = False
+    # Alternatives: `n` continuations of one prompt (1..MAX_ALTERNATIVES). The prompt is
+    # prefilled once; its sequence then forks into n decode sequences, each with its own
+    # copy of the prompt's KV rows, decoded together in the batched decode step. Fork 0 is
+    # the request itself (`temperature`, `top_p`, `seed`: greedy by default) and streams
+    # the events; forks 1..n-1 sample with `alternatives_temperature` /
+    # `alternatives_top_p`, fork i seeded with `(seed or 0) + i`, so a request's
+    # alternatives are reproducible. Their texts arrive in `Completion.alternatives`.
+    # Background requests ignore `n`.
+    n: int = 1
+    alternatives_temperature: float = 0.8
+    alternatives_top_p: float = 0.95
+
+
+# Most continuations one request may ask for (`InfillRequest.n`).
+MAX_ALTERNATIVES = 8
 
 
 class RequestStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,10 +135,18 @@ class StreamEvent(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """`text`, `finish_reason` and `stats` are fork 0's (the request itself; with n > 1
+    `stats` still counts the one prefill). `alternatives` holds the texts of forks 1..n-1
+    in fork order (empty, not deduplicated, possibly equal to `text`) and
+    `alternatives_finish` why each ended; both are () when n == 1. The terminal event
+    comes once every fork has ended."""
+
     text: str
     finish_reason: FinishReason
     stats: RequestStats
     error: str | None = None
+    alternatives: tuple[str, ...] = ()
+    alternatives_finish: tuple[FinishReason, ...] = ()
 
 
 class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -236,4 +259,5 @@ __all__ = [
     "PromptFormat",
     "ContextMode",
     "FinishReason",
+    "MAX_ALTERNATIVES",
 ]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.api import Completion, EngineError, EngineInfo, EngineStats, InfillRequest
+from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.disk_tier import DiskTier, attach_disk_tier
 from engine.document_kv import DocumentPass
@@ -164,6 +164,7 @@ class LocalEngine:
         if not isinstance(request, InfillRequest):
             raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
         sampler = Sampler(request.temperature, request.top_p, request.seed)  # ValueError for bad params
+        fork_samplers = () if request.background else _fork_samplers(request)
         handle = LocalHandle(next(self._ids), self.scheduler)
         seq = Sequence(
             request_id=handle.request_id,
@@ -173,6 +174,7 @@ class LocalEngine:
             max_tokens=request.max_tokens,
             cache=request.cache,
             background=request.background,
+            fork_samplers=fork_samplers,
         )
         handle.sequence = seq
         tier = self.disk_tier
@@ -279,6 +281,17 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _fork_samplers(request: InfillRequest) -> tuple[Sampler, ...]:
+    """The samplers of a request's alternatives: fork i (1..n-1) seeded with (seed or 0) + i,
+    so the same request gets the same alternatives. ValueError for a bad `n` or parameters."""
+    if not 1 <= request.n <= MAX_ALTERNATIVES:
+        raise ValueError(f"n must be in 1..{MAX_ALTERNATIVES}; got {request.n}")
+    base = request.seed if request.seed is not None else 0
+    return tuple(
+        Sampler(request.alternatives_temperature, request.alternatives_top_p, base + i) for i in range(1, request.n)
+    )
 
 
 def load_engine(

@@ -119,6 +119,16 @@ class ModelRunner:
             seq.pending = None
         return logits
 
+    def fork_kv(self, seq: Sequence) -> Any:
+        """A new KV (room for the request's `max_tokens`, at most `seq.kv`'s capacity) holding
+        a copy of `seq`'s valid rows: a fork of the request (alternatives) decodes into its
+        own rows without prefilling the prompt again."""
+        n = seq.n_valid
+        kv = self.model.new_kv(min(seq.kv.capacity, _round_up(n + max(seq.max_tokens, 0) + 1, 256)))
+        kv.k[:, :, :n].copy_(seq.kv.k[:, :, :n])  # [L, H_kv, n, D]
+        kv.v[:, :, :n].copy_(seq.kv.v[:, :, :n])
+        return kv
+
     def grow(self, seq: Sequence) -> bool:
         """Double the sequence's KV, up to the context length (False when it is full)."""
         cap = seq.kv.capacity

@@ -70,8 +70,18 @@ class PromptBuilder:
         return BuiltPrompt(Prompt(ids, healing.allowed_ids, 1, blend=blend), len(healing.removed_bytes))
 
 
+# Once fork 0 of a request has ended, an alternative still decoding may generate at most
+# this many times fork 0's tokens (plus ALTERNATIVE_SLACK_TOKENS) in all: the answer waits
+# for every fork, and a sampled line that never ends must not hold a short greedy one
+# back for `max_tokens` steps.
+ALTERNATIVE_TOKEN_FACTOR = 2
+ALTERNATIVE_SLACK_TOKENS = 4
+
+
 class RequestSink:
-    """The text side of one request (called on the engine thread only)."""
+    """The text side of one request (called on the engine thread only). With alternatives
+    it is fork 0's sink and the group's: it streams fork 0's text, collects the forks'
+    (`ForkSink`) and completes the handle once all have ended."""
 
     def __init__(
         self,
@@ -86,13 +96,27 @@ class RequestSink:
         self.request = request
         self.handle = handle
         self.on_finished = on_finished
-        self.rules = StopRules(end_ids=end_ids, stop=request.stop, max_tokens=request.max_tokens, deadline=request.deadline)
+        self.end_ids = end_ids
+        self.rules = self._rules()
         self.decoder: StreamDecoder | None = None
+        self.healed_bytes = 0
+        self.forks: list[ForkSink] = []
+        self.ended: Completion | None = None  # fork 0's completion, while forks still run
+
+    def _rules(self) -> StopRules:
+        req = self.request
+        return StopRules(end_ids=self.end_ids, stop=req.stop, max_tokens=req.max_tokens, deadline=req.deadline)
 
     def prepare(self, context_length: int) -> Prompt:
         built = self.prompts.build(self.request, context_length)
+        self.healed_bytes = built.healed_bytes
         self.decoder = StreamDecoder(self.prompts.tokenizer.vocab, built.healed_bytes)
         return built.prompt
+
+    def fork(self, index: int) -> ForkSink:
+        sink = ForkSink(self, index)
+        self.forks.append(sink)
+        return sink
 
     def before_step(self) -> FinishReason | None:
         return self.rules.before_step()
@@ -112,10 +136,60 @@ class RequestSink:
             text = self.rules.text + flushed
         else:
             text = self.rules.text
-        completion = Completion(text=text, finish_reason=reason, stats=stats, error=error)
+        self.ended = Completion(text=text, finish_reason=reason, stats=stats, error=error)
+        cap = self.rules.tokens * ALTERNATIVE_TOKEN_FACTOR + ALTERNATIVE_SLACK_TOKENS
+        for fork in self.forks:
+            fork.rules.max_tokens = min(fork.rules.max_tokens, cap)
+        self.maybe_complete()
+
+    def maybe_complete(self) -> None:
+        """Complete the handle once fork 0 and every fork have ended (exactly once)."""
+        if self.ended is None or any(f.result is None for f in self.forks):
+            return
+        completion, self.ended = self.ended, None
+        if self.forks:
+            completion = msgspec.structs.replace(
+                completion,
+                alternatives=tuple(f.result[0] for f in self.forks),
+                alternatives_finish=tuple(f.result[1] for f in self.forks),
+            )
         self.on_finished(self.handle, completion)
-        kind = "error" if reason == "error" else "done"
-        self.handle._complete(StreamEvent(kind=kind, completion=completion, error=error))
+        kind = "error" if completion.finish_reason == "error" else "done"
+        self.handle._complete(StreamEvent(kind=kind, completion=completion, error=completion.error))
+
+
+class ForkSink:
+    """The text side of fork `index` >= 1 of a request (alternatives): its own stop rules
+    and decoder over the same prompt; it streams nothing and reports its text to the
+    request's sink when it ends. Engine thread only."""
+
+    def __init__(self, group: RequestSink, index: int) -> None:
+        self.group = group
+        self.index = index
+        self.rules = group._rules()
+        self.decoder = StreamDecoder(group.prompts.tokenizer.vocab, group.healed_bytes)
+        self.result: tuple[str, FinishReason] | None = None
+
+    def prepare(self, context_length: int) -> Prompt:
+        raise RuntimeError("a fork is never admitted: it starts from its request's prefill")
+
+    def before_step(self) -> FinishReason | None:
+        return self.rules.before_step()
+
+    def on_token(self, token_id: int) -> FinishReason | None:
+        return self.rules.on_token(token_id, self.decoder.feed(token_id)).finish
+
+    def on_finish(self, reason: FinishReason, stats: RequestStats, error: str | None) -> None:
+        if reason not in ("stop", "error"):
+            self.rules.finish_text()
+            text = self.rules.text + self.decoder.flush()
+        else:
+            text = self.rules.text if reason == "stop" else ""
+        self.result = (text, reason)
+        self.group.maybe_complete()
+
+    def fork(self, index: int) -> ForkSink:
+        raise RuntimeError("forks do not fork")
 
 
 def fit_to_context(enc: Encoded, budget: int) -> list[int]:
@@ -159,4 +233,4 @@ def fit_to_context(enc: Encoded, budget: int) -> list[int]:
     return out[-budget:] if len(out) > budget else out  # only sentinels left over budget
 
 
-__all__ = ["PromptBuilder", "BuiltPrompt", "RequestSink", "fit_to_context"]
+__all__ = ["PromptBuilder", "BuiltPrompt", "RequestSink", "ForkSink", "fit_to_context"]

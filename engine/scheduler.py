@@ -17,7 +17,9 @@ Per sequence:
    it computed) and the pin moves to the new end. Only prompt tokens enter the radix
    cache: generated tokens stay in the document's retained KV, which the next request of
    the same key reuses (they matter when the user accepts a suggestion).
-3. decode: one step per loop iteration for all decoding sequences together.
+3. decode: one step per loop iteration for all decoding sequences together. A request
+   with alternatives (`InfillRequest.n`) forks after its prefill into n sequences, each
+   with a copy of the prompt's KV rows, decoded in the same batches (`_fork`).
 4. finish: unpin, keep the KV for the document, count, tell the sink.
 
 Background work (docs/design.md, "After a jump") runs only when no foreground sequence is
@@ -56,7 +58,7 @@ from engine.chunks import ChunkStore
 from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence
-from engine.sequence import Sequence
+from engine.sequence import Prompt, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +345,7 @@ class Scheduler:
         so a superseding request of the same document finds the superseded one's KV
         retained and reuses its rows."""
         for group in (self._prefilling, self._decoding):
-            for seq in [s for s in group if s.cancelled]:
+            for seq in [s for s in group if s.cancel_requested]:
                 self._finish(seq, "cancelled")
 
     def _guard(self, seq: Sequence, work) -> None:
@@ -454,7 +456,24 @@ class Scheduler:
         if reason is not None:  # e.g. max_tokens == 0: a cache warm-up
             self._finish(seq, reason)
             return
-        self._accept(seq, seq.sampler.sample(out.logits[0], seq.allowed_first))
+        logits = out.logits[0]  # [V]
+        forks = [self._fork(seq, i, sampler) for i, sampler in enumerate(seq.fork_samplers, 1)]
+        self._accept(seq, seq.sampler.sample(logits, seq.allowed_first))
+        for fork in forks:
+            self._guard(fork, lambda f: self._accept(f, f.sampler.sample(logits, f.allowed_first)))
+
+    def _fork(self, seq: Sequence, index: int, sampler) -> Sequence:
+        """Fork `index` of `seq` right after its prefill: a decode-only sequence with its own
+        copy of the prompt's KV rows (nothing is prefilled again) and its own sampler and
+        sink. It stores nothing (no radix commit, no retained KV: `cache=False`) and counts
+        only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`)."""
+        fork = Sequence(
+            request_id=seq.request_id, key=seq.key, sink=seq.sink.fork(index), sampler=sampler,
+            max_tokens=seq.max_tokens, cache=False, submitted=seq.submitted, parent=seq,
+        )
+        fork.start(Prompt(seq.tokens[: seq.n_valid], seq.allowed_first))
+        fork.kv, fork.n_valid, fork.t_admit = self.runner.fork_kv(seq), seq.n_valid, seq.t_admit
+        return fork
 
     def _commit(self, seq: Sequence) -> None:
         """Store the prompt rows computed so far in the radix cache; move the pin to their end."""
@@ -518,6 +537,13 @@ class Scheduler:
             self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid]))
         seq.kv = None
         c = self.counters
+        if seq.parent is not None:  # a fork: its request's figures count the prefill once
+            c.generated_tokens += seq.generated
+            try:
+                seq.sink.on_finish(reason, seq.stats(time.perf_counter()), error)
+            except Exception:
+                log.exception("finishing a fork of request %d failed", seq.request_id)
+            return
         if seq.background:
             c.warm_cancelled += reason == "cancelled"
             c.warm_completed += reason != "cancelled"

@@ -44,6 +44,12 @@ class TokenSink(Protocol):
 
     def on_finish(self, reason: FinishReason, stats: RequestStats, error: str | None) -> None: ...
 
+    def fork(self, index: int) -> "TokenSink":
+        """The sink of fork `index` (>= 1) of this request, forked after its prefill; called
+        only for sequences with `fork_samplers`. The request's terminal event waits for
+        every fork's `on_finish`."""
+        ...
+
 
 @dataclass(eq=False)  # identity equality: the scheduler finds a sequence in its lists by `is`
 class Sequence:
@@ -73,6 +79,14 @@ class Sequence:
     blend: Any = None  # engine.blend.BlendRequest, while the prompt still has to be blended
     blend_spans: Any = ()  # local segments found in the document's previous sequence (and stored pieces)
     compute_s: float = 0.0  # seconds of model work spent on this sequence (background accounting)
+    # Alternatives (InfillRequest.n): one sampler per extra fork, forked after the prefill.
+    fork_samplers: tuple[Sampler, ...] = ()
+    parent: "Sequence | None" = None  # a fork's request sequence (forks prefill nothing)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Cancelled itself, or (a fork) its request was: cancelling a request cancels every fork."""
+        return self.cancelled or (self.parent is not None and self.parent.cancelled)
 
     def start(self, prompt: Prompt) -> None:
         """Take the prompt the sink rendered (admission)."""
