@@ -33,7 +33,7 @@ from efim_lsp.engine_slot import EngineSlot
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
-from efim_lsp.suggest import CursorContext, Mode, choose_mode, shape
+from efim_lsp.suggest import CursorContext, Mode, choose_mode, distinct_alternatives, shape
 from efim_lsp.typing_through import TypingThrough
 from efim_lsp.window import TokenMeter
 
@@ -61,6 +61,9 @@ class Answer(NamedTuple):
     version: int
     suggestion_id: int
     source: Literal["engine", "typing-through"]
+    # More suggestions for the same range (setting `alternatives`): distinct, non-empty,
+    # none equal to `text`, in the engine's fork order.
+    alternatives: tuple[str, ...] = ()
 
 
 class Declined(NamedTuple):
@@ -317,7 +320,7 @@ class Completer:
         inflight.handle = handle
         if inflight.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
             handle.cancel()
-        streamed = await self._stream(handle, ctx, mode)
+        streamed = await self._stream(handle, ctx, mode, forks=request.n > 1)
         if streamed.first_token_at is not None:
             self.stats.ttft.add((streamed.first_token_at - arrival) * 1000)
 
@@ -335,14 +338,24 @@ class Completer:
         text = shape(streamed.text, ctx, mode, done=True).text
         if not text:
             return self._decline("empty", "empty suggestion")
+        done = streamed.completion
+        alternatives: tuple[str, ...] = ()
+        if done is not None and done.alternatives:
+            ended = [t for t, why in zip(done.alternatives, done.alternatives_finish) if why != "error"]
+            alternatives = distinct_alternatives(text, ended, ctx, mode)
         eol = doc.eol
         if eol != "\n":
             text = text.replace("\n", eol)
+            alternatives = tuple(alt.replace("\n", eol) for alt in alternatives)
         state.typed.remember(cursor, text)
         self.stats.served += 1
-        return Answer(text, cursor, cursor, inflight.version, next(self._ids), "engine")
+        return Answer(text, cursor, cursor, inflight.version, next(self._ids), "engine", alternatives)
 
-    async def _stream(self, handle: CompletionHandle, ctx: CursorContext, mode: Mode) -> _Streamed:
+    async def _stream(self, handle: CompletionHandle, ctx: CursorContext, mode: Mode, *, forks: bool = False) -> _Streamed:
+        """Stream fork 0's text until the suggestion is complete (then cancel the handle) or
+        the terminal event. With `forks` (alternatives), a complete suggestion still waits
+        for the terminal event — the cancel ends every fork before its next decode step —
+        since only that event carries the forks' texts."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, StreamEvent | None]] = asyncio.Queue()
 
@@ -369,6 +382,7 @@ class Completer:
         timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
         text = ""
         first: float | None = None
+        complete: str | None = None  # fork 0's complete suggestion, while the forks wind down
         try:
             while True:
                 at, event = await queue.get()
@@ -381,17 +395,24 @@ class Completer:
                 if event is None:
                     return _Streamed(text, first, None, "the engine's stream ended without a result")
                 if event.kind == "token":
+                    if complete is not None:
+                        continue
                     if first is None:
                         first = at
                     text += event.text
                     if shape(text, ctx, mode, done=False).final:
                         handle.cancel()  # the suggestion is complete: stop decoding
+                        if forks:
+                            complete = text
+                            continue
                         self._drain(queue)
                         return _Streamed(text, first, None, None)
                     continue
                 completion = event.completion
                 if completion is not None:
                     self.stats.add_engine_request(completion.stats)
+                if complete is not None:
+                    return _Streamed(complete, first, completion, None)
                     if completion.finish_reason != "cancelled":
                         text = completion.text  # authoritative (stop strings trimmed, healing applied)
                 error = event.error if event.kind == "error" else None
@@ -446,6 +467,7 @@ class Completer:
             cache=settings.cache,
             blend_ratio=settings.blend_ratio,
             document_kv=settings.document_kv and settings.cache,
+            n=settings.alternatives,
         )
         return request, segments
 
@@ -507,7 +529,7 @@ class Completer:
         request, _segments = self._request_at(uri, doc, state, cursor, settings, info)
         # Same max_tokens as the request it stands in for: the prompt is fitted to the
         # context identically; the engine samples nothing for a background request.
-        request = msgspec.structs.replace(request, background=True)
+        request = msgspec.structs.replace(request, background=True, n=1)
         try:
             handle = engine.submit(request)
         except Exception as exc:

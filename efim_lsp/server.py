@@ -372,12 +372,16 @@ def build_server(
         answer = await ls.answer_at(uri, params.position)
         if answer is None:
             return types.InlineCompletionList(items=[])
-        item = types.InlineCompletionItem(
-            insert_text=answer.text,
-            range=ls.lsp_range(uri, answer),
-            command=ls.accept_command(uri, answer),
-        )
-        return types.InlineCompletionList(items=[item])
+        # The first item is the usual suggestion; the setting `alternatives` adds others for the
+        # same range, which editors cycle through.
+        rng = ls.lsp_range(uri, answer)
+        items = [
+            types.InlineCompletionItem(
+                insert_text=text, range=rng, command=ls.accept_command(uri, answer._replace(text=text))
+            )
+            for text in (answer.text, *answer.alternatives)
+        ]
+        return types.InlineCompletionList(items=items)
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=None))
     async def completion(ls: EfimServer, params: types.CompletionParams) -> types.CompletionList:

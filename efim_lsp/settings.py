@@ -40,6 +40,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
     """Sampling temperature; 0 is greedy."""
 
+    alternatives: Annotated[int, msgspec.Meta(ge=1, le=4)] = 1
+    """Suggestions per inline completion (1-4). The first is the usual one (`temperature`, greedy by default); the others are sampled from the same prompt (temperature 0.8, top-p 0.95, fixed seeds), which is prefilled once; empty and repeated ones are dropped, so an answer may hold fewer. The editor cycles through them. The answer waits for all of them."""
+
     multiline: Literal["auto", "never", "always"] = "auto"
     """auto: a block after a line that opens one or on an empty line inside one, else one line."""
 

@@ -20,7 +20,7 @@ Plain string functions; no LSP, no engine.
 from __future__ import annotations
 
 import re
-from typing import Literal, NamedTuple
+from typing import Iterable, Literal, NamedTuple
 
 Mode = Literal["line", "block"]
 Multiline = Literal["auto", "never", "always"]
@@ -143,6 +143,20 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True) 
     if not text.strip():
         return Shaped("", final)
     return Shaped(text, final)
+
+
+def distinct_alternatives(first: str, generated: Iterable[str], ctx: CursorContext, mode: Mode) -> tuple[str, ...]:
+    """The shaped texts of `generated` (alternative generations, in order) that are neither
+    empty nor equal to `first` (the shaped first suggestion) or to an earlier one. A
+    generation cut short is shaped like a finished one (as the first is at "length")."""
+    out: list[str] = []
+    seen = {first}
+    for raw in generated:
+        text = shape(raw, ctx, mode, done=True).text
+        if text and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return tuple(out)
 
 
 def _cut_block(lines: list[str], ctx: CursorContext, done: bool) -> tuple[list[str], bool]:

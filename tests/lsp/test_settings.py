@@ -35,3 +35,12 @@ def test_not_an_object():
     up = apply(Settings(), ["model"])
     assert up.settings == Settings() and up.problems
     assert apply(Settings(), None).settings == Settings()
+
+
+def test_alternatives_range_and_bad_values():
+    assert Settings().alternatives == 1
+    assert apply(Settings(), {"alternatives": 3}).settings.alternatives == 3
+    base = apply(Settings(), {"alternatives": 4}).settings
+    for bad in (0, 5, "two", 2.5):
+        up = apply(base, {"alternatives": bad})
+        assert up.settings.alternatives == 1 and len(up.problems) == 1 and "alternatives" in up.problems[0], bad
