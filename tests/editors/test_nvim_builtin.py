@@ -174,3 +174,73 @@ def test_builtin_inline_completion_with_zero_configuration(nvim, efim_on_path, t
     errors = [e["message"] for e in log_entries(log) if e["dir"] == "out" and e["message"].get("method") == "window/showMessage"
               and e["message"]["params"]["type"] == 1]
     assert errors == []
+
+
+def test_builtin_client_cycles_the_alternatives_and_accepts_the_second(nvim, efim_on_path, tmp_path):
+    """`alternatives = 3` in init_options: an answer with several items; `select()` shows the
+    next one (marked 2/N) and `get()` inserts that one, not the first."""
+    log = efim_on_path
+    path = tmp_path / "example.py"
+    path.write_text(INITIAL)
+    nvim.command("filetype on")
+    nvim.command("set noautoindent nosmartindent")
+    nvim.lua(GHOST_FN)
+    nvim.lua("vim.lsp.config('efim', { init_options = { alternatives = 3 } }); "
+             "vim.lsp.enable('efim'); vim.lsp.inline_completion.enable()")
+    nvim.command(f"edit {path}")
+    nvim.wait_for("local c = vim.lsp.get_clients({ name = 'efim', bufnr = 0 })[1] return c and c.initialized",
+                  timeout=20, what="the efim client to attach")
+    assert sent(log, "initialize")[0]["params"]["initializationOptions"] == {"alternatives": 3}
+
+    # Type until an answer holds two items or more (the tiny random model's samples may all
+    # shape to the same text at some keystrokes).
+    nvim.lua("vim.api.nvim_win_set_cursor(0, {3, 0})")
+    nvim.input("i")
+    deadline = time.monotonic() + 60
+    items: list[dict] = []
+    for ch in BODY:
+        before = len(sent(log, "textDocument/inlineCompletion"))
+        nvim.input({"\n": "<CR>", "<": "<lt>"}.get(ch, ch))
+        while len(sent(log, "textDocument/inlineCompletion")) <= before:
+            assert time.monotonic() < deadline, "the built-in client sent no textDocument/inlineCompletion"
+            time.sleep(0.03)
+        request = sent(log, "textDocument/inlineCompletion")[-1]
+        while (reply := answer(log, request["id"])) is None:
+            assert time.monotonic() < deadline, f"no answer to {request}"
+            time.sleep(0.03)
+        items = (reply.get("result") or {}).get("items") or []
+        if len(items) >= 2:
+            break
+    else:
+        pytest.fail(f"no answer with two items while typing {len(BODY)} keys")
+    texts = [i["insertText"] if isinstance(i["insertText"], str) else i["insertText"]["value"] for i in items]
+    assert len(set(texts)) == len(texts) <= 3, texts
+    nvim.wait_for("local g = efim_ghost() return #g > 0 and g", timeout=5, what="the first item's ghost text")
+    lines, (row, col) = nvim.lua("return { vim.api.nvim_buf_get_lines(0, 0, -1, true), vim.api.nvim_win_get_cursor(0) }")
+    line = lines[row - 1]
+    rng = items[1]["range"]
+    start, end = rng["start"]["character"], rng["end"]["character"]
+    typed = line.encode()[start:col].decode()
+    assert all(t.startswith(typed) for t in texts), (texts, typed)
+
+    # select(): the second item, marked with its index.
+    nvim.lua("vim.lsp.inline_completion.select({ count = 1 })")
+    mark = f"(2/{len(items)})"
+    cycled = nvim.wait_for(f"local g = efim_ghost() return g[1] and g[1].text:find({json.dumps(mark)}, 1, true) and g",
+                           timeout=5, what="the second item's ghost text")
+    assert cycled[0]["text"] == as_drawn(texts[1][len(typed):]) + " " + mark, cycled
+
+    # Accept: the buffer gets the second item's text.
+    assert nvim.lua("return vim.lsp.inline_completion.get()") is True
+    edited = (line.encode()[:start] + texts[1].encode() + line.encode()[end:]).decode()
+    expected = "\n".join([*lines[: row - 1], edited, *lines[row:]])
+    deadline = time.monotonic() + 5
+    while (now := "\n".join(nvim.lua("return vim.api.nvim_buf_get_lines(0, 0, -1, true)"))) != expected:
+        assert time.monotonic() < deadline, f"the buffer does not hold the second item: {now!r}"
+        time.sleep(0.03)
+    assert texts[1] != texts[0] and expected != "\n".join(lines)
+    deadline = time.monotonic() + 5
+    while not (accepted := [m for m in sent(log, "workspace/executeCommand") if m["params"]["command"] == "efim.accepted"]):
+        assert time.monotonic() < deadline, "the accept command did not reach the server"
+        time.sleep(0.05)
+    assert accepted[-1]["params"]["arguments"][0]["length"] == len(texts[1])
