@@ -8,7 +8,10 @@ bounded, and Neovim runs in its own process group that is killed afterwards.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -173,6 +176,92 @@ def test_accept_word_escape_and_toggle(nvim, efim_serve, tiny_model_dir, tmp_pat
     nvim.wait_for(f"return require('efim').status().counters.requests > {before}", timeout=5, what="a request to the new server")
     nvim.wait_for("return not require('efim').status().pending", timeout=15, what="the new server's answer")
     assert _status(nvim).get("last_error") is None
+
+
+ALTERNATIVES_SETUP = """
+local cmd, model = ...
+require("efim").setup({
+  cmd = cmd,
+  settings = { model = model, maxTokens = 12, temperature = 0, multiline = "never", alternatives = 3 },
+})
+"""
+
+
+def _tap_answer_items(log: Path) -> list[str]:
+    """The insert texts of the server's answer to the last textDocument/inlineCompletion in the tap's log."""
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    asked = [e["message"]["id"] for e in entries if e["dir"] == "in" and e["message"].get("method") == "textDocument/inlineCompletion"]
+    for e in entries:
+        m = e["message"]
+        if e["dir"] == "out" and "method" not in m and m.get("id") == asked[-1]:
+            items = (m.get("result") or {}).get("items") or []
+            return [i["insertText"] if isinstance(i["insertText"], str) else i["insertText"]["value"] for i in items]
+    raise AssertionError(f"no answer to request {asked[-1]} in {log}")
+
+
+def test_next_and_prev_cycle_the_alternatives_and_tab_accepts_the_one_shown(nvim, efim_serve, tiny_model_dir, tmp_path):
+    log = tmp_path / "lsp.jsonl"
+    cmd = [sys.executable, str(Path(__file__).with_name("lsp_tap.py")), str(log), "--", *efim_serve]
+    path = tmp_path / "example.py"
+    path.write_text(INITIAL)
+    nvim.command("filetype on")
+    nvim.command("set noautoindent nosmartindent")
+    nvim.lua(ALTERNATIVES_SETUP, cmd, str(tiny_model_dir))
+    nvim.command(f"edit {path}")
+    nvim.wait_for("return require('efim').status().client_id", timeout=10, what="the efim client to attach")
+    nvim.wait_for("return require('efim').status().state == 'ready'", timeout=30, what="model load progress to end")
+
+    # Type until an answer with two items or more is drawn (the tiny random model's samples
+    # may all shape to the first item's text at some keystrokes).
+    nvim.lua("vim.api.nvim_win_set_cursor(0, {3, 0})")
+    nvim.input("i")
+    nvim.wait_for("return vim.api.nvim_get_mode().mode == 'i'", timeout=5, what="insert mode")
+    for ch in BODY:
+        before = _status(nvim)["counters"]["requests"]
+        nvim.input(_key(ch))
+        nvim.wait_for(f"return require('efim').status().counters.requests > {before}", timeout=5, what=f"a request after typing {ch!r}")
+        nvim.wait_for("return not require('efim').status().pending", timeout=15, what="the server's answer")
+        if (_status(nvim).get("item_count") or 0) >= 2:
+            break
+    else:
+        pytest.fail(f"no answer with two items while typing {len(BODY)} keys; client status: {_status(nvim)}")
+    texts = _tap_answer_items(log)
+    status = _status(nvim)
+    n = status["item_count"]
+    assert n == len(texts) and 2 <= n <= 3 and len(set(texts)) == n, texts
+    assert status["item_index"] == 1
+    first = status["suggestion"]
+    typed = texts[0][: len(texts[0]) - len(first)]
+    assert texts[0] == typed + first and all(t.startswith(typed) for t in texts), (texts, first)
+    text, row, col = _buffer(nvim)
+
+    def shown(index: int) -> str:
+        nvim.wait_for(f"return require('efim').status().item_index == {index}", timeout=5, what=f"item {index} drawn")
+        suggestion = _status(nvim)["suggestion"]
+        assert nvim.lua("return require('efim.ghost').read(0)") == suggestion
+        assert _buffer(nvim) == (text, row, col)  # cycling changes only the ghost text
+        return suggestion
+
+    nvim.input("<M-[>")  # previous, from the first: wraps to the last
+    assert shown(n) == texts[n - 1][len(typed):]
+    nvim.input("<M-]>")  # next, from the last: wraps to the first
+    assert shown(1) == first
+    nvim.command("EfimNext")
+    second = shown(2)
+    assert second == texts[1][len(typed):] and second != first
+
+    # Tab accepts the item on screen: the buffer gets the second item's text.
+    nvim.input("<Tab>")
+    nvim.wait_for("return require('efim').status().counters.accepted == 1", timeout=5, what="the accept")
+    after, _, _ = _buffer(nvim)
+    cut = _offset(text, row, col)
+    assert after == (text.encode()[:cut] + second.encode() + text.encode()[cut:]).decode()
+    deadline = time.monotonic() + 5
+    while not (accepted := [e["message"] for e in map(json.loads, log.read_text().splitlines())
+                            if e["dir"] == "in" and e["message"].get("method") == "workspace/executeCommand"]):
+        assert time.monotonic() < deadline, "the accept command did not reach the server"
+        time.sleep(0.05)
+    assert [m["params"]["arguments"][0]["length"] for m in accepted] == [len(texts[1])]
 
 
 TEXT_CASES = """

@@ -3,8 +3,10 @@
 --   require("efim").setup{
 --     cmd = { "efim", "serve" },            -- the server command
 --     filetypes = nil,                      -- nil: every file type not in exclude_filetypes
---     keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>" },
---     settings = { model = "default" },     -- flat camelCase server settings (initializationOptions)
+--     keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>",
+--                 next = "<M-]>", prev = "<M-[>" },  -- next/prev: cycle the answer's items (`alternatives`)
+--     settings = { model = "default" },     -- flat camelCase server settings (initializationOptions),
+--                                           -- e.g. alternatives = 3 for items to cycle through
 --     cursor_notify = true,                 -- send `efim/didMoveCursor` (debounced) so the server warms ahead
 --     cursor_debounce_ms = 80,
 --   }
@@ -27,7 +29,9 @@ local defaults = {
   filetypes = nil,
   exclude_filetypes = { "help", "gitcommit", "gitrebase", "netrw", "qf", "TelescopePrompt" },
   root_dir = nil, -- function(bufnr) -> path; default: the current directory
-  keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>" },
+  keymaps = {
+    accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>", next = "<M-]>", prev = "<M-[>",
+  },
   settings = { model = "default" },
   hl_group = "EfimSuggestion",
   cursor_notify = true,
@@ -38,7 +42,8 @@ local cfg = vim.deepcopy(defaults)
 local enabled = true
 -- The suggestion on screen: buffer, cursor it was drawn at (0-based row, byte
 -- col), the item, its full text, how many bytes of it are in the buffer
--- already, and how many bytes after the cursor a full accept replaces.
+-- already, and how many bytes after the cursor a full accept replaces; `items` (the
+-- answer's items) and `index` (the one drawn) for cycling with M.next / M.prev.
 local current = nil
 local inflight = nil -- { client, id }
 local last_key = nil
@@ -174,8 +179,9 @@ function M.trigger()
     end
     local is_list = vim.islist or vim.tbl_islist
     local items = type(result) == "table" and (result.items or (is_list(result) and result)) or {}
-    for _, item in ipairs(items) do
+    for i, item in ipairs(items) do
       if show(bufnr, client, row, col, item) then
+        current.items, current.index = items, i
         server.served()
         return
       end
@@ -235,6 +241,34 @@ function M.accept(kind)
   return true
 end
 
+--- Draws the answer's next item (`step` 1) or previous one (-1), wrapping around and
+--- skipping items that do not fit what is typed. Returns false (and changes nothing)
+--- when there is no suggestion at the cursor or no other item to show.
+function M.cycle(step)
+  local bufnr = vim.api.nvim_get_current_buf()
+  local row, col = cursor()
+  if not current or current.bufnr ~= bufnr or current.row ~= row or current.col ~= col then
+    return false
+  end
+  local items, index = current.items or { current.item }, current.index or 1
+  for _ = 1, #items - 1 do
+    index = (index - 1 + step) % #items + 1
+    if show(bufnr, current.client, row, col, items[index]) then
+      current.items, current.index = items, index
+      return true
+    end
+  end
+  return false
+end
+
+function M.next()
+  return M.cycle(1)
+end
+
+function M.prev()
+  return M.cycle(-1)
+end
+
 --- Hides the suggestion and cancels the request in flight. Returns whether there was anything to hide.
 function M.dismiss()
   local had = current ~= nil or inflight ~= nil
@@ -278,6 +312,8 @@ function M.status()
     pending = inflight ~= nil,
     cursor_sent = moves.sent,
     suggestion = current and remainder() or nil,
+    item_index = current and current.index or nil, -- which of the answer's items is drawn
+    item_count = current and #(current.items or { current.item }) or nil,
     counters = vim.deepcopy(counters),
     last_error = last_error,
   }
@@ -383,6 +419,8 @@ function M.attach(bufnr)
     return M.accept("line")
   end)
   map(bufnr, km.dismiss, M.dismiss)
+  map(bufnr, km.next, M.next)
+  map(bufnr, km.prev, M.prev)
   local group = vim.api.nvim_create_augroup("efim_buffer_" .. bufnr, { clear = true })
   vim.api.nvim_create_autocmd({ "TextChangedI", "CursorMovedI" }, { group = group, buffer = bufnr, callback = M.trigger })
   vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, {
@@ -416,6 +454,8 @@ function M.setup(opts)
   vim.api.nvim_create_user_command("EfimStats", stats_command, { desc = "efim: server statistics" })
   vim.api.nvim_create_user_command("EfimToggle", M.toggle, { desc = "efim: completions on/off" })
   vim.api.nvim_create_user_command("EfimRestart", M.restart, { desc = "efim: restart the server" })
+  vim.api.nvim_create_user_command("EfimNext", M.next, { desc = "efim: show the next suggestion" })
+  vim.api.nvim_create_user_command("EfimPrev", M.prev, { desc = "efim: show the previous suggestion" })
   local group = vim.api.nvim_create_augroup("efim", { clear = true })
   vim.api.nvim_create_autocmd("FileType", {
     group = group,
