@@ -19,6 +19,8 @@ export interface ServerOptions {
     cache?: boolean | null;
     debounceMs?: number | null;
     context?: 'off' | 'prefix' | 'blend' | null;
+    /** Items per inline completion (1-4): VS Code cycles them with Alt+] / Alt+[. */
+    alternatives?: number | null;
 }
 
 /** Everything the client reads from `efim.*`. */
@@ -46,6 +48,7 @@ export const SERVER_OPTION_KEYS = [
     'cache',
     'debounceMs',
     'context',
+    'alternatives',
 ] as const satisfies readonly (keyof ServerOptions)[];
 
 export const DEFAULT_SETTINGS: ClientSettings = {

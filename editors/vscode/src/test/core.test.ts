@@ -121,6 +121,15 @@ describe('requests and reports', () => {
         assert.deepEqual(none.sent[0], { kind: 'request', method: 'textDocument/inlineCompletion', params: position });
     });
 
+    test('every item of a multi-item answer (setting alternatives) is kept, in order', async () => {
+        const at = { start: { line: 0, character: 3 }, end: { line: 0, character: 3 } };
+        const answer = ['x = 1', 'x = 2', 'y = 0'].map((text, i) => ({ insertText: text, range: at, command: { title: 't', command: 'efim.accepted', arguments: [{ id: i, length: text.length }] } }));
+        const sender = new RecordingSender({ 'textDocument/inlineCompletion': { items: answer } });
+        assert.deepEqual((await requestInlineCompletion(sender, position)).items, answer);
+        const settings = readSettings((key) => ({ alternatives: 3 } as Record<string, unknown>)[key]);
+        assert.deepEqual(serverOptions(settings), { model: 'default', alternatives: 3 });
+    });
+
     test('a show is reported once per item; accepts run the item command or report the full length', async () => {
         const sender = new RecordingSender();
         const reporter = new CompletionReporter(sender);
