@@ -62,6 +62,9 @@ class EngineSlot:
         self.load_seconds: float | None = None
         self._generation = 0
         self._ready = asyncio.Event() if _has_loop() else None
+        # (kind, message), called from the engine's thread when the engine reports a fault
+        # (a crashed engine thread, out of memory: `engine.local.LocalEngine.on_fault`).
+        self.on_engine_fault: Callable[[str, str], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -102,6 +105,8 @@ class EngineSlot:
                 kv_disk=spec.kv_disk, kv_disk_budget=spec.kv_disk_budget,
             ))
             info = engine.info()
+            if hasattr(engine, "on_fault"):  # engines that report faults (LocalEngine)
+                engine.on_fault = self._engine_fault
         except Exception as exc:
             if generation == self._generation:
                 self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -140,6 +145,17 @@ class EngineSlot:
             log.warning("warm-up request failed: %s", exc)
             if handle is not None:
                 handle.cancel()
+
+    def _engine_fault(self, kind: str, message: str) -> None:
+        callback = self.on_engine_fault
+        if callback is not None:
+            callback(kind, message)
+
+    def health(self) -> dict:
+        """`efim/stats` "engine": the engine thread's state (`LocalEngine.health`), or
+        `{"state": "none"}` while no engine is loaded."""
+        health = getattr(self.engine, "health", None)
+        return health() if callable(health) else {"state": "none" if self.engine is None else "running"}
 
     def close(self) -> None:
         self._generation += 1

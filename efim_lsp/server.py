@@ -88,6 +88,8 @@ class EfimServer(LanguageServer):
         if defaults:  # command-line flags (e.g. --model); initializationOptions override them
             self.settings = settings_mod.apply(self.settings, defaults).settings
         self.slot = EngineSlot(engine_factory)
+        self.slot.on_engine_fault = self._engine_fault
+        self._engine_faults_shown: set[str] = set()
         self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
@@ -137,6 +139,19 @@ class EfimServer(LanguageServer):
         loop.call_soon_threadsafe(self.show, message, kind)
 
     # -- engine ----------------------------------------------------------------
+    def _engine_fault(self, kind: str, message: str) -> None:
+        """The engine reports a fault from its thread (it has logged it): one
+        `window/showMessage` per kind for the session, sent from the event loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        loop.call_soon_threadsafe(self._show_engine_fault, kind, message)
+
+    def _show_engine_fault(self, kind: str, message: str) -> None:
+        if kind not in self._engine_faults_shown:
+            self._engine_faults_shown.add(kind)
+            self.show(message, types.MessageType.Error)
+
     def start_engine_load(self) -> asyncio.Task:
         task = asyncio.ensure_future(self._load_engine())
         self._background.add(task)
@@ -430,6 +445,7 @@ def build_server(
         engine = ls.slot.engine
         engine_stats = engine.stats() if engine is not None else None
         extra: dict[str, Any] = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
+        extra["engine"] = ls.slot.health()
         context_source = ls.completer.context_source
         if context_source is not None:
             try:

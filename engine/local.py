@@ -20,10 +20,12 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest
+from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
+from engine import faults
 from engine.cache import RadixCache, default_budget_bytes, parse_bytes
 from engine.disk_tier import DiskTier, attach_disk_tier
 from engine.document_kv import DocumentPass
@@ -39,6 +41,12 @@ from engine.tokenize import SegmentTokenizer
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
+
+# The engine thread is restarted after it dies (an exception escaping `Scheduler.run`), at
+# most this many times within `RESTART_WINDOW_S`; past that the engine stays "failed" and
+# `submit` raises EngineError (a crash at every step would otherwise loop forever).
+MAX_RESTARTS = 3
+RESTART_WINDOW_S = 60.0
 
 
 # glibc's malloc raises its mmap threshold to the size of each large block freed, up to
@@ -104,17 +112,9 @@ class LocalEngine:
         # document starts without a gather) at most 1/4.
         self.kv_budget_bytes = budget
         retained_budget = budget // 4 if retain_documents > 0 else 0
-        probe = self.model.new_kv(1)
-        self.cache = RadixCache(
-            n_layers=cfg.n_layers,
-            n_kv_heads=cfg.n_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=probe.k.dtype,
-            budget_bytes=budget - retained_budget,
-        )
-        self.scheduler = Scheduler(
-            self.model,
-            self.cache,
+        self._kv_dtype = self.model.new_kv(1).k.dtype
+        self._pool_budget = budget - retained_budget
+        self._scheduler_options = dict(
             chunk_tokens=chunk_tokens,
             warm_chunk_tokens=warm_chunk_tokens,
             idle_grace=idle_grace,
@@ -124,23 +124,118 @@ class LocalEngine:
             retain_documents=retain_documents,
             retained_budget_bytes=retained_budget,
         )
+        self.cache, self.scheduler = self._new_scheduler()
+        faults.install_from_env(self.scheduler)  # test hook (EFIM_FAULT); nothing when unset
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        # Engine-thread health (`health()`): restarts after a crash, and out-of-memory errors.
+        self._restart_lock = threading.Lock()
+        self.state = "running"  # "running" | "failed" (crashed too often) | "closed"
+        self.restarts = 0
+        self.last_crash: str | None = None
+        self.oom_errors = 0
+        self._crash_times: list[float] = []
+        # Called (kind, message) on the engine thread when something the user should hear
+        # about happened: "engine-crash", "engine-failed", "out-of-memory". The server sets it.
+        self.on_fault: Callable[[str, str], None] | None = None
+        self._canceller = _Canceller(self)
         self._by_key: dict[str, LocalHandle] = {}
         self._warming: dict[str, LocalHandle] = {}  # background requests, by key
         # Most tokens of one document's pieces kept: half the chunk store's share of the pool.
         self.document_cap_tokens = max(1, int(self.cache.n_slots * document_share / 2))
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="efim-engine", daemon=True)
-        self._thread.start()
+        self.disk_tier = None  # attached below, once the thread runs
+        self._thread = self._start_thread(self.scheduler)
         # Disk tier (engine.disk_tier): True = the user cache directory, or a directory.
         self.disk_tier: DiskTier | None = (
             attach_disk_tier(self, kv_disk, parse_bytes(kv_disk_budget), adapter_path) if kv_disk else None
         )
 
-    def _run(self) -> None:
-        with torch.inference_mode():
-            self.scheduler.run()
+    def _new_scheduler(self) -> tuple[RadixCache, Scheduler]:
+        cfg = self.model.config
+        cache = RadixCache(
+            n_layers=cfg.n_layers,
+            n_kv_heads=cfg.n_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=self._kv_dtype,
+            budget_bytes=self._pool_budget,
+        )
+        return cache, Scheduler(self.model, cache, **self._scheduler_options)
+
+    def _start_thread(self, scheduler: Scheduler) -> threading.Thread:
+        thread = threading.Thread(target=self._run, args=(scheduler,), name="efim-engine", daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self, scheduler: Scheduler) -> None:
+        try:
+            with torch.inference_mode():
+                scheduler.run()
+        except BaseException as exc:  # the loop itself died (its steps' Exceptions are caught inside)
+            log.critical("the engine thread died", exc_info=exc)
+            self._recover(scheduler, f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------ crash recovery
+    def _recover(self, dead: Scheduler, what: str) -> None:
+        """`dead`'s thread is gone: end its queued and running requests with "error", and —
+        unless the engine is closed or crashed too often — start a fresh scheduler (new KV
+        pool, chunk store and retained KV: the dead one's state may be half-updated) on a new
+        engine thread. Runs on the dying thread, or on a submitter's (`_check_thread`)."""
+        with self._restart_lock:
+            if dead is not self.scheduler:
+                return  # already recovered
+            now = time.monotonic()
+            self._crash_times = [t for t in self._crash_times if now - t < RESTART_WINDOW_S] + [now]
+            self.last_crash = what
+            with self._lock:  # submitters see the new scheduler, or the failed state, never the dead one
+                dead.close()
+                restart = not self._closed and len(self._crash_times) <= MAX_RESTARTS
+                if restart:
+                    self.cache, self.scheduler = self._new_scheduler()
+                elif not self._closed:
+                    self.state = "failed"
+            failed = _abandon(dead, f"the engine thread crashed ({what})")
+            if restart:
+                if self.disk_tier is not None:
+                    self.disk_tier.scheduler = self.scheduler
+                self.restarts += 1
+                self._thread = self._start_thread(self.scheduler)
+                message = (f"the engine thread crashed ({what}) and was restarted; {failed} request(s) failed, "
+                           "the KV cache was dropped")
+                log.error("%s", message)
+                self._report("engine-crash", message)
+            elif self.state == "failed":
+                message = (f"the engine thread crashed {len(self._crash_times)} times within "
+                           f"{RESTART_WINDOW_S:.0f} s (last: {what}); the engine is stopped, reload the model")
+                log.error("%s", message)
+                self._report("engine-failed", message)
+
+    def _check_thread(self) -> None:
+        """Watchdog (on submit): an engine thread that is gone without reporting is recovered here."""
+        scheduler, thread = self.scheduler, self._thread
+        if not thread.is_alive() and self.state == "running" and not self._closed:
+            thread.join(0.5)  # a dying thread may still be recovering
+            if not thread.is_alive() and scheduler is self.scheduler:
+                self._recover(scheduler, "the engine thread was found dead")
+
+    def _report(self, kind: str, message: str) -> None:
+        callback = self.on_fault
+        if callback is None:
+            return
+        try:
+            callback(kind, message)
+        except Exception:
+            log.exception("reporting an engine fault failed")
+
+    def health(self) -> dict:
+        """The engine thread's state for `efim/stats` "engine" (any thread)."""
+        return {
+            "state": self.state,
+            "restarts": self.restarts,
+            "lastCrash": self.last_crash,
+            "outOfMemory": self.oom_errors,
+            "threadAlive": self._thread.is_alive(),
+        }
 
     # ------------------------------------------------------------ Engine protocol
     def info(self) -> EngineInfo:
@@ -165,7 +260,10 @@ class LocalEngine:
             raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
         sampler = Sampler(request.temperature, request.top_p, request.seed)  # ValueError for bad params
         fork_samplers = () if request.background else _fork_samplers(request)
-        handle = LocalHandle(next(self._ids), self.scheduler)
+        self._check_thread()
+        if self.state == "failed":
+            raise EngineError(f"the engine stopped after repeated crashes (last: {self.last_crash})")
+        handle = LocalHandle(next(self._ids), self._canceller)
         seq = Sequence(
             request_id=handle.request_id,
             key=request.key,
@@ -209,6 +307,19 @@ class LocalEngine:
                 live = self._warming if seq.background else self._by_key
                 if live.get(seq.key) is handle:
                     del live[seq.key]
+        if completion.finish_reason == "error" and _is_out_of_memory(completion.error):
+            self._out_of_memory(completion.error or "")
+
+    def _out_of_memory(self, error: str) -> None:
+        """A request failed for want of memory (engine thread, from its sink): free the
+        retained KV (the only KV outside the preallocated pool) and report it."""
+        self.oom_errors += 1
+        retained = self.scheduler.retained
+        for key, _ in retained.entries():
+            retained.take(key)
+        message = f"out of memory while computing a completion ({error}); that request failed, the documents' KV was freed"
+        log.error("%s", message)
+        self._report("out-of-memory", message)
 
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
@@ -260,6 +371,7 @@ class LocalEngine:
         """Stop the engine thread; running requests end "cancelled". Idempotent."""
         with self._lock:
             self._closed = True
+            self.state = "closed"
         self.scheduler.close()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -292,6 +404,49 @@ def _fork_samplers(request: InfillRequest) -> tuple[Sampler, ...]:
     return tuple(
         Sampler(request.alternatives_temperature, request.alternatives_top_p, base + i) for i in range(1, request.n)
     )
+
+
+class _Canceller:
+    """What a handle cancels through: the engine's current scheduler (a handle must not
+    keep a crashed scheduler, and its KV pool, alive)."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self._engine = engine
+
+    def cancel(self, seq: Sequence) -> None:
+        self._engine.scheduler.cancel(seq)
+
+
+def _is_out_of_memory(error: str | None) -> bool:
+    return bool(error) and ("OutOfMemoryError" in error or "out of memory" in error.lower())
+
+
+def _abandon(scheduler: Scheduler, reason: str) -> int:
+    """End every request of a scheduler whose thread died with "error" (queued ones
+    included) and fail its idle-work futures; returns how many foreground requests were
+    ended. Its state may be half-updated, so each finish is guarded: a handle never hangs."""
+    with scheduler._cond:
+        seqs = list(scheduler._inbox) + scheduler._prefilling + scheduler._decoding
+        scheduler._inbox.clear()
+        idle_work = list(scheduler._when_idle)
+        scheduler._when_idle.clear()
+    ended = 0
+    for seq in dict.fromkeys(seqs):  # once each, in order
+        ended += not seq.background
+        try:
+            scheduler._finish(seq, "error", reason)
+        except Exception:
+            log.exception("finishing request %d after the crash failed", seq.request_id)
+            handle = getattr(seq.sink, "handle", None)
+            if handle is not None and not handle.done:
+                completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=reason)
+                handle._complete(StreamEvent(kind="error", completion=completion, error=reason))
+    for _, fut in idle_work:
+        if fut.set_running_or_notify_cancel():
+            fut.set_exception(RuntimeError(reason))
+    return ended
 
 
 def load_engine(
