@@ -131,3 +131,37 @@ def test_a_keystroke_in_a_5mb_document_costs_the_edit_not_the_document():
     per_key = (time.perf_counter() - started) / 200 * 1000
     assert list(doc.index.starts) == line_starts(doc.text)
     print(f"\n5 MB document: {per_key:.2f} ms per keystroke (apply + line table + a position)")
+
+
+def test_a_50mb_file_gets_completions_and_memory_grows_by_a_small_multiple(tiny_model_dir):
+    """A server of its own (no other documents): open 50 MB, type, and bound the RSS growth."""
+    uri = "file:///big/huge.py"
+    text = LINE * (50_000_000 // len(LINE))
+    size_mb = len(text.encode()) / 1e6
+    with ServerProcess(["--model", str(tiny_model_dir), "--kv-budget", "64MB", "--no-kv-disk"]) as proc:
+        proc.initialize({"maxTokens": MAX_TOKENS, "prefixTokens": PREFIX_TOKENS, "suffixTokens": SUFFIX_TOKENS})
+        assert proc.wait_model()["model"]["state"] == "ready"
+        proc.open("file:///big/small.py", "x = 1\n")
+        complete(proc, "file:///big/small.py", 1, 0)
+        rss0 = rss_mb(proc.proc.pid)
+        started = time.monotonic()
+        proc.open(uri, text)
+        line = text.count("\n") // 2
+        result, first_ms = complete(proc, uri, line, 4)
+        open_s = time.monotonic() - started
+        assert isinstance(result["items"], list)
+        rss_open = rss_mb(proc.proc.pid)
+        text, times = typed(proc, uri, text, line, 4, "result = value + 1")
+        copy = proc.result("efim/stats")["documents"][uri]
+        assert copy["inSync"] and copy["checksum"] == text_checksum(text) and copy["length"] == len(text)
+        stats = proc.result("efim/stats")
+        assert "unsupportedDocument" not in stats["declined"], stats["declined"]
+        rss_typed = rss_mb(proc.proc.pid)
+        grown = rss_typed - rss0
+        print(f"\n50 MB file ({size_mb:.1f} MB, {text.count(chr(10))} lines): didOpen + first completion {open_s:.1f} s "
+              f"(completion {first_ms:.0f} ms), {len(times)} keystrokes p50 {sorted(times)[len(times) // 2]:.0f} ms "
+              f"max {max(times):.0f} ms; RSS {rss0:.0f} MB -> {rss_open:.0f} MB after didOpen -> {rss_typed:.0f} MB "
+              f"after typing (+{grown:.0f} MB)")
+        assert grown < 6 * size_mb, f"RSS grew by {grown:.0f} MB for a {size_mb:.1f} MB file"
+        assert not proc.violations
+        assert proc.shutdown_and_exit() == 0
