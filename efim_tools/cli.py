@@ -14,10 +14,13 @@ import logging
 import os
 import sys
 
-# Before torch loads: OpenMP's default active spin-wait lets two threads on a busy 2-core
-# machine stall each other 10-50x (a 3-token forward measured at 3 s instead of 50 ms).
-# A user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch loads: how long OpenMP's threads spin between kernels before they sleep.
+# libgomp's default (300,000 spins) lets a team stall 10-50x when another process holds a
+# core; sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs 1.6x on an idle machine. A short
+# spin keeps the idle speed, and the engine drops to one thread while the machine is busy
+# (engine.cpu_threads has the measurements). A user's own setting wins.
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", "5000")
 
 # Subcommands, each a module that adds its own parser. `serve` is the language server
 # itself (`efim_lsp.serve`); every other command is an offline tool.

@@ -131,8 +131,10 @@ class Scheduler:
         idle_grace: float = 0.25,
         header: tuple[int, ...] = (),
         chunk_store_fraction: float = 0.5,
+        before_step: Callable[[], Any] | None = None,
     ) -> None:
         self.cache = cache
+        self.before_step = before_step  # engine thread, before each unit of work (e.g. CPU threads)
         # CacheBlend's chunk KV and the documents' pieces, in held slots of the same pool.
         self.chunk_store = ChunkStore(cache, max_fraction=chunk_store_fraction)
         self.runner = ModelRunner(model, cache, self.chunk_store, chunk_tokens=chunk_tokens)
@@ -282,6 +284,8 @@ class Scheduler:
         the oldest prefilling sequence, one batched decode step of every decoding one."""
         self._stepping = True
         try:
+            if self.before_step is not None:
+                self.before_step()
             self._finish_cancelled()
             while self._forget:
                 self.chunk_store.forget_origin(self._forget.popleft())
