@@ -7,7 +7,7 @@ import torch
 
 from engine.cache import RadixCache
 from engine.sampler import Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import SOLO_CHUNK_FACTOR, Scheduler
 from engine.sequence import Prompt, Sequence
 
 
@@ -77,8 +77,9 @@ def test_chunks_and_cancel_within_one_chunk(model):
     s.cancel(j)
     s.step()
     reason, stats, _ = sink.finished
-    assert reason == "cancelled" and stats.prefilled_tokens == 64 and sink.tokens == []
-    assert s.cache.match(sink.ids).n_tokens == 64  # both chunks stayed cached
+    done = 2 * 32 * SOLO_CHUNK_FACTOR  # two chunks, solo-sized (the request is the only work)
+    assert reason == "cancelled" and stats.prefilled_tokens == done and sink.tokens == []
+    assert s.cache.match(sink.ids).n_tokens == done  # both chunks stayed cached
     s.cache.check_integrity()
 
 
@@ -202,3 +203,19 @@ def test_warm_chunk_follows_the_measured_prefill_rate():
     slow = PrefillRate()
     slow.observe(64, 1.0)
     assert slow.chunk_for(0.1, 256) == PrefillRate.SMALLEST
+
+
+def test_a_request_alone_prefills_in_larger_chunks_and_back_when_another_arrives(model):
+    """Solo-sized chunks while a request is the only work; the usual chunk as soon as
+    another request is admitted."""
+    s = make(model, chunk=32)
+    a = job(Sink(prompt(400), max_tokens=1), "a")
+    s.submit(a)
+    s.step()
+    assert a.n_valid == 32 * SOLO_CHUNK_FACTOR
+    b = job(Sink(prompt(300, 2), max_tokens=1), "b")
+    s.submit(b)
+    s.step()  # admits b, then a's next chunk: two sequences prefilling
+    assert a.n_valid == 32 * SOLO_CHUNK_FACTOR + 32
+    drain(s)
+    assert a.sink.finished[0] == "length" and b.sink.finished[0] == "length"
