@@ -28,8 +28,11 @@ import math
 import os
 import sys
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
+
+from efim_tools.trace.client import measured_server_env
 
 from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
@@ -95,7 +98,7 @@ async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str]) ->
     for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
     cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
-    await client.start_io(*cmd, env={**os.environ})
+    await client.start_io(*cmd, env=measured_server_env(None, tempfile.mkdtemp(prefix="efim-typing-kv-")))
     uri = f"file:///bench/{args.module}"
     options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": args.max_tokens}
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options))

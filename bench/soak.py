@@ -35,8 +35,10 @@ import math
 import os
 import random
 import shlex
+import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -269,12 +271,13 @@ def _record(request: _Request, future: asyncio.Future) -> None:
 
 
 async def run_soak(options: SoakOptions) -> SoakResult:
-    from efim_tools.trace.client import LspClient, ServerCrashed  # noqa: PLC0415
+    from efim_tools.trace.client import LspClient, ServerCrashed, measured_server_env  # noqa: PLC0415
     from efim_tools.trace.replay import ModelFailed, client_capabilities, wait_ready  # noqa: PLC0415
 
     result = SoakResult(options={k: v for k, v in asdict(options).items() if k != "env"})
     argv = [sys.executable, "-m", "efim_tools.cli", "serve", "--model", options.model, "--log-level", "warning", *options.server_args]
-    client = LspClient(argv, env=options.env, settings=options.settings)
+    kv_dir = tempfile.mkdtemp(prefix="efim-soak-kv-")  # a fresh server: no KV from earlier runs
+    client = LspClient(argv, env=measured_server_env(options.env, kv_dir), settings=options.settings)
     t_start = time.perf_counter()
     await client.start()
     pid = client.proc.pid
@@ -329,6 +332,7 @@ async def run_soak(options: SoakOptions) -> SoakResult:
         result.alive = client.proc.returncode is None
     finally:
         result.exit_code = await client.close()
+        shutil.rmtree(kv_dir, ignore_errors=True)
     _summarise(result, requests, options)
     return result
 

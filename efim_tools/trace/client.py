@@ -29,6 +29,14 @@ log = logging.getLogger(__name__)
 REQUEST_CANCELLED = -32800
 
 
+def measured_server_env(base: dict[str, str] | None, kv_dir: str) -> dict[str, str]:
+    """The environment of a server a benchmark or replay measures: `base` (default: this
+    process's) with the KV disk tier pointed at `kv_dir`, an empty directory of its own —
+    otherwise the server would preload KV that earlier runs on this machine wrote to the
+    user's cache, and a "fresh server" would start warm."""
+    return {**(base if base is not None else os.environ), "EFIM_KV_DIR": kv_dir}
+
+
 class ServerCrashed(RuntimeError):
     def __init__(self, returncode: int | None, stderr_tail: str) -> None:
         self.returncode = returncode

@@ -15,13 +15,15 @@ import asyncio
 import logging
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any, Callable, Literal, NamedTuple
 
 import msgspec
 
-from efim_tools.trace.client import LspClient, ResponseError, ServerCrashed
+from efim_tools.trace.client import LspClient, ResponseError, ServerCrashed, measured_server_env
 from efim_lsp.trace_format import Trace
 from efim_tools.trace.person import Moment, Observer, Outcome, Person, RequestRecord, Stage
 from efim_tools.trace.probe import RequestProbe
@@ -195,7 +197,8 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
     (the result says `crashed` and keeps the records gathered so far)."""
     result = ConfigResult(name=config.name, settings=config.settings)
     encoding = traces[0].header.position_encoding if traces else "utf-16"
-    client = LspClient(options.server, env=options.env, settings=config.settings)
+    kv_dir = tempfile.mkdtemp(prefix="efim-replay-kv-")
+    client = LspClient(options.server, env=measured_server_env(options.env, kv_dir), settings=config.settings)
     t_start = time.perf_counter()
     await client.start()
     try:
@@ -259,6 +262,7 @@ async def replay_config(config: Config, traces: list[Trace], options: ReplayOpti
             result.wall_s = max(0.0, time.perf_counter() - t_start - result.ready_s)
     finally:
         result.server_returncode = await client.close()
+        shutil.rmtree(kv_dir, ignore_errors=True)
     return result
 
 

@@ -178,7 +178,7 @@ def main() -> int:
         targets = json.load(fh)
     token_ms = float(os.environ.get("EFIM_ORACLE_TOKEN_MS", "0"))
 
-    def factory(model: str, *, fim_tokens: str = "auto", adapter: str = "auto") -> OracleEngine:
+    def factory(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_engine_options) -> OracleEngine:
         return OracleEngine(targets, token_ms)
 
     recorder = None
