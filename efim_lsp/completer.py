@@ -311,7 +311,10 @@ class Completer:
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         if segments.rebased:
             log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
-        request = msgspec.structs.replace(request, stop=("\n",) if mode == "line" else ())
+        # A request that cannot finish within `timeoutMs` of its arrival (a machine busy with
+        # several documents' prefills) ends then with what it has; its rows stay cached.
+        deadline = arrival + settings.timeout_ms / 1000 if settings.timeout_ms else None
+        request = msgspec.structs.replace(request, stop=("\n",) if mode == "line" else (), deadline=deadline)
         try:
             handle = engine.submit(request)
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses

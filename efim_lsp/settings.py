@@ -49,6 +49,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     debounce_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] = 0
     """Wait before starting the engine. 0: start at once; a newer keystroke cancels instead."""
 
+    timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=600000)] = 2000
+    """Most time a completion takes from its arrival: then it is answered with what it has (nothing, if its prompt is still prefilling) and the rows it computed stay cached, so the next keystroke continues from them. 0: no limit."""
+
     fim_tokens: Literal["auto", "add"] = "auto"
     """auto: use the model's own FIM sentinels (prefix-only if none); add: add StarCoder sentinels (speed tests; quality needs training)."""
 

@@ -278,6 +278,7 @@ class LocalEngine:
             max_tokens=request.max_tokens,
             cache=request.cache,
             background=request.background,
+            deadline=request.deadline,
             fork_samplers=fork_samplers,
         )
         handle.sequence = seq

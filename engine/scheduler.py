@@ -359,12 +359,16 @@ class Scheduler:
         return arrivals
 
     def _finish_cancelled(self) -> None:
-        """Finish the admitted sequences that were cancelled. Cancelled sequences go first,
-        so a superseding request of the same document finds the superseded one's KV
-        retained and reuses its rows."""
+        """Finish the admitted sequences that were cancelled, and the prefilling ones whose
+        deadline passed while others ran (decoding ones meet theirs at their next token).
+        Cancelled sequences go first, so a superseding request of the same document finds
+        the superseded one's KV retained and reuses its rows."""
         for group in (self._prefilling, self._decoding):
             for seq in [s for s in group if s.cancel_requested]:
                 self._finish(seq, "cancelled")
+        now = time.monotonic()
+        for seq in [s for s in self._prefilling if s.deadline is not None and now >= s.deadline]:
+            self._finish(seq, "deadline")  # waited behind other work past its deadline; rows kept
 
     def _guard(self, seq: Sequence, work) -> None:
         try:
@@ -390,6 +394,9 @@ class Scheduler:
                 self._finish(warm, "cancelled")  # its rows stay (committed, retained) for this request
         if seq.cancelled:
             self._finish(seq, "cancelled")
+            return
+        if seq.deadline is not None and time.monotonic() >= seq.deadline:
+            self._finish(seq, "deadline")  # waited in the inbox past its deadline: no KV allocated
             return
         prompt = seq.sink.prepare(self.context_length)
         ids = list(prompt.ids)

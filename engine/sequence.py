@@ -60,6 +60,7 @@ class Sequence:
     max_tokens: int
     cache: bool = True  # False: reuse nothing, store nothing (the no-cache baseline)
     background: bool = False  # a warm-up: runs only while no foreground sequence waits or runs
+    deadline: float | None = None  # time.monotonic() after which it ends ("deadline"), its rows kept
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # any thread may set it; honoured before the next chunk / decode step
     # --- engine-thread state

@@ -219,3 +219,29 @@ def test_a_request_alone_prefills_in_larger_chunks_and_back_when_another_arrives
     assert a.n_valid == 32 * SOLO_CHUNK_FACTOR + 32
     drain(s)
     assert a.sink.finished[0] == "length" and b.sink.finished[0] == "length"
+
+
+def test_a_request_past_its_deadline_ends_while_it_waits_behind_another(model):
+    """A deadline ends a prefilling request even when it is not its turn (it waited behind
+    another request's prefill), and one that expired in the inbox gets no KV at all."""
+    import time
+
+    s = make(model, chunk=32)
+    a = job(Sink(prompt(400), max_tokens=1), "a")
+    b = job(Sink(prompt(300, 2), max_tokens=1), "b")
+    b.deadline = time.monotonic() + 0.05
+    s.submit(a)
+    s.submit(b)
+    s.step()  # admits both; a (the older) prefills first
+    assert b.sink.finished is None and b.n_valid == 0
+    time.sleep(0.06)
+    s.step()
+    assert b.sink.finished[0] == "deadline" and b.kv is None
+    c = job(Sink(prompt(200, 3), max_tokens=1), "c")
+    c.deadline = time.monotonic() - 1
+    s.submit(c)
+    s.step()
+    assert c.sink.finished[0] == "deadline" and c.sink.finished[1].prefilled_tokens == 0
+    drain(s)
+    assert a.sink.finished[0] == "length"
+    s.cache.check_integrity()

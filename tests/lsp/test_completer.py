@@ -79,6 +79,20 @@ async def test_line_mode_asks_the_engine_to_stop_at_newline_and_block_mode_does_
     assert rig.engine.requests[1].stop == ("\n",) and rig.engine.requests[2].stop == ()
 
 
+
+async def test_a_request_carries_the_deadline_timeout_ms_sets_and_none_when_zero():
+    rig = await Rig(FakeEngine(lambda r: "pass\n")).start()
+    before = time.monotonic()
+    await rig.complete(BODY)
+    fg = [r for r in rig.engine.requests if not r.background]
+    assert fg and fg[-1].deadline is not None
+    assert before + 1.9 <= fg[-1].deadline <= time.monotonic() + 2.0  # default timeoutMs 2000
+    assert all(r.deadline is None for r in rig.engine.requests if r.background)  # warm-ups: no limit
+    rig.settings = apply(rig.settings, {"timeoutMs": 0}).settings
+    rig.edit(BODY, BODY, "z")
+    await rig.complete(BODY + 1)
+    assert [r for r in rig.engine.requests if not r.background][-1].deadline is None
+
 async def test_typing_through_answers_without_the_engine():
     rig = await Rig(FakeEngine(lambda r: "value = compute(x)\n")).start()
     first = await rig.complete(BODY)
