@@ -241,6 +241,9 @@ class LocalEngine:
             "lastCrash": self.last_crash,
             "outOfMemory": self.oom_errors,
             "threadAlive": self._thread.is_alive(),
+            # CPU threads the engine computes with now, and how often the load changed it.
+            "cpuThreads": self.threads.threads if self.threads is not None else torch.get_num_threads(),
+            "cpuThreadChanges": self.threads.changes if self.threads is not None else 0,
         }
 
     # ------------------------------------------------------------ Engine protocol

@@ -14,8 +14,8 @@ from engine.cpu_threads import ThreadGovernor
 def test_threads_shrink_while_other_processes_hold_cores():
     gov = ThreadGovernor(2, cpus=2, others=lambda: 0.0)
     assert gov.wanted(0.0) == 2
-    assert gov.wanted(0.4) == 2  # less than half a core taken: all threads
-    assert gov.wanted(0.6) == 1
+    assert gov.wanted(0.2) == 2  # a trickle: all threads
+    assert gov.wanted(0.4) == 1
     assert gov.wanted(3.0) == 1  # never below one
     assert ThreadGovernor(8, cpus=8).wanted(2.2) == 6
     assert ThreadGovernor(2, cpus=8).wanted(0.0) == 2  # never above the most
