@@ -564,20 +564,14 @@ class Scheduler:
         c = self.counters
         if seq.parent is not None:  # a fork: its request's figures count the prefill once
             c.generated_tokens += seq.generated
-            try:
-                seq.sink.on_finish(reason, seq.stats(time.perf_counter()), error)
-            except Exception:
-                log.exception("finishing a fork of request %d failed", seq.request_id)
+            self._tell_sink(seq, reason, error)
             return
         if seq.background:
             c.warm_cancelled += reason == "cancelled"
             c.warm_completed += reason != "cancelled"
             c.warm_prefilled_tokens += seq.prefilled
             c.warm_seconds += seq.compute_s
-            try:
-                seq.sink.on_finish(reason, seq.stats(time.perf_counter()), error)
-            except Exception:
-                log.exception("finishing request %d failed", seq.request_id)
+            self._tell_sink(seq, reason, error)
             return
         if reason == "cancelled":
             c.cancelled += 1
@@ -589,10 +583,16 @@ class Scheduler:
         c.reused_tokens += seq.reused
         c.prefilled_tokens += seq.prefilled
         c.generated_tokens += seq.generated
+        self._tell_sink(seq, reason, error)
+
+    @staticmethod
+    def _tell_sink(seq: Sequence, reason: FinishReason, error: str | None) -> None:
+        """The sequence's terminal call; a failing sink is logged, never raised."""
         try:
             seq.sink.on_finish(reason, seq.stats(time.perf_counter()), error)
         except Exception:
-            log.exception("finishing request %d failed", seq.request_id)
+            what = "a fork of request" if seq.parent is not None else "request"
+            log.exception("finishing %s %d failed", what, seq.request_id)
 
 
 __all__ = ["Scheduler", "Counters", "PrefillRate"]
