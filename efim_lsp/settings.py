@@ -49,7 +49,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     debounce_ms: Annotated[int, msgspec.Meta(ge=0, le=5000)] = 0
     """Wait before starting the engine. 0: start at once; a newer keystroke cancels instead."""
 
-    timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=600000)] = 2000
+    timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=600000)] = 1500
     """Most time a completion takes from its arrival: then it is answered with what it has (nothing, if its prompt is still prefilling) and the rows it computed stay cached, so the next keystroke continues from them. 0: no limit."""
 
     fim_tokens: Literal["auto", "add"] = "auto"
