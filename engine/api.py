@@ -30,8 +30,11 @@ Thread map (the served process; docs/design.md, "Threads"):
 - file watcher ("efim-watch", `efim_lsp.context.watcher`): only reports changed paths to
   the gatherer; it calls nothing in the engine.
 - model loader (an executor thread, `efim_lsp.engine_slot`): the engine factory
-  (`engine.local.load_engine`: torch import, weights, the engine thread's start) and, when
-  an engine is replaced or the server exits, the old engine's `close()`.
+  (`engine.local.load_engine`, which does the torch work — weights, pool, the engine
+  thread's start — on a thread of its own, "efim-load", that ends when the engine is built:
+  a thread that ran parallel torch work keeps an OpenMP team, see `engine.cpu_threads`) and,
+  when an engine is replaced or the server exits, the old engine's `close()`. After loading,
+  only the engine thread computes; it sets its own torch thread count each step.
 - tests, benchmarks and offline tools may call anything from their own thread, including
   the blocking `result`, `events`, `wait_idle` and `close`.
 """
