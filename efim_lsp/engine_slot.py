@@ -105,8 +105,7 @@ class EngineSlot:
                 kv_disk=spec.kv_disk, kv_disk_budget=spec.kv_disk_budget,
             ))
             info = engine.info()
-            if hasattr(engine, "on_fault"):  # engines that report faults (LocalEngine)
-                engine.on_fault = self._engine_fault
+            engine.on_fault = self._engine_fault
         except Exception as exc:
             if generation == self._generation:
                 self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -154,8 +153,8 @@ class EngineSlot:
     def health(self) -> dict:
         """`efim/stats` "engine": the engine thread's state (`LocalEngine.health`), or
         `{"state": "none"}` while no engine is loaded."""
-        health = getattr(self.engine, "health", None)
-        return health() if callable(health) else {"state": "none" if self.engine is None else "running"}
+        engine = self.engine
+        return engine.health() if engine is not None else {"state": "none"}
 
     def close(self) -> None:
         self._generation += 1

@@ -42,7 +42,7 @@ Thread map (the served process; docs/design.md, "Threads"):
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Iterator, Literal, Protocol, runtime_checkable
+from typing import Callable, Iterator, Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -244,6 +244,16 @@ class Engine(Protocol):
         """Background: compute and keep the KV of `text`'s pieces (the document `key`),
         nearest `cursor` first, within the memory budget. A newer call for the same key
         replaces the older; an empty `text` forgets the document's pieces. Never blocks."""
+
+    # Called (kind, message) from the engine's thread when something the user should hear
+    # about happened ("engine-crash", "engine-failed", "out-of-memory"); the caller sets it
+    # and hands the call to its own thread. None: nobody listens.
+    on_fault: Callable[[str, str], None] | None
+
+    def health(self) -> dict:
+        """The engine's state for a status report: at least "state" ("running" | "failed"
+        | "closed"); a local engine adds restarts, last crash, out-of-memory errors, whether
+        its thread is alive and the CPU threads it computes with. Any thread; never blocks."""
 
     def close(self) -> None: ...
 

@@ -178,6 +178,11 @@ class FakeEngine:
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         self.document_warms.append((key, len(text), cursor))
 
+    on_fault = None  # the slot sets it; a fake has no faults to report
+
+    def health(self) -> dict:
+        return {"state": "closed" if self.closed else "running"}
+
     def close(self) -> None:
         self.closed = True
 

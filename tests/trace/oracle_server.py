@@ -167,6 +167,11 @@ class OracleEngine:
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         pass  # nothing to precompute for an oracle
 
+    on_fault = None  # the slot sets it; an oracle has no faults to report
+
+    def health(self) -> dict:
+        return {"state": "running"}
+
     def close(self) -> None:
         pass
 
