@@ -300,7 +300,7 @@ class Scheduler:
         try:
             if self.before_step is not None:
                 self.before_step()
-            self._finish_cancelled()
+            self._finish_cancelled_or_expired()
             while self._forget:
                 self.chunk_store.forget_origin(self._forget.popleft())
             while self._plans:
@@ -311,7 +311,7 @@ class Scheduler:
             # cancelled meanwhile (superseded by a newer keystroke) give theirs back before
             # the next one is allocated.
             for seq in self._take_arrivals():
-                self._finish_cancelled()
+                self._finish_cancelled_or_expired()
                 self._guard(seq, self._admit)
             foreground = [s for s in self._prefilling if not s.background]
             if foreground:
@@ -358,7 +358,7 @@ class Scheduler:
             self._inbox.clear()
         return arrivals
 
-    def _finish_cancelled(self) -> None:
+    def _finish_cancelled_or_expired(self) -> None:
         """Finish the admitted sequences that were cancelled, and the prefilling ones whose
         deadline passed while others ran (decoding ones meet theirs at their next token).
         Cancelled sequences go first, so a superseding request of the same document finds
@@ -367,7 +367,7 @@ class Scheduler:
             for seq in [s for s in group if s.cancel_requested]:
                 self._finish(seq, "cancelled")
         now = time.monotonic()
-        for seq in [s for s in self._prefilling if s.deadline is not None and now >= s.deadline]:
+        for seq in [s for s in self._prefilling if s.expired(now)]:
             self._finish(seq, "deadline")  # waited behind other work past its deadline; rows kept
 
     def _guard(self, seq: Sequence, work) -> None:
@@ -395,7 +395,7 @@ class Scheduler:
         if seq.cancelled:
             self._finish(seq, "cancelled")
             return
-        if seq.deadline is not None and time.monotonic() >= seq.deadline:
+        if seq.expired(time.monotonic()):
             self._finish(seq, "deadline")  # waited in the inbox past its deadline: no KV allocated
             return
         prompt = seq.sink.prepare(self.context_length)

@@ -84,6 +84,10 @@ class Sequence:
     fork_samplers: tuple[Sampler, ...] = ()
     parent: "Sequence | None" = None  # a fork's request sequence (forks prefill nothing)
 
+    def expired(self, now: float) -> bool:
+        """Its deadline (`time.monotonic()`) has passed."""
+        return self.deadline is not None and now >= self.deadline
+
     @property
     def cancel_requested(self) -> bool:
         """Cancelled itself, or (a fork) its request was: cancelling a request cancels every fork."""
