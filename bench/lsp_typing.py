@@ -93,12 +93,12 @@ def position(text: str, offset: int) -> t.Position:
     return t.Position(line, len(text[col_start:offset].encode("utf-16-le")) // 2)
 
 
-async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str]) -> dict:
+async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str], kv_dir: str) -> dict:
     client = LanguageClient("lsp-typing-bench", "1")
     for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
     cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
-    await client.start_io(*cmd, env=measured_server_env(None, tempfile.mkdtemp(prefix="efim-typing-kv-")))
+    await client.start_io(*cmd, env=measured_server_env(None, kv_dir))
     uri = f"file:///bench/{args.module}"
     options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": args.max_tokens}
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options))
@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         keys = keys[: args.limit]
     results = {}
     for fmt in args.formats.split(","):
-        results[fmt] = asyncio.run(run_format(fmt, args, text, cursor, keys))
+        with tempfile.TemporaryDirectory(prefix="efim-typing-kv-") as kv_dir:  # a fresh server: no KV from earlier runs
+            results[fmt] = asyncio.run(run_format(fmt, args, text, cursor, keys, kv_dir))
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
