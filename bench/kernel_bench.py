@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for a core can make gathers tens of times slower than one thread",
     )
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
+    parser.add_argument(
+        "--check", action="store_true",
+        help="before timing, run each Triton kernel and its reference on copies of the same inputs and "
+        "print the largest difference (a GPU's native kernels, which the interpreter-run tests cannot see)",
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -98,6 +103,12 @@ def run_cli(args: argparse.Namespace) -> int:
         impls = [("reference", getattr(reference, case.op))]
         if triton_ops is not None:
             impls.append(("triton", getattr(triton_ops, case.op)))
+        if args.check and triton_ops is not None:
+            err = _max_difference(case, impls[0][1], impls[1][1], torch)
+            if args.json:
+                out.write(json.dumps({"op": case.op, "shape": case.shape, "check_max_abs_diff": err}) + "\n")
+            else:
+                out.write(f"{case.op:<26} {case.shape:<34} check: max |triton - reference| = {err:.3g}\n")
         results = [_time(case, impl, fn, args.repeat, torch, device) for impl, fn in impls]
         for r in results:
             speedup = ""
@@ -217,6 +228,25 @@ def _cases(args: argparse.Namespace, torch: Any, device: str, dtype: Any) -> lis
 def _cos_sin(torch: Any, positions: Any, inv_freq: Any) -> tuple[Any, Any]:
     angles = positions.float().unsqueeze(1) * inv_freq.unsqueeze(0)  # [T, D/2]
     return angles.cos(), angles.sin()
+
+
+def _max_difference(case: Case, ref_fn: Callable, tri_fn: Callable, torch: Any) -> float:
+    """Largest absolute difference between the two implementations' results on copies of the
+    same inputs; for an in-place op (returns None) the inputs it writes are compared."""
+
+    def run(fn: Callable) -> list[Any]:
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in case.args()]
+        result = fn(*args)
+        if result is None:
+            return [a for a in args if isinstance(a, torch.Tensor)]
+        return list(result) if isinstance(result, (tuple, list)) else [result]
+
+    ref, tri = run(ref_fn), run(tri_fn)
+    worst = 0.0
+    for a, b in zip(ref, tri):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.is_floating_point():
+            worst = max(worst, (a.float() - b.float()).abs().max().item())
+    return worst
 
 
 def _time(case: Case, impl: str, fn: Callable, repeat: int, torch: Any, device: str) -> KernelTiming:

