@@ -35,6 +35,7 @@ COMMANDS = (
     "train",
     "eval",
     "cache",
+    "export",
 )
 
 
