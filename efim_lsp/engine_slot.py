@@ -17,8 +17,9 @@ from engine.api import Engine, EngineInfo, InfillRequest
 
 log = logging.getLogger(__name__)
 
-# factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget) -> Engine. The serve command wraps engine.local.load_engine;
-# tests inject their own.
+# factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget) -> Engine, and with a remote
+# backend also (backend, endpoint, remote_model, api_key_env) as keywords. The serve command
+# wraps engine.local.load_engine and engine.remote.open_remote_engine; tests inject their own.
 EngineFactory = Callable[..., Engine]
 
 SlotState = Literal["empty", "loading", "ready", "failed"]
@@ -30,6 +31,33 @@ class EngineSpec(NamedTuple):
     adapter: str = "auto"
     kv_disk: bool = True
     kv_disk_budget: str = "2G"
+    backend: str = "local"  # "local" | "llama.cpp" | "openai"
+    endpoint: str = ""
+    remote_model: str = ""
+    api_key_env: str = ""
+
+    @classmethod
+    def from_settings(cls, s) -> "EngineSpec":
+        """The engine keys of `efim_lsp.settings.Settings` (`ENGINE_KEYS`)."""
+        return cls(s.model, s.fim_tokens, s.adapter, s.kv_disk, s.kv_disk_budget, s.backend, s.endpoint,
+                   s.remote_model, s.api_key_env)
+
+    @property
+    def remote(self) -> bool:
+        return self.backend != "local"
+
+    def factory_options(self) -> dict:
+        """Keywords for the engine factory (the remote ones only for a remote backend, so a
+        factory that knows only the local engine keeps working)."""
+        options = dict(fim_tokens=self.fim_tokens, adapter=self.adapter, kv_disk=self.kv_disk,
+                       kv_disk_budget=self.kv_disk_budget)
+        if self.remote:
+            options.update(backend=self.backend, endpoint=self.endpoint, remote_model=self.remote_model,
+                           api_key_env=self.api_key_env)
+        return options
+
+    def describe(self) -> str:
+        return f"{self.model} via {self.backend} at {self.endpoint or '(no endpoint)'}" if self.remote else self.model
 
 
 class ProgressSink(Protocol):
@@ -85,32 +113,41 @@ class EngineSlot:
         """Load (or replace) the engine. Returns True when this load became the engine.
 
         A load superseded by a newer one while it ran closes its engine and returns False.
+        A local model is loaded after the old engine is closed (two models need not fit in
+        memory at once); a remote engine is built first and the old one is kept, serving,
+        when the new one cannot be built (a bad endpoint, an unset `apiKeyEnv`): `error`
+        says why and the state stays "ready".
         """
         progress = progress or _NoProgress()
         self._generation += 1
         generation = self._generation
         if self._ready is None:
             self._ready = asyncio.Event()
-        self._ready.clear()
-        old, self.engine, self.info = self.engine, None, None
-        self.state, self.error, self.spec = "loading", None, spec
         loop = asyncio.get_running_loop()
-        if old is not None:
-            await loop.run_in_executor(None, _close_quietly, old)
-        progress.begin("efim", f"loading model {spec.model}")
+        keep_old = spec.remote and self.ready
+        previous = (self.engine, self.info, self.spec)
+        if not keep_old:
+            self._ready.clear()
+            old, self.engine, self.info = self.engine, None, None
+            self.state, self.error, self.spec = "loading", None, spec
+            if old is not None:
+                await loop.run_in_executor(None, _close_quietly, old)
+        progress.begin("efim", f"loading model {spec.describe()}")
         started = time.monotonic()
         try:
-            engine = await loop.run_in_executor(None, lambda: self._factory(
-                spec.model, fim_tokens=spec.fim_tokens, adapter=spec.adapter,
-                kv_disk=spec.kv_disk, kv_disk_budget=spec.kv_disk_budget,
-            ))
+            engine = await loop.run_in_executor(None, lambda: self._factory(spec.model, **spec.factory_options()))
             info = engine.info()
             engine.on_fault = self._engine_fault
         except Exception as exc:
             if generation == self._generation:
-                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.error("model %s failed to load: %s", spec.model, self.error)
-                progress.end(f"model failed to load: {self.error}")
+                error = f"{type(exc).__name__}: {exc}"
+                if keep_old and self.engine is previous[0] and self.engine is not None:
+                    self.error = f"{error} (kept the previous engine: {previous[2].describe() if previous[2] else '?'})"
+                    log.error("engine %s failed to start: %s; keeping the previous one", spec.describe(), error)
+                else:
+                    self.state, self.error = "failed", error
+                    log.error("model %s failed to load: %s", spec.describe(), self.error)
+                progress.end(f"model failed to load: {error}")
             return False
         if generation != self._generation:
             await loop.run_in_executor(None, _close_quietly, engine)
@@ -120,9 +157,12 @@ class EngineSlot:
         if generation != self._generation:
             await loop.run_in_executor(None, _close_quietly, engine)
             return False
-        self.engine, self.info, self.state = engine, info, "ready"
+        old = self.engine if keep_old else None
+        self.engine, self.info, self.state, self.error, self.spec = engine, info, "ready", None, spec
         self.load_seconds = time.monotonic() - started
         self._ready.set()
+        if old is not None and old is not engine:
+            await loop.run_in_executor(None, _close_quietly, old)
         log.info(
             "model ready in %.1f s: %s (%s, template %s, context %d)",
             self.load_seconds, info.model, info.architecture, info.template, info.context_length,
@@ -151,8 +191,9 @@ class EngineSlot:
             callback(kind, message)
 
     def health(self) -> dict:
-        """`efim/stats` "engine": the engine thread's state (`LocalEngine.health`), or
-        `{"state": "none"}` while no engine is loaded."""
+        """`efim/stats` "engine": the engine's state (`LocalEngine.health`: its thread;
+        `RemoteEngine.health`: the backend's connection, endpoint, last error, server-reported
+        reuse and TTFT), or `{"state": "none"}` while no engine is loaded."""
         engine = self.engine
         return engine.health() if engine is not None else {"state": "none"}
 

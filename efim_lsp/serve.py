@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-format", choices=("efim", "fim"), help="default promptFormat (initializationOptions override it)")
     p.add_argument("--adapter", help="default adapter: auto (the shipped FIM adapter for the default model, when marked ready), none, or a LoRA path")
     p.add_argument("--fim-tokens", choices=("auto", "add"), help="default fimTokens (add: StarCoder sentinels for models without FIM; quality needs training)")
+    p.add_argument("--backend", choices=("local", "llama.cpp", "openai"), help="default backend: local (in-process engine) or a remote server (docs/deploy.md)")
+    p.add_argument("--endpoint", help="default endpoint: the remote server's base URL")
+    p.add_argument("--remote-model", help="default remoteModel: the model name an openai backend is asked for")
+    p.add_argument("--api-key-env", help="default apiKeyEnv: the NAME of an environment variable holding the API key")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", help="engine weight quantisation (int8)")
     p.add_argument("--kv-budget", help="memory for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 3/4 radix-cached pool, 1/4 per-document workspaces")
@@ -41,9 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def engine_factory(args: argparse.Namespace):
-    """`factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget) -> Engine` over engine.local.load_engine with the CLI's engine flags."""
+    """`factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget[, backend, endpoint, remote_model,
+    api_key_env]) -> Engine`: engine.local.load_engine with the CLI's engine flags, or, for a
+    remote backend, engine.remote.open_remote_engine (which loads the model's tokenizer only)."""
 
-    def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", kv_disk: bool = True, kv_disk_budget: str = "2G"):
+    def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", kv_disk: bool = True, kv_disk_budget: str = "2G",
+             backend: str = "local", endpoint: str = "", remote_model: str = "", api_key_env: str = ""):
+        if backend != "local":
+            from engine.remote import open_remote_engine  # httpx and the tokenizer, no weights
+
+            return open_remote_engine(backend, endpoint, model=model, remote_model=remote_model or None,
+                                      api_key_env=api_key_env or None)
         from engine.local import load_engine  # torch loads here, in the server's loader thread
 
         kwargs = {}
@@ -107,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         defaults["fimTokens"] = args.fim_tokens
     if args.adapter:
         defaults["adapter"] = args.adapter
+    for flag, key in (("backend", "backend"), ("endpoint", "endpoint"), ("remote_model", "remoteModel"), ("api_key_env", "apiKeyEnv")):
+        if getattr(args, flag, None):
+            defaults[key] = getattr(args, flag)
     if args.kv_disk is not None:
         defaults["kvDisk"] = args.kv_disk
     if args.kv_disk_budget:

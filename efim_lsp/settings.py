@@ -15,12 +15,26 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 
 # Keys whose change needs a new engine (everything else applies to the next request).
-ENGINE_KEYS = frozenset({"model", "fim_tokens", "adapter", "kv_disk", "kv_disk_budget"})
+ENGINE_KEYS = frozenset({
+    "model", "fim_tokens", "adapter", "kv_disk", "kv_disk_budget", "backend", "endpoint", "remote_model", "api_key_env",
+})
 
 
 class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     model: str = "default"
-    """"default" (the embedded SmolLM2-135M) or a path to a Hugging Face folder / GGUF file."""
+    """"default" (the embedded SmolLM2-135M) or a path to a Hugging Face folder / GGUF file. With a remote backend: the model the server serves (its tokenizer renders the prompts; no weights are loaded)."""
+
+    backend: Literal["local", "openai", "llama.cpp"] = "local"
+    """Where completions are computed: local (the in-process engine), llama.cpp (llama.cpp's llama-server: /completion, cache_prompt, a slot per document) or openai (an OpenAI-compatible /v1/completions server: vLLM, SGLang). docs/deploy.md."""
+
+    endpoint: str = ""
+    """Base URL of the remote server (http://127.0.0.1:8080, https://gpu-box:8000/v1). Plain HTTP to another machine is warned about."""
+
+    remote_model: str = ""
+    """The model name sent to an openai backend ("" = the first one its /v1/models lists)."""
+
+    api_key_env: str = ""
+    """The NAME of an environment variable of the server process holding the API key (sent as `Authorization: Bearer`); never the key itself, which is never logged."""
 
     prompt_format: Literal["efim", "fim"] = "efim"
     """Prompt layout. efim: `PRE P SUF S MID inc` (the previous keystroke's KV stays valid); fim: `PRE P+inc SUF S MID`."""

@@ -1,0 +1,671 @@
+"""`RemoteEngine`: the `engine.api.Engine` protocol over an inference server's HTTP API.
+
+The language server keeps everything it has with the local engine — documents, edit
+sessions, windows, suggestion shaping, typing-through, stats — and only the forward
+passes move to the server. Prompts are rendered and tokenized here by the local engine's
+own code (`engine.templates`, `engine.tokenize`, `engine.prompting.PromptBuilder`, with the
+tokenizer of the `model` setting: `engine.remote.vocabulary`) and sent as token ids, so
+the last prompt stays an exact token prefix of the next and the server's prefix cache
+(llama.cpp `cache_prompt` + per-slot KV, vLLM automatic prefix caching, SGLang's radix
+cache) reuses it. Reuse is what the server reports (`engine.remote.dialects.Usage`), never
+assumed.
+
+Threads: one asyncio loop on a thread of its own ("efim-remote") runs every HTTP exchange
+(httpx, one stream per request), the prompt rendering and tokenization, the slot map and
+the backend's state (`engine.remote.connection.Link`). `submit`, `cancel` and `close` only
+hand work to that loop (`call_soon_threadsafe`); they never block on the network.
+`count_tokens` runs on the caller's thread (the segment tokenizer's `count` is
+thread-safe). Handles are the local engine's (`engine.handle.LocalHandle`): events are
+pushed from the loop thread, consumed anywhere.
+
+Per request:
+- supersession: a newer request with the same key cancels the older one, which closes its
+  stream (llama.cpp and vLLM stop a request whose client went away);
+- deadline (`InfillRequest.deadline`): the stream is closed then and the completion is
+  what arrived, finish_reason "deadline"; llama.cpp is also sent `t_max_predict_ms`;
+- token healing is off: the first generated token cannot be restricted on these servers
+  (`logit_bias` would bias every token, not only the first), so the prompt keeps its last
+  token and completions continue from it (docs/deploy.md);
+- `context: "blend"` is sent as plain prefix context (CacheBlend needs the engine's KV);
+  `warm_document`, `forget_context` do nothing; `check_integrity` has no KV to check;
+- a background request (warm-ahead) prefills the prompt on the server (llama.cpp
+  `n_predict: 0`, OpenAI `max_tokens: 1`) so the first keystroke there finds it cached;
+- faults never raise into the caller: every handle ends with one terminal event, an
+  empty completion with finish_reason "error" carrying a message, and the backend's
+  state changes as `connection.Link` describes (one report per outage through `on_fault`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import ssl
+import threading
+import time
+from collections import OrderedDict, deque
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import msgspec
+
+from engine.api import (
+    MAX_ALTERNATIVES,
+    Completion,
+    EngineError,
+    EngineInfo,
+    EngineStats,
+    FinishReason,
+    InfillRequest,
+    RequestStats,
+    StreamEvent,
+)
+from engine.handle import LocalHandle
+from engine.prompting import PromptBuilder
+from engine.remote.connection import Link, api_key_from_env, parse_endpoint
+from engine.remote.dialects import DIALECTS, Chunk, ServerFacts, Usage
+from engine.remote.stream import GarbageAnswer, ServerError, error_message, shown, sse_payloads
+from engine.remote.vocabulary import load_vocabulary
+from engine.sampler import StopRules
+from engine.templates import detect_template
+from engine.tokenize import SegmentTokenizer
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 3.0
+# Longest silence inside a stream (a server prefilling a long prompt sends nothing until its
+# first token); a request's own deadline (`timeoutMs`) usually ends it much sooner.
+READ_TIMEOUT_S = 60.0
+DISCOVER_TIMEOUT_S = 10.0
+ERROR_BODY_CHARS = 2000
+_SERIES = 2048
+
+
+class _Call:
+    """One request on the wire (loop thread, except `stop`'s flag)."""
+
+    __slots__ = ("request", "handle", "task", "submitted", "stopped", "background")
+
+    def __init__(self, request: InfillRequest, handle: LocalHandle) -> None:
+        self.request = request
+        self.handle = handle
+        self.task: asyncio.Task | None = None
+        self.submitted = time.monotonic()
+        self.stopped: FinishReason | None = None  # "cancelled" or "deadline" once asked to stop
+        self.background = request.background
+
+    def stop(self, reason: FinishReason) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class _Canceller:
+    """What a `LocalHandle` cancels through: the call's stop, run on the loop thread."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: "RemoteEngine") -> None:
+        self._engine = engine
+
+    def cancel(self, call: _Call) -> None:
+        self._engine._on_loop(call.stop, "cancelled")
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.requests = self.completed = self.cancelled = 0
+        self.prompt_tokens = self.reused_tokens = self.prefilled_tokens = self.generated_tokens = 0
+        self.reuse_reported = 0  # requests whose answer said how many prompt tokens were cached
+        self.warm_requests = self.warm_completed = self.warm_cancelled = self.warm_prefilled_tokens = 0
+        self.client_ttft: deque[float] = deque(maxlen=_SERIES)
+        self.server_prompt_ms: deque[float] = deque(maxlen=_SERIES)
+        self.overhead_ms: deque[float] = deque(maxlen=_SERIES)  # client TTFT - server prompt_ms
+
+
+class RemoteEngine:
+    """An engine whose forward passes run on an inference server. See the module docstring."""
+
+    def __init__(
+        self,
+        backend: str,
+        endpoint: str,
+        *,
+        model: str | Path = "default",
+        remote_model: str | None = None,
+        api_key_env: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+        read_timeout: float = READ_TIMEOUT_S,
+        verify: bool | ssl.SSLContext = True,
+        discover_timeout: float = DISCOVER_TIMEOUT_S,
+    ) -> None:
+        if backend not in DIALECTS:
+            raise EngineError(f"unknown backend {backend!r}; expected one of: local, {', '.join(DIALECTS)}")
+        self.endpoint = parse_endpoint(endpoint)
+        key = api_key_from_env(api_key_env)
+        self.dialect = DIALECTS[backend](self.endpoint.base)
+        self.remote_model = remote_model or None
+        vocab = load_vocabulary(model)
+        self.vocab = vocab
+        self.template = detect_template(vocab.tokenizer)
+        self.tokenizer = SegmentTokenizer(vocab.tokenizer)
+        self.prompts = PromptBuilder(self.template, self.tokenizer, fragment_trained=False)
+        self._stop_texts = self._sentinel_texts()
+        self._context_length = vocab.context_length
+        self.facts = ServerFacts()
+        self._pending_faults: list[tuple[str, str]] = []
+        self._on_fault: Callable[[str, str], None] | None = None
+        self.link = Link(self._report)
+        self.counters = _Counters()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._live: dict[tuple[str, bool], _Call] = {}
+        self._slots: OrderedDict[str, int] = OrderedDict()  # key -> slot, least recently used first
+        self._mismatch: str | None = None  # the server serves another vocabulary: requests would be garbage
+        self._closed = False
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client_options = dict(
+            headers=headers, verify=verify, trust_env=True,
+            timeout=httpx.Timeout(connect=connect_timeout, read=read_timeout, write=10.0, pool=connect_timeout),
+        )
+        if not self.endpoint.secure and not self.endpoint.loopback:
+            self.link.fault("insecure", (
+                f"the endpoint {self.endpoint.display} is plain HTTP to another machine: prompts (your code)"
+                + (" and the API key" if key else "") + " travel unencrypted; use https://"
+            ))
+        if not self.template.supports_fim:
+            self.link.fault("no-fim", (
+                f"the model {vocab.name} has no FIM tokens: suggestions continue the text before the cursor only "
+                "(serve a code model with FIM tokens, e.g. Qwen2.5-Coder, and name its GGUF/folder in `model`)"
+            ))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="efim-remote", daemon=True)
+        self._thread.start()
+        self._client: httpx.AsyncClient = self._call_sync(self._new_client(), 5.0)
+        self._prober: asyncio.Task | None = None
+        try:  # learn slots and context now, so `info()` is right; a server down at start is no error
+            self._call_sync(self._connect(), discover_timeout)
+        except Exception as exc:  # noqa: BLE001 - reported through the link already, or a timeout
+            log.debug("first contact with %s: %s", self.endpoint.display, exc)
+        self._on_loop(self._ensure_prober)
+
+    # ------------------------------------------------------------ loop thread plumbing
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _on_loop(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed (engine closed)
+            pass
+
+    def _call_sync(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    async def _new_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(**self._client_options)
+
+    # ------------------------------------------------------------ faults
+    @property
+    def on_fault(self) -> Callable[[str, str], None] | None:
+        return self._on_fault
+
+    @on_fault.setter
+    def on_fault(self, callback: Callable[[str, str], None] | None) -> None:
+        """Faults found before anyone listened (at construction) are told on setting it."""
+        self._on_fault = callback
+        pending, self._pending_faults = self._pending_faults, []
+        for kind, message in pending:
+            self._report(kind, message)
+
+    def _report(self, kind: str, message: str) -> None:
+        callback = self._on_fault
+        if callback is None:
+            self._pending_faults.append((kind, message))
+            return
+        try:
+            callback(kind, message)
+        except Exception:
+            log.exception("reporting a backend fault failed")
+
+    # ------------------------------------------------------------ discovery and reconnection
+    async def _connect(self) -> None:
+        """Ask the server what it is; `link.ok()` on success, classified failure otherwise."""
+        try:
+            facts = await self.dialect.discover(self._client)
+            await self._check_vocabulary()
+        except httpx.HTTPStatusError as exc:
+            status = exc.response.status_code
+            why = f"{exc.request.url.path} answered HTTP {status}"
+            if status in (401, 403):
+                self.link.error("auth", why, f"the backend {self.endpoint.display} refused the credentials (HTTP {status}); check `apiKeyEnv`")
+            self.link.unreachable(why, f"the backend {self.endpoint.display} is not ready ({why}); retrying")
+            raise
+        except (httpx.TransportError, GarbageAnswer, ServerError) as exc:
+            why = _describe(exc)
+            self.link.unreachable(why, f"cannot reach the backend {self.endpoint.display} ({why}); retrying in the background")
+            raise
+        self.facts = facts
+        if facts.context_length:
+            self._context_length = min(self.vocab.context_length, facts.context_length)
+        if self.remote_model is None and facts.model and self.dialect.name == "openai":
+            self.remote_model = facts.model
+        self.link.ok()
+        log.info("backend %s (%s): %s, %d slot(s), context %d", self.endpoint.display, self.dialect.name,
+                 facts.model, facts.slots, self._context_length)
+
+    async def _check_vocabulary(self) -> None:
+        """The server must tokenize our sentinels (and plain code) to the ids we send;
+        otherwise it serves another model than `model` names and every prompt is garbage."""
+        probes = []
+        t = self.template
+        for tid in (t.prefix_id, t.suffix_id, t.middle_id):
+            if tid is not None:
+                probes.append((self.vocab.tokenizer.id_to_token(tid), [tid]))
+        sample = "def add(a, b):\n    return a + b\n"
+        probes.append((sample, list(self.tokenizer.encode_uncached(sample))))
+        for text, ours in probes:
+            theirs = await self.dialect.token_ids(self._client, text)
+            if theirs is None:
+                return  # the server cannot tell us: trust the settings
+            if theirs != ours:
+                self._mismatch = (
+                    f"the backend's model tokenizes {text!r} as {theirs[:8]} where {self.vocab.name} gives {ours[:8]}: "
+                    f"it serves another model; set `model` to the GGUF/folder the server serves"
+                )
+                self.link.error("model", self._mismatch, self._mismatch)
+                return
+        self._mismatch = None
+
+    def _ensure_prober(self) -> None:
+        if self._closed or (self._prober is not None and not self._prober.done()):
+            return
+        self._prober = self._loop.create_task(self._probe_while_unreachable())
+
+    async def _probe_while_unreachable(self) -> None:
+        """While the backend is unreachable: probe with backoff until it answers."""
+        while not self._closed and self.link.state in ("unreachable", "connecting"):
+            await asyncio.sleep(max(0.0, self.link.next_probe_at - time.monotonic()))
+            try:
+                await self._connect()
+            except Exception as exc:  # noqa: BLE001 - classified in _connect
+                wait = self.link.failed_probe(_describe(exc))
+                log.debug("backend probe failed (%s); next in %.1f s", _describe(exc), wait)
+
+    # ------------------------------------------------------------ Engine protocol
+    def info(self) -> EngineInfo:
+        return EngineInfo(
+            model=f"{self.vocab.name} @ {self.endpoint.display}",
+            architecture=f"{self.dialect.name}:{self.vocab.architecture}",
+            template=self.template.name,
+            supports_fim=self.template.supports_fim,
+            fragment_trained=False,
+            context_length=self._context_length,
+            dtype="remote",
+            suffix_first=self.template.suffix_first,
+        )
+
+    def submit(self, request: InfillRequest) -> LocalHandle:
+        if not isinstance(request, InfillRequest):
+            raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
+        if not 1 <= request.n <= MAX_ALTERNATIVES:
+            raise ValueError(f"n must be in 1..{MAX_ALTERNATIVES}; got {request.n}")
+        if not (request.temperature >= 0 and 0 < request.top_p <= 1):
+            raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature}, {request.top_p}")
+        handle = LocalHandle(next(self._ids), _Canceller(self))
+        call = _Call(request, handle)
+        handle.sequence = call  # what the canceller is handed (LocalHandle.cancel)
+        with self._lock:
+            if self._closed:
+                raise EngineError("engine is closed")
+            old = [self._live.get((request.key, True))]
+            if not request.background:
+                old.append(self._live.get((request.key, False)))
+            self._live[(request.key, request.background)] = call
+        for previous in old:
+            if previous is not None:
+                self._on_loop(previous.stop, "cancelled")
+        self._on_loop(self._start, call)
+        return handle
+
+    def _start(self, call: _Call) -> None:
+        if call.stopped is not None:
+            self._finish(call, "", call.stopped, RequestStats())
+            return
+        call.task = self._loop.create_task(self._serve(call))
+        deadline = call.request.deadline
+        if deadline is not None:
+            self._loop.call_later(max(0.0, deadline - time.monotonic()), call.stop, "deadline")
+
+    def stats(self) -> EngineStats:
+        c = self.counters
+        return EngineStats(
+            requests=c.requests, completed=c.completed, cancelled=c.cancelled,
+            prompt_tokens=c.prompt_tokens, reused_tokens=c.reused_tokens,
+            prefilled_tokens=c.prefilled_tokens, generated_tokens=c.generated_tokens,
+            warm_requests=c.warm_requests, warm_completed=c.warm_completed, warm_cancelled=c.warm_cancelled,
+            warm_prefilled_tokens=c.warm_prefilled_tokens,
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return self.tokenizer.count(text)
+
+    def forget_context(self, path: str) -> None:
+        """Nothing: the server's prefix cache drops a changed chunk's KV by itself (its tokens differ)."""
+
+    def warm_document(self, key: str, text: str, cursor: int) -> None:
+        """Nothing: document pieces assembled by CacheBlend need the engine's own KV."""
+
+    def check_integrity(self) -> Future[None]:
+        fut: Future[None] = Future()
+        if self._closed:
+            fut.set_exception(RuntimeError("engine is closed"))
+        else:
+            fut.set_result(None)  # no KV is held here: the server owns it
+        return fut
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                busy = any(not c.handle.done for c in self._live.values())
+            if not busy:
+                return
+            if time.monotonic() > end:
+                raise TimeoutError("remote requests still running")
+            time.sleep(0.005)
+
+    def health(self) -> dict:
+        """The backend's state for `efim/stats` "engine" (any thread; no network)."""
+        c = self.counters
+        out = {
+            **self.link.snapshot(),
+            "backend": self.dialect.name,
+            "endpoint": self.endpoint.display,
+            "remoteModel": self.remote_model or self.facts.model,
+            "slots": self.facts.slots if self.dialect.slot_pinning else None,
+            "contextLength": self._context_length,
+            "modelMismatch": self._mismatch,
+            # Reuse is what the server reported: requests whose answer carried cached-token counts.
+            "reuseReported": c.reuse_reported,
+            "clientTtftMs": _summary(c.client_ttft),
+            "serverPromptMs": _summary(c.server_prompt_ms),
+            "remoteOverheadMs": _summary(c.overhead_ms),
+        }
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls = list(self._live.values())
+        self.link.close()
+        for call in calls:
+            self._on_loop(call.stop, "cancelled")
+
+        async def shutdown() -> None:
+            tasks = [c.task for c in calls if c.task is not None]
+            if self._prober is not None:
+                self._prober.cancel()
+            if tasks:
+                await asyncio.wait(tasks, timeout=timeout)
+            await self._client.aclose()
+
+        try:
+            self._call_sync(shutdown(), timeout + 1)
+        except Exception as exc:  # noqa: BLE001 - closing must not fail
+            log.debug("closing the remote engine: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "RemoteEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ one request
+    def _prompt_ids(self, req: InfillRequest) -> list[int]:
+        """The prompt as the local engine renders it (no healing, no CacheBlend), fitted to the server's context."""
+        req = msgspec.structs.replace(
+            req, heal=False, document_kv=False, context="prefix" if req.context == "blend" else req.context,
+        )
+        return self.prompts.build(req, self._context_length).prompt.ids
+
+    def _slot_for(self, key: str) -> int | None:
+        """The document's slot: stable while it stays among the `slots` most recently used documents."""
+        if not self.dialect.slot_pinning:
+            return None
+        slots = max(1, self.facts.slots)
+        if key in self._slots:
+            self._slots.move_to_end(key)
+            return self._slots[key]
+        taken = set(self._slots.values())
+        free = [s for s in range(slots) if s not in taken]
+        if free:
+            slot = free[0]
+        else:
+            _, slot = self._slots.popitem(last=False)  # the least recently used document gives its slot up
+        self._slots[key] = slot
+        return slot
+
+    async def _serve(self, call: _Call) -> None:
+        req = call.request
+        rules = StopRules(end_ids=(), stop=tuple(req.stop) + self._stop_texts, max_tokens=1 << 30)
+        extra: dict[int, str] = {}
+        extra_finish: dict[int, FinishReason] = {}
+        usage = Usage()
+        first: float | None = None
+        generated = 0
+        finish: FinishReason | None = None
+        error: str | None = None
+        ids: list[int] = []
+        try:
+            if not self.link.usable:
+                raise _Refused(f"the backend {self.endpoint.display} is unreachable ({self.link.last_error}); reconnecting")
+            if self._mismatch:
+                raise _Refused(self._mismatch)
+            ids = self._prompt_ids(req)
+            remaining = None if req.deadline is None else int((req.deadline - time.monotonic()) * 1000)
+            body = self.dialect.body(
+                ids, req, model=self.remote_model, slot=self._slot_for(req.key),
+                stop=list(dict.fromkeys(req.stop + self._stop_texts)), remaining_ms=remaining,
+            )
+            async with self._client.stream("POST", self.dialect.completion_url(), json=body) as resp:
+                if resp.status_code >= 400:
+                    raise _HttpStatus(resp.status_code, await _error_body(resp))
+                async for payload in sse_payloads(resp.aiter_lines()):
+                    chunk: Chunk = self.dialect.parse(payload)
+                    if chunk.usage is not None:
+                        usage = _merge(usage, chunk.usage)
+                    for index, text in chunk.texts.items():
+                        if index:
+                            extra[index] = extra.get(index, "") + text
+                            continue
+                        if first is None:
+                            first = time.monotonic()
+                        generated += 1
+                        check = rules.on_token(-1, text)
+                        if check.emit:
+                            call.handle._push(StreamEvent(kind="token", text=check.emit))
+                        if check.finish is not None:
+                            finish = "stop"
+                    for index, why in chunk.finished.items():
+                        if index:
+                            extra_finish[index] = why
+                        elif finish is None:
+                            finish = why
+                    if finish is not None and (req.n <= 1 or len(extra_finish) >= min(req.n, self.dialect.max_choices) - 1):
+                        break  # our own stop string, or every choice ended: close the stream
+                if finish is None:
+                    raise GarbageAnswer("the stream ended without its final chunk")
+            self.link.ok()
+        except asyncio.CancelledError:
+            finish = call.stopped or "cancelled"
+        except _Refused as exc:
+            finish, error = "error", str(exc)
+        except _HttpStatus as exc:
+            finish, error = "error", f"the backend answered HTTP {exc.status}: {exc.message}"
+            kind = "auth" if exc.status in (401, 403) else "http"
+            hint = " (check `apiKeyEnv`)" if kind == "auth" else ""
+            self.link.error(kind, f"HTTP {exc.status}: {exc.message}", f"{error}{hint}")
+        except (GarbageAnswer, ServerError) as exc:
+            finish = "error"
+            error = f"the backend's answer is not a {self.dialect.name} completion: {exc}" if isinstance(exc, GarbageAnswer) \
+                else f"the backend reported an error: {exc}"
+            self.link.error("garbage" if isinstance(exc, GarbageAnswer) else "server", str(exc), error)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            finish, error = "error", f"cannot reach the backend {self.endpoint.display}: {_describe(exc)}"
+            self.link.unreachable(_describe(exc), f"{error}; reconnecting in the background")
+            self._ensure_prober()
+        except httpx.ReadTimeout as exc:
+            finish, error = "error", f"the backend {self.endpoint.display} sent nothing for {self._client.timeout.read:.0f} s"
+            self.link.error("timeout", _describe(exc), error)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            finish = "error"
+            error = f"the backend {self.endpoint.display} dropped the connection{' mid-stream' if first else ''}: {_describe(exc)}"
+            self.link.unreachable(_describe(exc), f"{error}; reconnecting in the background")
+            self._ensure_prober()
+        except httpx.HTTPError as exc:
+            finish, error = "error", f"request to the backend failed: {_describe(exc)}"
+            self.link.error("http", _describe(exc), error)
+        except Exception as exc:  # a bug here must not leave the handle hanging
+            log.exception("remote request %d failed", call.handle.request_id)
+            finish, error = "error", f"{type(exc).__name__}: {exc}"
+        if call.stopped == "deadline" and finish == "cancelled":
+            finish = "deadline"
+        if finish not in ("stop", "error"):
+            held = rules.finish_text()  # text held back in case it started a stop string: it did not
+            if held:
+                call.handle._push(StreamEvent(kind="token", text=held))
+        text = rules.text
+        stats = self._request_stats(call, ids, usage, first, generated)
+        alternatives = tuple(extra.get(i, "") for i in range(1, req.n)) if req.n > 1 and finish != "error" else ()
+        alt_finish = tuple(extra_finish.get(i, finish or "stop") for i in range(1, req.n)) if alternatives else ()
+        self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)
+
+    def _request_stats(self, call: _Call, ids: list[int], usage: Usage, first: float | None, generated: int) -> RequestStats:
+        now = time.monotonic()
+        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else len(ids)
+        cached = min(usage.cached_tokens, prompt) if usage.cached_tokens is not None else 0
+        ttft = (first - call.submitted) * 1000 if first is not None else 0.0
+        per_token = usage.ms_per_token
+        if per_token is None and first is not None and generated > 1:
+            per_token = (now - first) * 1000 / (generated - 1)
+        if ids and usage.prompt_tokens is None and usage.cached_tokens is None:
+            prompt = len(ids)
+        c = self.counters
+        if first is not None and not call.background:
+            c.client_ttft.append(ttft)
+            if usage.prompt_ms is not None:
+                c.server_prompt_ms.append(usage.prompt_ms)
+                c.overhead_ms.append(ttft - usage.prompt_ms)
+        if usage.cached_tokens is not None and not call.background:
+            c.reuse_reported += 1
+        return RequestStats(
+            prompt_tokens=prompt if ids else 0,
+            reused_tokens=cached if ids else 0,
+            prefilled_tokens=max(0, prompt - cached) if ids else 0,
+            generated_tokens=usage.generated_tokens if usage.generated_tokens is not None else generated,
+            ttft_ms=round(ttft, 3),
+            total_ms=round((now - call.submitted) * 1000, 3),
+            decode_ms_per_token=round(per_token or 0.0, 3),
+        )
+
+    def _finish(self, call: _Call, text: str, reason: FinishReason, stats: RequestStats, error: str | None = None,
+                alternatives: tuple[str, ...] = (), alternatives_finish: tuple[FinishReason, ...] = ()) -> None:
+        req = call.request
+        with self._lock:
+            slot_key = (req.key, req.background)
+            if self._live.get(slot_key) is call:
+                del self._live[slot_key]
+        c = self.counters
+        if call.background:
+            c.warm_requests += 1
+            c.warm_cancelled += reason == "cancelled"
+            c.warm_completed += reason != "cancelled"
+            c.warm_prefilled_tokens += stats.prefilled_tokens
+        else:
+            c.requests += 1
+            c.cancelled += reason == "cancelled"
+            c.completed += reason != "cancelled"
+            c.prompt_tokens += stats.prompt_tokens
+            c.reused_tokens += stats.reused_tokens
+            c.prefilled_tokens += stats.prefilled_tokens
+            c.generated_tokens += stats.generated_tokens
+        completion = Completion(text=text, finish_reason=reason, stats=stats, error=error,
+                                alternatives=alternatives, alternatives_finish=alternatives_finish)
+        kind = "error" if reason == "error" else "done"
+        call.handle._complete(StreamEvent(kind=kind, completion=completion, error=error))
+
+    def _sentinel_texts(self) -> tuple[str, ...]:
+        """The template's end tokens as text: sent as stop strings (a server that prints
+        special tokens stops there too) and cut from what streams back."""
+        tok = self.vocab.tokenizer
+        texts = []
+        for tid in sorted(self.template.stop_ids):
+            piece = tok.id_to_token(tid)
+            if piece and piece.startswith("<") and piece.endswith(">"):
+                texts.append(piece)
+        return tuple(texts)
+
+
+class _Refused(Exception):
+    """Not sent: the backend is known to be unreachable or to serve another vocabulary."""
+
+
+class _HttpStatus(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status, self.message = status, message
+
+
+async def _error_body(resp: httpx.Response) -> str:
+    """The server's error message (its JSON `error`, else the first bytes of the body)."""
+    raw = b""
+    async for part in resp.aiter_bytes():
+        raw += part
+        if len(raw) > ERROR_BODY_CHARS:
+            break
+    text = raw[:ERROR_BODY_CHARS].decode("utf-8", errors="replace")
+    try:
+        import json  # noqa: PLC0415
+
+        message = error_message(json.loads(text))
+    except ValueError:
+        message = None
+    return message or shown(text) if text.strip() else (resp.reason_phrase or "no body")
+
+
+def _merge(old: Usage, new: Usage) -> Usage:
+    return Usage(*(n if n is not None else o for o, n in zip(old, new)))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _summary(samples: deque[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1], 2)
+
+    return {"p50": at(50), "p95": at(95), "p99": at(99), "n": len(ordered)}
+
+
+def open_remote_engine(backend: str, endpoint: str, **options) -> RemoteEngine:
+    """`RemoteEngine(backend, endpoint, **options)`: what `efim serve`'s engine factory calls."""
+    return RemoteEngine(backend, endpoint, **options)
+
+
+__all__ = ["RemoteEngine", "open_remote_engine", "CONNECT_TIMEOUT_S", "READ_TIMEOUT_S"]
