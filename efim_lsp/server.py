@@ -160,12 +160,12 @@ class EfimServer(LanguageServer):
 
     async def _load_engine(self) -> None:
         s = self.settings
-        spec = EngineSpec(s.model, s.fim_tokens, s.adapter, s.kv_disk, s.kv_disk_budget)
+        spec = EngineSpec.from_settings(s)
         progress = await self._progress_sink()
         ok = await self.slot.load(spec, progress)
         if ok:
             self.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"efim: model ready ({spec.model})"))
-        elif self.slot.state == "failed":
+        elif self.slot.state == "failed" or self.slot.error:  # failed, or a new remote engine failed and the old one serves
             self.show(f"model failed to load: {self.slot.error}", types.MessageType.Error)
 
     async def _progress_sink(self):
