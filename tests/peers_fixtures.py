@@ -1,0 +1,76 @@
+"""Session-scoped fixtures for tests that run peers (llama.cpp) on our models.
+
+Import them into a test module or a conftest (they are plain pytest fixtures):
+
+    from peers_fixtures import exported_gguf, llama_bin  # noqa: F401
+
+- `exported_gguf(export_type="f16", model="default", adapter="auto") -> ExportResult`: the
+  model exported by `efim export gguf` into a session temp dir, once per arguments.
+- `llama_bin`: the folder of llama.cpp's llama-server/llama-bench; skips the test (saying
+  how to build it) when they are not built.
+- `load_exported(path, dtype)`: our own loader on an exported file, converted into a temp
+  cache (not the user's: each export would leave a 100-300 MB folder there).
+- `logit_agreement(reference, other)`: top-1 agreement, max |Δlogit|, mean KL.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def exported_gguf(tmp_path_factory):
+    from efim_tools.export import export_gguf
+
+    built: dict[tuple[str, str, str], object] = {}
+
+    def export(export_type: str = "f16", *, model: str = "default", adapter: str = "auto"):
+        key = (export_type, str(model), str(adapter))
+        if key not in built:
+            dest = tmp_path_factory.mktemp("gguf-export") / f"export-{export_type}.gguf"
+            built[key] = export_gguf(dest, model=model, adapter=adapter, export_type=export_type)
+        return built[key]
+
+    return export
+
+
+@pytest.fixture(scope="session")
+def llama_bin() -> Path:
+    from efim_tools.peers.llama_cpp import SETUP_SCRIPT, llama_cpp_bin
+
+    folder = llama_cpp_bin()
+    if folder is None:
+        pytest.skip(f"llama.cpp's llama-server is not built (run `bash {SETUP_SCRIPT}` or set EFIM_LLAMA_CPP_BIN)")
+    return folder
+
+
+_LOAD_CACHE = Path(tempfile.mkdtemp(prefix="efim-export-loads-"))
+
+
+def load_exported(path: Path, dtype: str = "fp32"):
+    """`engine.model.loader.load_model` on the exported GGUF (no adapter: it is merged in)."""
+    from engine.model.gguf import convert_gguf
+    from engine.model.loader import load_model
+
+    return load_model(convert_gguf(Path(path), _LOAD_CACHE), dtype=dtype, adapter=None)
+
+
+class Agreement(NamedTuple):
+    top1: float  # share of positions whose argmax agrees
+    max_abs_logit: float  # max |Δlogit| over all positions and tokens
+    kl: float  # mean over positions of KL(reference || other), nats
+
+
+def logit_agreement(reference, other) -> Agreement:
+    """Compare two [T, V] logit tensors (the reference first)."""
+    import torch
+
+    a, b = reference.float(), other.float()
+    kl = torch.nn.functional.kl_div(b.log_softmax(-1), a.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    return Agreement(
+        float((a.argmax(-1) == b.argmax(-1)).float().mean()), float((a - b).abs().max()), float(kl.mean())
+    )
