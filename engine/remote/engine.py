@@ -423,6 +423,8 @@ class RemoteEngine:
             log.debug("closing the remote engine: %s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def __enter__(self) -> "RemoteEngine":
         return self
@@ -464,6 +466,7 @@ class RemoteEngine:
         first: float | None = None
         generated = 0
         finish: FinishReason | None = None
+        own_stop = False  # fork 0 matched a stop string here (the server may not have yet)
         error: str | None = None
         ids: list[int] = []
         try:
@@ -488,6 +491,8 @@ class RemoteEngine:
                         if index:
                             extra[index] = extra.get(index, "") + text
                             continue
+                        if finish is not None:
+                            continue  # fork 0 ended on our stop string; the others may still stream
                         if first is None:
                             first = time.monotonic()
                         generated += 1
@@ -495,14 +500,15 @@ class RemoteEngine:
                         if check.emit:
                             call.handle._push(StreamEvent(kind="token", text=check.emit))
                         if check.finish is not None:
-                            finish = "stop"
+                            finish, own_stop = "stop", True
                     for index, why in chunk.finished.items():
                         if index:
                             extra_finish[index] = why
                         elif finish is None:
                             finish = why
-                    if finish is not None and (req.n <= 1 or len(extra_finish) >= min(req.n, self.dialect.max_choices) - 1):
-                        break  # our own stop string, or every choice ended: close the stream
+                    if own_stop and req.n <= 1:
+                        break  # our own stop string matched before the server's: close the stream now
+                # Otherwise read to the end: usage may come after the last text (OpenAI's final chunk).
                 if finish is None:
                     raise GarbageAnswer("the stream ended without its final chunk")
             self.link.ok()

@@ -339,3 +339,14 @@ def test_a_background_request_only_prefills(tiny_model_dir):
             engine.submit(_req(background=True)).result(10)
             assert server.completions()[-1]["n_predict"] == 0
             assert engine.stats().warm_requests == 1 and engine.stats().requests == 0
+
+
+def test_a_stop_string_the_server_ignores_ends_the_suggestion_here(tiny_model_dir):
+    with FaultServer(pieces=["x = 1", "\nprint", "(x)"]) as server:
+        engine, _ = _engine(server.url, tiny_model_dir)
+        with engine:
+            handle = engine.submit(_req(stop=("\n",)))
+            events = list(handle.events(timeout=10))
+            assert events[-1].completion.text == "x = 1" and events[-1].completion.finish_reason == "stop"
+            assert "".join(e.text for e in events if e.kind == "token") == "x = 1"
+            assert server.completions()[-1]["stop"][0] == "\n"
