@@ -146,10 +146,11 @@ def _permute_qk(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(hf_folder: Path, dest: Path, *, q8_0: tuple[str, ...] = ()) -> Path:
+def write_tiny_gguf(hf_folder: Path, dest: Path, *, q8_0: tuple[str, ...] = (), qtype: str = "Q8_0", quantize=None) -> Path:
     """Write the HF folder of a tiny model as a GGUF file the way llama.cpp's converter
     does (its tensor names, Q/K rows permuted for "llama", vocabulary and merges as
-    metadata). Tensors whose HF name contains one of `q8_0` are stored quantised as Q8_0,
+    metadata). Tensors whose HF name contains one of `q8_0` are stored quantised as
+    `qtype` (GGML type name; default Q8_0) by `quantize(w, type)` (default gguf's own),
     all others as F32. Returns `dest`."""
     import gguf  # noqa: PLC0415
     import numpy as np  # noqa: PLC0415
@@ -201,8 +202,9 @@ def write_tiny_gguf(hf_folder: Path, dest: Path, *, q8_0: tuple[str, ...] = ()) 
             heads = config["num_attention_heads"] if ".q_proj." in name else config["num_key_value_heads"]
             w = _permute_qk(w, heads)
         if any(k in name for k in q8_0) and w.ndim == 2:
-            q = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            qt = gguf.GGMLQuantizationType[qtype]
+            q = (quantize or gguf.quants.quantize)(w, qt)
+            writer.add_tensor(gguf_name, q, raw_shape=q.shape, raw_dtype=qt)
         else:
             writer.add_tensor(gguf_name, np.ascontiguousarray(w))
     writer.write_header_to_file()
