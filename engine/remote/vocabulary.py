@@ -2,9 +2,11 @@
 
 The remote engine renders and tokenizes prompts itself (the local engine's code), so it
 needs the served model's tokenizer: the `model` setting names it — "default" (the
-embedded SmolLM2 GGUF, which llama.cpp can serve as is), a `.gguf` file (converted once
-into the cache folder the local engine also uses) or a Hugging Face folder. Only
-`tokenizer.json` and `config.json` are read here.
+embedded SmolLM2 GGUF, which llama.cpp can serve as is), a `.gguf` file (the same file the
+server loads, e.g. one written by `efim export gguf`) or a Hugging Face folder. From a GGUF
+only the metadata is read (the tokenizer is built as `engine.model.gguf` builds it for the
+local engine; no tensor is read or converted); from a folder `tokenizer.json` and
+`config.json`.
 """
 
 from __future__ import annotations
@@ -25,30 +27,46 @@ class ServedVocabulary(NamedTuple):
 
 def load_vocabulary(model: str | Path = "default") -> ServedVocabulary:
     """The tokenizer and context length of `model` (EngineError saying what is missing)."""
-    from engine.model.config import ModelConfig  # noqa: PLC0415
-    from engine.model.loader import cache_root, read_hf_config, read_tokenizer, resolve_spec  # noqa: PLC0415
+    from engine.model.loader import read_hf_config, read_tokenizer, resolve_spec  # noqa: PLC0415
 
     source = resolve_spec(model)
     if source.is_file():
-        from engine.model.gguf import convert_gguf  # noqa: PLC0415
+        return _from_gguf(source)
+    hf = read_hf_config(source)
+    value = hf.get("eos_token_id")
+    eos = tuple(value) if isinstance(value, list) else ((value,) if isinstance(value, int) else ())
+    architecture = str(hf.get("model_type") or (hf.get("architectures") or ["unknown"])[0])
+    tokenizer = read_tokenizer(source)
+    return ServedVocabulary(tokenizer, source.name, architecture, int(hf.get("max_position_embeddings") or 4096), eos)
 
-        folder = convert_gguf(source, cache_root())
-    else:
-        folder = source
-    hf = read_hf_config(folder)
-    try:
-        config = ModelConfig.from_hf(hf)
-        architecture, context, eos = config.architecture, int(config.max_position), tuple(config.eos_ids)
-    except Exception:  # an architecture the local engine cannot run may still be served remotely
-        architecture = str((hf.get("architectures") or ["unknown"])[0])
-        context = int(hf.get("max_position_embeddings") or 4096)
-        value = hf.get("eos_token_id")
-        eos = tuple(value) if isinstance(value, list) else ((value,) if isinstance(value, int) else ())
-    tokenizer = read_tokenizer(folder)
-    if tokenizer.get_vocab_size(with_added_tokens=True) == 0:
-        raise EngineError(f"the tokenizer of {folder} is empty")
-    name = source.stem if source.is_file() else source.name
-    return ServedVocabulary(tokenizer, name, architecture, context, eos)
+
+class _Metadata:
+    """GGUF metadata by key (what `engine.model.gguf.build_tokenizer` reads)."""
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self.reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise EngineError(f"GGUF file lacks the metadata key {key!r}")
+        return value
+
+
+def _from_gguf(path: Path) -> ServedVocabulary:
+    from engine.model.gguf import build_tokenizer, open_gguf  # noqa: PLC0415
+
+    meta = _Metadata(open_gguf(path))
+    arch = str(meta.require("general.architecture"))
+    tokenizer = build_tokenizer(meta)
+    eos = tuple(dict.fromkeys(int(i) for i in (meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id"))
+                              if i is not None))
+    context = int(meta.get(f"{arch}.context_length", 4096))
+    return ServedVocabulary(tokenizer, path.stem, arch, context, eos)
 
 
 __all__ = ["ServedVocabulary", "load_vocabulary"]
