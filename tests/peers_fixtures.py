@@ -74,3 +74,47 @@ def logit_agreement(reference, other) -> Agreement:
     return Agreement(
         float((a.argmax(-1) == b.argmax(-1)).float().mean()), float((a - b).abs().max()), float(kl.mean())
     )
+
+
+# Held-out stdlib modules (efim_tools.training.data.HELD_OUT_MODULES keeps them out of training).
+PROMPT_MODULES = ("heapq.py", "textwrap.py", "fnmatch.py")
+
+
+def code_prompts(loaded, modules: tuple[str, ...] = PROMPT_MODULES, *, prefix_chars: int = 900,
+                 suffix_chars: int = 400) -> list[list[int]]:
+    """One EFIM prompt per module, in the engine's layout for `loaded`'s template (the shipped
+    adapter's: `<spm_suffix> S <spm_prefix> P I`): the cursor halfway into a line a third of
+    the way down, the typed part of that line as the increment. No token healing."""
+    from engine.api import InfillRequest
+    from engine.templates import detect_template
+    from engine.tokenize import SegmentTokenizer
+    from tiny_models import stdlib_sources
+
+    template = detect_template(loaded.tokenizer)
+    tokenizer = SegmentTokenizer(loaded.tokenizer)
+    prompts = []
+    for text in stdlib_sources(modules):
+        line_start = text.index("\n    ", len(text) // 3) + 1  # an indented line: code, not the docstring
+        line_end = text.index("\n", line_start)
+        cursor = (line_start + line_end) // 2
+        request = InfillRequest(
+            key="prompt", prefix=text[max(0, line_start - prefix_chars):line_start],
+            increment=text[line_start:cursor], suffix=text[cursor:cursor + suffix_chars],
+        )
+        prompts.append(tokenizer.encode(template.render(request)).ids)
+    return prompts
+
+
+def greedy(loaded, ids: list[int], n: int):
+    """The engine model's `n` greedy tokens after `ids` and the logits [n, V] each was chosen from."""
+    import torch
+
+    model = loaded.model
+    kv = model.new_kv(len(ids) + n)
+    logits = model.forward(torch.tensor(ids), kv, 0, "last")  # [1, V]
+    out, rows = [], []
+    for step in range(n):
+        rows.append(logits[0])
+        out.append(int(logits[0].argmax()))
+        logits = model.forward(torch.tensor(out[-1:]), kv, len(ids) + step, "last")  # [1, V]
+    return out, torch.stack(rows)  # [n], [n, V]
