@@ -109,6 +109,9 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     n: int = 1
     alternatives_temperature: float = 0.8
     alternatives_top_p: float = 0.95
+    # Prompt-lookup speculation (engine.speculation): most draft tokens verified per decode
+    # step of a greedy request (0: off). Same output as plain greedy decoding, fewer steps.
+    speculate: int = 8
 
 
 # Most continuations one request may ask for (`InfillRequest.n`).
@@ -125,6 +128,12 @@ class RequestStats(msgspec.Struct, frozen=True, kw_only=True):
     ttft_ms: float = 0.0
     total_ms: float = 0.0
     decode_ms_per_token: float = 0.0
+    # Decode forwards after the first token, and the speculative ones among them: draft
+    # tokens verified and accepted (tokens per step = (generated - 1) / decode_steps).
+    decode_steps: int = 0
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 class StreamEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -185,6 +194,11 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     warm_prefilled_tokens: int = 0
     warm_ms: float = 0.0
     document_tokens: int = 0  # tokens of document pieces whose KV is kept
+    # Decode forwards and prompt-lookup speculation (as in RequestStats, all requests and forks).
+    decode_steps: int = 0
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     # Disk tier (engine.disk_tier): "off", "on", or "off: <why>" once a disk failure stopped it.
     kv_disk: str = "off"
     kv_disk_loaded_tokens: int = 0  # tokens whose KV came from disk into the radix cache

@@ -283,6 +283,7 @@ class LocalEngine:
             background=request.background,
             deadline=request.deadline,
             fork_samplers=fork_samplers,
+            speculate=_speculate(request),
         )
         handle.sequence = seq
         tier = self.disk_tier
@@ -354,6 +355,10 @@ class LocalEngine:
             warm_prefilled_tokens=c.warm_prefilled_tokens,
             warm_ms=round(c.warm_seconds * 1e3, 1),
             document_tokens=self.scheduler.document_tokens(),
+            decode_steps=c.decode_steps,
+            verify_steps=c.verify_steps,
+            draft_tokens=c.draft_tokens,
+            accepted_tokens=c.accepted_tokens,
             **self._disk_stats(),
         )
 
@@ -403,6 +408,13 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _speculate(request: InfillRequest) -> int:
+    """The request's draft length (engine.speculation); ValueError outside 0..64."""
+    if not isinstance(request.speculate, int) or not 0 <= request.speculate <= 64:
+        raise ValueError(f"speculate must be an int in 0..64; got {request.speculate!r}")
+    return request.speculate
 
 
 def _fork_samplers(request: InfillRequest) -> tuple[Sampler, ...]:

@@ -1,5 +1,5 @@
 """Runs the model for the scheduler: a sequence's KV at admission, one prefill chunk (or
-one CacheBlend pass), one batched decode step, KV growth.
+one CacheBlend pass), one batched decode step or one speculative verify, KV growth.
 
 The runner moves rows and computes; it decides nothing about which sequence runs when
 (that is `engine.scheduler`) and never touches the radix tree's pins or the retained KV
@@ -11,6 +11,8 @@ Contracts:
   computed nothing valid (rows >= n_valid are garbage, n_valid is unchanged).
 - `decode` feeds every sequence's `pending` token and advances its `n_valid` by one; when
   it raises, no sequence has advanced.
+- `verify` (speculation) computes rows for `pending` and a draft but advances nothing; the
+  caller feeds the ones that stand with `feed_pending`.
 """
 
 from __future__ import annotations
@@ -114,10 +116,23 @@ class ModelRunner:
         ids = torch.tensor([s.pending for s in batch], dtype=torch.int64)  # [B]
         logits = self.model.decode_batch(ids, [s.kv for s in batch], [s.n_valid for s in batch])  # [B, V]
         for seq in batch:
-            seq.tokens.append(seq.pending)
-            seq.n_valid += 1
-            seq.pending = None
+            self.feed_pending(seq)
         return logits
+
+    def verify(self, seq: Sequence, draft: list[int]) -> torch.Tensor:
+        """Prompt-lookup speculation (`engine.speculation`): run `[pending] + draft` at rows
+        `n_valid ..` of `seq`'s KV in one forward; logits [k+1, V], row i after pending and
+        draft[:i]. Advances nothing: the caller feeds the rows that stand (`feed_pending`);
+        the others stay beyond `n_valid` as garbage. Needs `n_valid + k + 1 <= capacity`."""
+        ids = torch.tensor([seq.pending, *draft], dtype=torch.int64)  # [k+1]
+        return self.model.forward(ids, seq.kv, seq.n_valid, "all")  # [k+1, V]
+
+    @staticmethod
+    def feed_pending(seq: Sequence) -> None:
+        """`seq.pending`'s row (just computed) is valid: it joins `tokens`, `n_valid` + 1."""
+        seq.tokens.append(seq.pending)
+        seq.n_valid += 1
+        seq.pending = None
 
     def fork_kv(self, seq: Sequence) -> Any:
         """A new KV (room for the request's `max_tokens`, at most `seq.kv`'s capacity) holding

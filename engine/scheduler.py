@@ -19,7 +19,10 @@ Per sequence:
    the same key reuses (they matter when the user accepts a suggestion).
 3. decode: one step per loop iteration for all decoding sequences together. A request
    with alternatives (`InfillRequest.n`) forks after its prefill into n sequences, each
-   with a copy of the prompt's KV rows, decoded in the same batches (`_fork`).
+   with a copy of the prompt's KV rows, decoded in the same batches (`_fork`). A greedy
+   request decoding alone verifies a prompt-lookup draft instead (`engine.speculation`):
+   several tokens for one forward; with others decoding it takes plain batched steps, so
+   it never slows them (docs/design.md, "Prompt-lookup speculation").
 4. finish: unpin, keep the KV for the document, count, tell the sink.
 
 Background work (docs/design.md, "After a jump") runs only when no foreground sequence is
@@ -59,6 +62,7 @@ from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence
 from engine.sequence import Prompt, Sequence
+from engine.speculation import draft_for, speculate_step
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +83,11 @@ class Counters:
     warm_cancelled: int = 0
     warm_prefilled_tokens: int = 0
     warm_seconds: float = 0.0
+    # Decode forwards of all sequences (forks included) and prompt-lookup speculation.
+    decode_steps: int = 0
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 # A local-only CacheBlend is kept when the document's KV covers at least this share of the
@@ -89,6 +98,9 @@ SOLO_CHUNK_FACTOR = 2
 # Document pieces (documentKv) are prefilled in chunks of this many tokens when the warm-up
 # chunk is adaptive.
 DOCUMENT_PIECE_CHUNK = 64
+# Speculation looks up in at most this many tokens of the document's previous sequence that
+# the new prompt does not share (its suggestion, at the end).
+LOOKUP_EXTRA_TOKENS = 256
 
 
 class PrefillRate:
@@ -407,6 +419,8 @@ class Scheduler:
         seq.start(prompt)
         prev = self.retained.take(seq.key) if seq.cache else None
         have = common_prefix_len(prev.ids, ids) if prev is not None else 0
+        if prev is not None and seq.may_speculate:  # the previous suggestion: worth looking up in
+            seq.lookup_extra = prev.ids[max(have, len(prev.ids) - LOOKUP_EXTRA_TOKENS) :]
         match = self.cache.match(ids) if seq.cache else None
         if match is not None:
             seq.pinned = self.cache.pin_match(match)  # before anything can evict it
@@ -510,17 +524,19 @@ class Scheduler:
             seq.pinned = res.node
 
     # ------------------------------------------------------------ decode
-    def _accept(self, seq: Sequence, token: int) -> None:
+    def _accept(self, seq: Sequence, token: int) -> bool:
+        """Hand `token` to the sink; True while the sequence goes on (`token` is pending)."""
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
         seq.generated += 1
         reason = seq.sink.on_token(token)
         if reason is not None:
             self._finish(seq, reason)
-            return
+            return False
         seq.pending = token
         if seq not in self._decoding:
             self._decoding.append(seq)
+        return True
 
     def _decode(self) -> None:
         batch: list[Sequence] = []
@@ -534,6 +550,12 @@ class Scheduler:
                 batch.append(seq)
         if not batch:
             return
+        # Alone, a greedy request verifies a draft; with others it decodes in their batch
+        # (a verify forward of its own would re-read every weight and slow them).
+        draft = draft_for(batch[0]) if len(batch) == 1 and batch[0].may_speculate else []
+        if draft:
+            self._guard(batch[0], lambda s: self._speculate(s, draft))
+            return
         try:
             logits = self.runner.decode(batch)  # [B, V]
         except Exception as exc:
@@ -541,11 +563,18 @@ class Scheduler:
             for seq in batch:
                 self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
             return
+        for seq in batch:
+            seq.decode_steps += 1
         greedy = all(s.sampler.greedy for s in batch)
         picks = logits.argmax(dim=-1).tolist() if greedy else None
         for b, seq in enumerate(batch):
             token = picks[b] if picks is not None else seq.sampler.sample(logits[b])
             self._guard(seq, lambda s, t=token: self._accept(s, t))
+
+    def _speculate(self, seq: Sequence, draft: list[int]) -> None:
+        """One verify step (engine.speculation.speculate_step): the accepted tokens and the
+        model's own go through `_accept` in order, until one ends the sequence."""
+        speculate_step(self.runner, seq, draft, self._accept)
 
     # ------------------------------------------------------------ finish
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
@@ -562,6 +591,10 @@ class Scheduler:
             self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid]))
         seq.kv = None
         c = self.counters
+        c.decode_steps += seq.decode_steps
+        c.verify_steps += seq.verify_steps
+        c.draft_tokens += seq.draft_tokens
+        c.accepted_tokens += seq.accepted_tokens
         if seq.parent is not None:  # a fork: its request's figures count the prefill once
             c.generated_tokens += seq.generated
             self._tell_sink(seq, reason, error)

@@ -83,6 +83,19 @@ class Sequence:
     # Alternatives (InfillRequest.n): one sampler per extra fork, forked after the prefill.
     fork_samplers: tuple[Sampler, ...] = ()
     parent: "Sequence | None" = None  # a fork's request sequence (forks prefill nothing)
+    # Prompt-lookup speculation (engine.speculation): most draft tokens per step (0: off).
+    speculate: int = 0
+    lookup_extra: list[int] = field(default_factory=list)  # other tokens to look up in (the previous suggestion)
+    speculation: Any = None  # engine.speculation.Speculation, built at the first speculative step
+    decode_steps: int = 0
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def may_speculate(self) -> bool:
+        """Greedy request decoding on its own (not a fork, not a warm-up) with speculation on."""
+        return self.speculate > 0 and self.sampler.greedy and self.parent is None and not self.background
 
     def expired(self, now: float) -> bool:
         """Its deadline (`time.monotonic()`) has passed."""
@@ -111,6 +124,10 @@ class Sequence:
             ttft_ms=(self.t_first - self.submitted) * 1e3 if self.generated else 0.0,
             total_ms=(now - self.submitted) * 1e3,
             decode_ms_per_token=(now - self.t_first) * 1e3 / (self.generated - 1) if self.generated > 1 else 0.0,
+            decode_steps=self.decode_steps,
+            verify_steps=self.verify_steps,
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
 
 
