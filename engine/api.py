@@ -24,6 +24,13 @@ Thread map (the served process; docs/design.md, "Threads"):
   them only through `submit`, `cancel`, `forget_context`, `warm_document` and
   `check_integrity`, which enqueue work for it; background warm-ups run there too, between
   (and preempted by) requests.
+- remote engine thread ("efim-remote", one per `engine.remote.RemoteEngine`, which a
+  server with `backend` llama.cpp/openai runs instead of a `LocalEngine`): one asyncio loop
+  for every HTTP stream to the inference server, prompt rendering and tokenization, the
+  slot map and reconnection probes. `submit`, `cancel` and `close` hand it work with
+  `call_soon_threadsafe` (never a network wait on the caller's thread); `count_tokens`
+  tokenizes on the caller's thread; its `on_fault` is called from that loop (or, for
+  faults found while it was built, from the thread that sets `on_fault`).
 - context worker ("efim-context", `efim_lsp.context.gatherer`): indexes files, calls
   `count_tokens` (which does not touch the engine thread's tokenizer LRU) and, through the
   gatherer's invalidation listeners, `forget_context` when a file's chunks change.
