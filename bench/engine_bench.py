@@ -1,18 +1,23 @@
-"""`efim bench engine`: this engine against `transformers` and against the memory floor,
-and the keystroke reuse series FIM vs EFIM — all in one run, on the same inputs.
+"""`efim bench engine`: the engine's speed in one run, every figure next to what it is
+compared with, on the same inputs (real CPython stdlib code) and the same threads.
 
-Measured (inputs are real CPython stdlib code):
-- memory bandwidth: a large fp32 tensor summed (read-only, like decode's weight reads);
-  the decode floor is the default (bf16) engine's weight bytes / that bandwidth;
-- prefill tokens/s on a ~1K-token prompt: the engine end to end (submit → first token,
-  no cache) and `transformers`' own model (one forward) in bf16, loaded from the same
-  converted Hugging Face folder;
-- decode ms/token: the engine in bf16 and in int8, `transformers` in bf16 (a
-  `past_key_values` loop, one token per forward);
-- reuse: 20 keystrokes typed into a ~2,000-token window (prefix ~1500 + suffix ~500
-  tokens), once as FIM with the prefix cache and once as EFIM (FIM sentinels added with
-  fim_tokens="add" when the model lacks them). Per keystroke: tokens prefilled and TTFT.
-  Each series starts with one untimed request (the edit session's start).
+Sections (each can be left out with a flag; `--quick` keeps a short version of each):
+- decode ms/token per model shape (the embedded 135M; Qwen2.5-Coder-0.5B- and 1.5B-shaped
+  models with random weights, `bench.model_shapes`) and weight format (bf16, int8, int4 —
+  "n/a" where the engine lacks one), each next to its floor: (weight bytes + KV bytes read)
+  / the read bandwidth measured just before, with the same threads (`bench.decode_formats`);
+  plus a model-level prefill tok/s of each;
+- llama.cpp's own `llama-bench -t 2 -p 512 -n 64` on the embedded GGUF (`bench.llama_cpp_figures`);
+- end to end through the engine API on the embedded model: prefill tokens/s of a ~1K-token
+  prompt (submit → first token, no cache) and decode ms/token, against `transformers`' own
+  model in bf16 loaded from the same converted folder (one forward; a `past_key_values` loop);
+- keystrokes: 20 keystrokes typed into a ~2,000-token window (prefix ~1500 + suffix ~500),
+  as EFIM and (full run) as FIM with the prefix cache, StarCoder sentinels added and no
+  adapter (there FIM re-prefills the suffix at every keystroke). Per keystroke: tokens
+  prefilled and TTFT. Each series starts with one untimed request (the session's start);
+- whole single-line suggestions at the same window with the shipped adapter, as `efim serve`
+  sends them (stop at newline, max 64 tokens): TTFT and total latency p50, prompt-lookup
+  speculation off and on (`bench.suggestion_latency`).
 
 The machine may be shared: compare the numbers of one run with each other (ratios),
 not with another run's.
@@ -32,6 +37,11 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# Mirrors of bench.model_shapes.SHAPES / bench.decode_formats.FORMATS: the argument parser
+# is built by `efim --help`, which must not import torch.
+SHAPES = ("135m", "0.5b", "1.5b")
+FORMATS = ("bf16", "int8", "int4")
+
 _SOURCE = "argparse.py"  # long, ordinary Python: classes, methods, docstrings
 
 
@@ -45,6 +55,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=2, help="best of N for prefill/decode timings")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out the transformers baseline")
+    p.add_argument("--shapes", default=",".join(SHAPES),
+                   help=f"model shapes for the decode table, comma-separated ({', '.join(SHAPES)}; '' for none)")
+    p.add_argument("--formats", default=",".join(FORMATS),
+                   help=f"weight formats for the decode table ({', '.join(FORMATS)})")
+    p.add_argument("--decode-context", type=int, default=64,
+                   help="context tokens before the timed decode steps of the decode table (llama-bench's tg starts at 0)")
+    p.add_argument("--no-llama-cpp", action="store_true", help="leave out llama.cpp's llama-bench figures")
+    p.add_argument("--no-lines", action="store_true", help="leave out the single-line suggestion latency")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run: 135M only, fewer steps and keystrokes, no FIM series, one repeat")
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -134,7 +154,7 @@ def transformers_prefill_decode(folder: Path, ids: list[int], decode_tokens: int
         model(input_ids=out.logits[:, -1].argmax(-1, keepdim=True), past_key_values=out.past_key_values, use_cache=True)
         for _ in range(repeats):
             t = time.perf_counter()
-            out = model(input_ids=inp, use_cache=True)
+            out = model(input_ids=inp, use_cache=True, logits_to_keep=1)
             prefill = max(prefill, len(ids) / (time.perf_counter() - t))
             past = out.past_key_values
             tok = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
@@ -168,15 +188,44 @@ def keystroke_series(engine, prefix: str, line: str, suffix: str, fmt: str, n: i
 # ---------------------------------------------------------------------------- driver
 
 
+def _csv(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [v.strip().lower() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad:
+        raise ValueError(f"unknown {what} {', '.join(map(repr, bad))}; expected some of {', '.join(allowed)}")
+    return items
+
+
+def _p50(xs):
+    return statistics.median(xs) if xs else None
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
+    from bench import decode_formats, llama_cpp_figures, suggestion_latency  # noqa: PLC0415
     from engine.local import load_engine  # noqa: PLC0415
+    from engine.model.loader import default_model_path  # noqa: PLC0415
 
+    quick = args.quick
+    shapes = ["135m"] if quick else _csv(args.shapes, SHAPES, "model shape")
+    formats = _csv(args.formats, FORMATS, "weight format")
+    keystrokes = min(args.keystrokes, 8) if quick else args.keystrokes
+    repeats = 1 if quick else args.repeats
+    decode_tokens = min(args.decode_tokens, 16) if quick else args.decode_tokens
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     text = stdlib_text()
-    res: dict[str, Any] = {}
+    t_start = time.perf_counter()
+
+    # llama.cpp first: a process of its own, before this one holds the large random models.
+    llama = None
+    if not args.no_llama_cpp:
+        llama = llama_cpp_figures.measure(default_model_path(), threads=threads, reps=2 if quick else 3)
+
+    rows = decode_formats.measure(shapes, formats, context=args.decode_context, steps=decode_tokens,
+                                  rounds=repeats + (0 if quick else 1), prefill_tokens=512)
 
     bw = memory_bandwidth_gbs()
     eng = load_engine(args.model, dtype=args.dtype, kv_budget="1G")
@@ -185,20 +234,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         prompt_ids = eng.tokenizer.encode_text(prompt)
         weight_bytes = eng.model.weight_bytes()
         folder = eng.loaded.path
-        bf16 = engine_prefill_decode(eng, prompt, args.decode_tokens, args.repeats)
-    finally:
-        eng.close()
-    del eng
-    eng = load_engine(args.model, dtype=args.dtype, quant="int8", kv_budget="1G")
-    try:
-        int8 = engine_prefill_decode(eng, prompt, args.decode_tokens, args.repeats)
-        int8_bytes = eng.model.weight_bytes()
+        e2e = engine_prefill_decode(eng, prompt, decode_tokens, repeats)
     finally:
         eng.close()
     del eng
     hf = None
     if not args.skip_transformers:
-        hf = transformers_prefill_decode(folder, list(prompt_ids), args.decode_tokens, args.repeats)
+        hf = transformers_prefill_decode(folder, list(prompt_ids), decode_tokens, repeats)
 
     # The prefix-first layout with StarCoder sentinels, adapter off: FIM there re-prefills the
     # suffix every keystroke, which is the comparison this bench is for. (The shipped
@@ -207,65 +249,99 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         P, line, S = keystroke_window(text, eng.count_tokens)
         window_tokens = eng.count_tokens(P) + eng.count_tokens(S)
-        fim = keystroke_series(eng, P, line, S, "fim", args.keystrokes)
-        efim = keystroke_series(eng, P, line, S, "efim", args.keystrokes)
+        efim = keystroke_series(eng, P, line, S, "efim", keystrokes)
+        fim = [] if quick else keystroke_series(eng, P, line, S, "fim", keystrokes)
     finally:
         eng.close()
 
-    def p50(xs):
-        return statistics.median(xs)
+    lines = None
+    if not args.no_lines:
+        got = suggestion_latency.measure(args.model, args.dtype, keystrokes, P, line, S)
+        lines = {"window_tokens": got["window_tokens"], "plain": suggestion_latency.summary(got["plain"]),
+                 "speculation": suggestion_latency.summary(got["speculation"])}
 
     res = {
-        "prefill_tok_s": {"engine": bf16["prefill_tok_s"], "transformers": hf["prefill_tok_s"] if hf else None},
-        "decode_ms": {"engine": bf16["decode_ms"], "engine_int8": int8["decode_ms"],
-                      "transformers": hf["decode_ms"] if hf else None},
-        "keystroke_ttft_ms_p50": {"fim": p50([t for _, t in fim]), "efim": p50([t for _, t in efim])},
-        "keystroke_prefilled_p50": {"fim": p50([p for p, _ in fim]), "efim": p50([p for p, _ in efim])},
+        "decode": decode_formats.as_json(rows),
+        "llama_cpp": None if llama is None else {**llama._asdict(), "tg_ms": llama.tg_ms},
+        "prefill_tok_s": {"engine": e2e["prefill_tok_s"], "transformers": hf["prefill_tok_s"] if hf else None},
+        "decode_ms": {"engine": e2e["decode_ms"], "transformers": hf["decode_ms"] if hf else None},
+        "keystroke_ttft_ms_p50": {"fim": _p50([t for _, t in fim]), "efim": _p50([t for _, t in efim])},
+        "keystroke_prefilled_p50": {"fim": _p50([p for p, _ in fim]), "efim": _p50([p for p, _ in efim])},
+        "single_line": lines,
         "memory_bandwidth_gbs": bw,
         "decode_floor_ms": weight_bytes / (bw * 1e9) * 1e3,
     }
     details = {
-        "prefill_prompt_tokens": bf16["prompt_tokens"],
+        "prefill_prompt_tokens": e2e["prompt_tokens"],
         "weight_bytes": weight_bytes,
-        "int8_weight_bytes": int8_bytes,
-        "int8_floor_ms": int8_bytes / (bw * 1e9) * 1e3,
-        "int8_prefill_tok_s": int8["prefill_tok_s"],
         "window_tokens": window_tokens,
         "fim_series": fim,
         "efim_series": efim,
-        "threads": torch.get_num_threads(),
+        "threads": threads,
+        "decode_context": args.decode_context,
+        "quick": quick,
+        "seconds": time.perf_counter() - t_start,
     }
-    return {"result": res, "details": details}
+    return {"result": res, "details": details, "rows": rows}
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "n/a"
+
+
 def render_table(out: dict[str, Any]) -> str:
+    from bench import decode_formats  # noqa: PLC0415
+
     r, d = out["result"], out["details"]
+    llama = r["llama_cpp"]
+    tg = {"135m": llama["tg_ms"]} if llama else {}
+    rows = decode_formats.render(out["rows"], d["decode_context"], tg)
+    if llama:
+        if llama["pp_tok_s"] is None:
+            rows.append(f"  llama.cpp: {llama['note']}")
+        else:
+            rows.append(f"  llama.cpp llama-bench -t {d['threads']} on {Path(llama['gguf']).name}: pp512 "
+                        f"{llama['pp_tok_s']:.1f} tok/s, tg64 {llama['tg_tok_s']:.1f} tok/s ({llama['tg_ms']:.2f} ms/token)")
     pf, dc = r["prefill_tok_s"], r["decode_ms"]
-    ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "n/a"  # noqa: E731
-    rows = [
-        f"{'measure':<38}{'engine':>12}{'engine int8':>13}{'transformers':>14}{'ratio':>9}",
-        f"{'prefill tok/s (%d tokens)' % d['prefill_prompt_tokens']:<38}{_fmt(pf['engine']):>12}"
-        f"{_fmt(d['int8_prefill_tok_s']):>13}{_fmt(pf['transformers']):>14}{ratio(pf['engine'], pf['transformers']):>9}",
-        f"{'decode ms/token':<38}{_fmt(dc['engine']):>12}{_fmt(dc['engine_int8']):>13}{_fmt(dc['transformers']):>14}"
-        f"{ratio(dc['transformers'], dc['engine']):>9}",
+    rows += [
         "",
-        f"memory bandwidth {r['memory_bandwidth_gbs']:.1f} GB/s; decode floor {r['decode_floor_ms']:.1f} ms "
-        f"({d['weight_bytes'] / 1e6:.0f} MB bf16), int8 floor {d['int8_floor_ms']:.1f} ms "
-        f"({d['int8_weight_bytes'] / 1e6:.0f} MB)",
+        f"{'end to end (engine API, embedded model)':<42}{'engine':>10}{'transformers':>14}{'ratio':>9}",
+        f"{'  prefill tok/s (%d tokens)' % d['prefill_prompt_tokens']:<42}{_fmt(pf['engine']):>10}"
+        f"{_fmt(pf['transformers']):>14}{_ratio(pf['engine'], pf['transformers']):>9}",
+        f"{'  decode ms/token':<42}{_fmt(dc['engine']):>10}{_fmt(dc['transformers']):>14}"
+        f"{_ratio(dc['transformers'], dc['engine']):>9}",
+        f"  memory bandwidth {r['memory_bandwidth_gbs']:.1f} GB/s; bf16 weight floor {r['decode_floor_ms']:.1f} ms "
+        f"({d['weight_bytes'] / 1e6:.0f} MB)",
         "",
         f"keystrokes into a {d['window_tokens']}-token window   {'FIM+prefix cache':>18}{'EFIM':>10}",
         f"{'  prefilled tokens p50':<40}{_fmt(r['keystroke_prefilled_p50']['fim'], '.0f'):>18}"
         f"{_fmt(r['keystroke_prefilled_p50']['efim'], '.0f'):>10}",
         f"{'  TTFT ms p50':<40}{_fmt(r['keystroke_ttft_ms_p50']['fim']):>18}{_fmt(r['keystroke_ttft_ms_p50']['efim']):>10}",
+    ]
+    lines = r["single_line"]
+    if lines:
+        plain, spec = lines["plain"], lines["speculation"]
+        rows += [
+            "",
+            f"single-line suggestions, {lines['window_tokens']}-token window, shipped adapter"
+            f"   {'speculation off':>16}{'on':>8}",
+            f"{'  TTFT ms p50':<62}{_fmt(plain['ttft_ms_p50']):>8}{_fmt(spec and spec['ttft_ms_p50']):>8}",
+            f"{'  whole line ms p50':<62}{_fmt(plain['line_ms_p50']):>8}{_fmt(spec and spec['line_ms_p50']):>8}",
+            f"{'  tokens generated p50':<62}{_fmt(plain['generated_p50'], '.0f'):>8}"
+            f"{_fmt(spec and spec['generated_p50'], '.0f'):>8}",
+            f"{'  tokens per decode step':<62}{_fmt(plain['tokens_per_step'], '.2f'):>8}"
+            f"{_fmt(spec and spec['tokens_per_step'], '.2f'):>8}",
+        ]
+    rows += [
         "",
         "per keystroke (prefilled / TTFT ms):",
-        "  FIM : " + " ".join(f"{p}/{t:.0f}" for p, t in d["fim_series"]),
+        "  FIM : " + (" ".join(f"{p}/{t:.0f}" for p, t in d["fim_series"]) or "(not run)"),
         "  EFIM: " + " ".join(f"{p}/{t:.0f}" for p, t in d["efim_series"]),
-        f"(threads {d['threads']}; a shared machine moves absolute numbers: read the ratios)",
+        f"(threads {d['threads']}; {d['seconds']:.0f} s; a shared machine moves absolute numbers: read the ratios)",
     ]
     return "\n".join(rows)
 
@@ -273,10 +349,10 @@ def render_table(out: dict[str, Any]) -> str:
 def run_cli(args: argparse.Namespace) -> int:
     out = measure(args)
     if args.json:
-        print(json.dumps(out["result"]))
+        print(json.dumps({**out["result"], "details": out["details"]}))
     else:
         print(render_table(out))
     return 0
 
 
-__all__ = ["add_arguments", "run_cli", "measure", "memory_bandwidth_gbs", "keystroke_window"]
+__all__ = ["add_arguments", "run_cli", "measure", "memory_bandwidth_gbs", "keystroke_window", "render_table"]

@@ -1,0 +1,58 @@
+"""llama.cpp's own speed on the same GGUF, in the same run (part of `efim bench engine`):
+`llama-bench -t THREADS -p 512 -n 64` from the build `efim_tools/peers/setup_llama_cpp.sh`
+makes (the same build as the llama.cpp server of the remote backend).
+
+Figures: pp512 (prompt tokens/s) and tg64 (generated tokens/s, also as ms/token). Where the
+binaries are not built, the figures are None with the reason, never an error: the rest of
+the bench still runs.
+
+Benchmark code, outside the serving path.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+log = logging.getLogger(__name__)
+
+
+class LlamaFigures(NamedTuple):
+    gguf: str
+    pp_tok_s: float | None
+    tg_tok_s: float | None
+    note: str = ""
+
+    @property
+    def tg_ms(self) -> float | None:
+        return 1e3 / self.tg_tok_s if self.tg_tok_s else None
+
+
+def figures_from_records(records: list[dict], prompt: int, gen: int) -> tuple[float | None, float | None]:
+    """(pp tok/s, tg tok/s) from llama-bench's JSON records."""
+    pp = tg = None
+    for r in records:
+        if int(r.get("n_prompt", 0)) == prompt and int(r.get("n_gen", 0)) == 0:
+            pp = float(r["avg_ts"])
+        elif int(r.get("n_gen", 0)) == gen and int(r.get("n_prompt", 0)) == 0:
+            tg = float(r["avg_ts"])
+    return pp, tg
+
+
+def measure(gguf: str | Path, *, threads: int = 2, prompt: int = 512, gen: int = 64, reps: int = 3) -> LlamaFigures:
+    from efim_tools.peers.llama_cpp import SETUP_SCRIPT, llama_bench, llama_cpp_bin  # noqa: PLC0415
+
+    gguf = str(gguf)
+    if llama_cpp_bin() is None:
+        return LlamaFigures(gguf, None, None, f"n/a (llama.cpp not built: bash {SETUP_SCRIPT})")
+    try:
+        records = llama_bench(gguf, threads=threads, prompt=prompt, gen=gen, reps=reps)
+    except (RuntimeError, OSError, ValueError) as exc:
+        log.warning("llama-bench failed on %s: %s", gguf, exc)
+        return LlamaFigures(gguf, None, None, f"n/a (llama-bench failed: {str(exc)[:200]})")
+    pp, tg = figures_from_records(records, prompt, gen)
+    return LlamaFigures(gguf, pp, tg)
+
+
+__all__ = ["LlamaFigures", "figures_from_records", "measure"]
