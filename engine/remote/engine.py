@@ -557,15 +557,18 @@ class RemoteEngine:
         self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)
 
     def _request_stats(self, call: _Call, ids: list[int], usage: Usage, first: float | None, generated: int) -> RequestStats:
+        """The request's stats as the server reported them. Prompt, reused and prefilled
+        tokens come from the answer only: a request that ended before the server said
+        anything (superseded while it prefilled, a fault) counts none of them — what the
+        server computed for it is unknown, not zero and not all. A server that reports the
+        prompt but no cached count is counted as having reused nothing."""
         now = time.monotonic()
-        prompt = usage.prompt_tokens if usage.prompt_tokens is not None else len(ids)
+        prompt = usage.prompt_tokens or 0
         cached = min(usage.cached_tokens, prompt) if usage.cached_tokens is not None else 0
         ttft = (first - call.submitted) * 1000 if first is not None else 0.0
         per_token = usage.ms_per_token
         if per_token is None and first is not None and generated > 1:
             per_token = (now - first) * 1000 / (generated - 1)
-        if ids and usage.prompt_tokens is None and usage.cached_tokens is None:
-            prompt = len(ids)
         c = self.counters
         if first is not None and not call.background:
             c.client_ttft.append(ttft)
@@ -575,9 +578,9 @@ class RemoteEngine:
         if usage.cached_tokens is not None and not call.background:
             c.reuse_reported += 1
         return RequestStats(
-            prompt_tokens=prompt if ids else 0,
-            reused_tokens=cached if ids else 0,
-            prefilled_tokens=max(0, prompt - cached) if ids else 0,
+            prompt_tokens=prompt,
+            reused_tokens=cached,
+            prefilled_tokens=max(0, prompt - cached),
             generated_tokens=usage.generated_tokens if usage.generated_tokens is not None else generated,
             ttft_ms=round(ttft, 3),
             total_ms=round((now - call.submitted) * 1000, 3),

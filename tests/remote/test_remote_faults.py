@@ -175,6 +175,8 @@ def test_a_hanging_server_ends_at_the_deadline_and_by_read_timeout(tiny_model_di
             done = engine.submit(_req(deadline=time.monotonic() + 0.3)).result(5)
             assert done.finish_reason == "deadline" and done.text == ""
             assert time.monotonic() - started < 0.45
+            # The server said nothing: no prompt tokens are counted (neither reused nor prefilled).
+            assert done.stats.prompt_tokens == done.stats.prefilled_tokens == done.stats.reused_tokens == 0
             done = engine.submit(_req("b")).result(5)  # no deadline: the read timeout ends it
             assert done.finish_reason == "error" and "sent nothing" in done.error
             assert faults.kinds("timeout")
