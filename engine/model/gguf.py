@@ -23,6 +23,7 @@ permuted (llama.cpp uses neox RoPE for them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -246,13 +247,30 @@ def dequantize_tensor(t, path: Path) -> np.ndarray:
 
 
 def open_gguf(path: Path):
-    """`gguf.GGUFReader` over `path`; EngineError for a file that is not (or no longer) a whole GGUF."""
+    """`gguf.GGUFReader` over `path`; EngineError for a file that is not (or no longer) a whole GGUF.
+
+    The last file's reader is kept (`forget_readers` drops it): parsing the metadata of a
+    49k-token vocabulary takes seconds, and a load reads the tensor table twice."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise EngineError(f"cannot read {path}: {exc}") from None
+    return _reader(str(path.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: str, size: int, mtime_ns: int):
     import gguf  # noqa: PLC0415
 
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except Exception as exc:  # the reader raises ValueError/struct errors on a bad file
         raise EngineError(f"cannot read {path} as GGUF: {exc}") from None
+
+
+def forget_readers() -> None:
+    """Drop the kept reader (and its memory map)."""
+    _reader.cache_clear()
 
 
 def gguf_tensor_types(path: Path) -> dict[str, str]:
@@ -475,6 +493,7 @@ __all__ = [
     "gguf_tensor_types",
     "int4_groups",
     "dequantize_tensor",
+    "forget_readers",
     "INT4_BLOCK_TYPES",
     "FLOAT_TYPES",
 ]

@@ -370,7 +370,13 @@ def load_model(
     plan = plan_weights(source, config, shapes, quant)
     check_memory(source, files, plan.model_bytes(shapes, torch_dtype), reserve_bytes)
     weights = read_safetensors(folder, skip=frozenset(plan.kept))
-    plan.apply(weights)
+    try:
+        plan.apply(weights)
+    finally:
+        if source.is_file():
+            from engine.model.gguf import forget_readers  # noqa: PLC0415
+
+            forget_readers()
     if adapter is not None:
         # Before any FIM-token addition: the adapter's trained rows take the ids it was trained with.
         adapter = Path(adapter)

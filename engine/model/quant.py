@@ -306,7 +306,7 @@ class WeightSource:
         dense = torch.cat([p.float() for p in parts])
         if len(sources) < len(parts):
             return dense  # a plain tensor among them: the whole takes the model-wide form
-        return WeightSource(max((s.kind for s in sources), key=WEIGHT_KINDS.index), dense=dense)
+        return WeightSource(min((s.kind for s in sources), key=WEIGHT_KINDS.index), dense=dense)  # the widest
 
 
 def make_linear(
