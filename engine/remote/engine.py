@@ -40,11 +40,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import ssl
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
@@ -67,7 +66,8 @@ from engine.handle import LocalHandle
 from engine.prompting import PromptBuilder
 from engine.remote.connection import Link, api_key_from_env, parse_endpoint
 from engine.remote.dialects import DIALECTS, Chunk, ServerFacts, Usage
-from engine.remote.stream import GarbageAnswer, ServerError, error_message, shown, sse_payloads
+from engine.remote.ledger import Ledger, merge_usage, summary
+from engine.remote.stream import GarbageAnswer, HttpStatus, ServerError, describe, error_body, sse_payloads
 from engine.remote.vocabulary import load_vocabulary
 from engine.sampler import StopRules
 from engine.templates import detect_template
@@ -80,8 +80,6 @@ CONNECT_TIMEOUT_S = 3.0
 # first token); a request's own deadline (`timeoutMs`) usually ends it much sooner.
 READ_TIMEOUT_S = 60.0
 DISCOVER_TIMEOUT_S = 10.0
-ERROR_BODY_CHARS = 2000
-_SERIES = 2048
 
 
 class _Call:
@@ -114,17 +112,6 @@ class _Canceller:
 
     def cancel(self, call: _Call) -> None:
         self._engine._on_loop(call.stop, "cancelled")
-
-
-class _Counters:
-    def __init__(self) -> None:
-        self.requests = self.completed = self.cancelled = 0
-        self.prompt_tokens = self.reused_tokens = self.prefilled_tokens = self.generated_tokens = 0
-        self.reuse_reported = 0  # requests whose answer said how many prompt tokens were cached
-        self.warm_requests = self.warm_completed = self.warm_cancelled = self.warm_prefilled_tokens = 0
-        self.client_ttft: deque[float] = deque(maxlen=_SERIES)
-        self.server_prompt_ms: deque[float] = deque(maxlen=_SERIES)
-        self.overhead_ms: deque[float] = deque(maxlen=_SERIES)  # client TTFT - server prompt_ms
 
 
 class RemoteEngine:
@@ -160,7 +147,7 @@ class RemoteEngine:
         self._pending_faults: list[tuple[str, str]] = []
         self._on_fault: Callable[[str, str], None] | None = None
         self.link = Link(self._report)
-        self.counters = _Counters()
+        self.counters = Ledger()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._live: dict[tuple[str, bool], _Call] = {}
@@ -247,7 +234,7 @@ class RemoteEngine:
             self.link.unreachable(why, f"the backend {self.endpoint.display} is not ready ({why}); retrying")
             raise
         except (httpx.TransportError, GarbageAnswer, ServerError) as exc:
-            why = _describe(exc)
+            why = describe(exc)
             self.link.unreachable(why, f"cannot reach the backend {self.endpoint.display} ({why}); retrying in the background")
             raise
         self.facts = facts
@@ -294,8 +281,8 @@ class RemoteEngine:
             try:
                 await self._connect()
             except Exception as exc:  # noqa: BLE001 - classified in _connect
-                wait = self.link.failed_probe(_describe(exc))
-                log.debug("backend probe failed (%s); next in %.1f s", _describe(exc), wait)
+                wait = self.link.failed_probe(describe(exc))
+                log.debug("backend probe failed (%s); next in %.1f s", describe(exc), wait)
 
     # ------------------------------------------------------------ Engine protocol
     def info(self) -> EngineInfo:
@@ -393,9 +380,9 @@ class RemoteEngine:
             "modelMismatch": self._mismatch,
             # Reuse is what the server reported: requests whose answer carried cached-token counts.
             "reuseReported": c.reuse_reported,
-            "clientTtftMs": _summary(c.client_ttft),
-            "serverPromptMs": _summary(c.server_prompt_ms),
-            "remoteOverheadMs": _summary(c.overhead_ms),
+            "clientTtftMs": summary(c.client_ttft),
+            "serverPromptMs": summary(c.server_prompt_ms),
+            "remoteOverheadMs": summary(c.overhead_ms),
         }
         return out
 
@@ -482,11 +469,11 @@ class RemoteEngine:
             )
             async with self._client.stream("POST", self.dialect.completion_url(), json=body) as resp:
                 if resp.status_code >= 400:
-                    raise _HttpStatus(resp.status_code, await _error_body(resp))
+                    raise HttpStatus(resp.status_code, await error_body(resp))
                 async for payload in sse_payloads(resp.aiter_lines()):
                     chunk: Chunk = self.dialect.parse(payload)
                     if chunk.usage is not None:
-                        usage = _merge(usage, chunk.usage)
+                        usage = merge_usage(usage, chunk.usage)
                     for index, text in chunk.texts.items():
                         if index:
                             extra[index] = extra.get(index, "") + text
@@ -516,7 +503,7 @@ class RemoteEngine:
             finish = call.stopped or "cancelled"
         except _Refused as exc:
             finish, error = "error", str(exc)
-        except _HttpStatus as exc:
+        except HttpStatus as exc:
             finish, error = "error", f"the backend answered HTTP {exc.status}: {exc.message}"
             kind = "auth" if exc.status in (401, 403) else "http"
             hint = " (check `apiKeyEnv`)" if kind == "auth" else ""
@@ -527,20 +514,20 @@ class RemoteEngine:
                 else f"the backend reported an error: {exc}"
             self.link.error("garbage" if isinstance(exc, GarbageAnswer) else "server", str(exc), error)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            finish, error = "error", f"cannot reach the backend {self.endpoint.display}: {_describe(exc)}"
-            self.link.unreachable(_describe(exc), f"{error}; reconnecting in the background")
+            finish, error = "error", f"cannot reach the backend {self.endpoint.display}: {describe(exc)}"
+            self.link.unreachable(describe(exc), f"{error}; reconnecting in the background")
             self._ensure_prober()
         except httpx.ReadTimeout as exc:
             finish, error = "error", f"the backend {self.endpoint.display} sent nothing for {self._client.timeout.read:.0f} s"
-            self.link.error("timeout", _describe(exc), error)
+            self.link.error("timeout", describe(exc), error)
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             finish = "error"
-            error = f"the backend {self.endpoint.display} dropped the connection{' mid-stream' if first else ''}: {_describe(exc)}"
-            self.link.unreachable(_describe(exc), f"{error}; reconnecting in the background")
+            error = f"the backend {self.endpoint.display} dropped the connection{' mid-stream' if first else ''}: {describe(exc)}"
+            self.link.unreachable(describe(exc), f"{error}; reconnecting in the background")
             self._ensure_prober()
         except httpx.HTTPError as exc:
-            finish, error = "error", f"request to the backend failed: {_describe(exc)}"
-            self.link.error("http", _describe(exc), error)
+            finish, error = "error", f"request to the backend failed: {describe(exc)}"
+            self.link.error("http", describe(exc), error)
         except Exception as exc:  # a bug here must not leave the handle hanging
             log.exception("remote request %d failed", call.handle.request_id)
             finish, error = "error", f"{type(exc).__name__}: {exc}"
@@ -551,41 +538,10 @@ class RemoteEngine:
             if held:
                 call.handle._push(StreamEvent(kind="token", text=held))
         text = rules.text
-        stats = self._request_stats(call, ids, usage, first, generated)
+        stats = self.counters.request_stats(call.submitted, call.background, usage, first, generated)
         alternatives = tuple(extra.get(i, "") for i in range(1, req.n)) if req.n > 1 and finish != "error" else ()
         alt_finish = tuple(extra_finish.get(i, finish or "stop") for i in range(1, req.n)) if alternatives else ()
         self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)
-
-    def _request_stats(self, call: _Call, ids: list[int], usage: Usage, first: float | None, generated: int) -> RequestStats:
-        """The request's stats as the server reported them. Prompt, reused and prefilled
-        tokens come from the answer only: a request that ended before the server said
-        anything (superseded while it prefilled, a fault) counts none of them — what the
-        server computed for it is unknown, not zero and not all. A server that reports the
-        prompt but no cached count is counted as having reused nothing."""
-        now = time.monotonic()
-        prompt = usage.prompt_tokens or 0
-        cached = min(usage.cached_tokens, prompt) if usage.cached_tokens is not None else 0
-        ttft = (first - call.submitted) * 1000 if first is not None else 0.0
-        per_token = usage.ms_per_token
-        if per_token is None and first is not None and generated > 1:
-            per_token = (now - first) * 1000 / (generated - 1)
-        c = self.counters
-        if first is not None and not call.background:
-            c.client_ttft.append(ttft)
-            if usage.prompt_ms is not None:
-                c.server_prompt_ms.append(usage.prompt_ms)
-                c.overhead_ms.append(ttft - usage.prompt_ms)
-        if usage.cached_tokens is not None and not call.background:
-            c.reuse_reported += 1
-        return RequestStats(
-            prompt_tokens=prompt,
-            reused_tokens=cached,
-            prefilled_tokens=max(0, prompt - cached),
-            generated_tokens=usage.generated_tokens if usage.generated_tokens is not None else generated,
-            ttft_ms=round(ttft, 3),
-            total_ms=round((now - call.submitted) * 1000, 3),
-            decode_ms_per_token=round(per_token or 0.0, 3),
-        )
 
     def _finish(self, call: _Call, text: str, reason: FinishReason, stats: RequestStats, error: str | None = None,
                 alternatives: tuple[str, ...] = (), alternatives_finish: tuple[FinishReason, ...] = ()) -> None:
@@ -594,20 +550,7 @@ class RemoteEngine:
             slot_key = (req.key, req.background)
             if self._live.get(slot_key) is call:
                 del self._live[slot_key]
-        c = self.counters
-        if call.background:
-            c.warm_requests += 1
-            c.warm_cancelled += reason == "cancelled"
-            c.warm_completed += reason != "cancelled"
-            c.warm_prefilled_tokens += stats.prefilled_tokens
-        else:
-            c.requests += 1
-            c.cancelled += reason == "cancelled"
-            c.completed += reason != "cancelled"
-            c.prompt_tokens += stats.prompt_tokens
-            c.reused_tokens += stats.reused_tokens
-            c.prefilled_tokens += stats.prefilled_tokens
-            c.generated_tokens += stats.generated_tokens
+        self.counters.finished(call.background, reason, stats)
         completion = Completion(text=text, finish_reason=reason, stats=stats, error=error,
                                 alternatives=alternatives, alternatives_finish=alternatives_finish)
         kind = "error" if reason == "error" else "done"
@@ -627,49 +570,6 @@ class RemoteEngine:
 
 class _Refused(Exception):
     """Not sent: the backend is known to be unreachable or to serve another vocabulary."""
-
-
-class _HttpStatus(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(status, message)
-        self.status, self.message = status, message
-
-
-async def _error_body(resp: httpx.Response) -> str:
-    """The server's error message (its JSON `error`, else the first bytes of the body)."""
-    raw = b""
-    async for part in resp.aiter_bytes():
-        raw += part
-        if len(raw) > ERROR_BODY_CHARS:
-            break
-    text = raw[:ERROR_BODY_CHARS].decode("utf-8", errors="replace")
-    try:
-        import json  # noqa: PLC0415
-
-        message = error_message(json.loads(text))
-    except ValueError:
-        message = None
-    return message or shown(text) if text.strip() else (resp.reason_phrase or "no body")
-
-
-def _merge(old: Usage, new: Usage) -> Usage:
-    return Usage(*(n if n is not None else o for o, n in zip(old, new)))
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _summary(samples: deque[float]) -> dict[str, float] | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-
-    def at(q: float) -> float:
-        return round(ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1], 2)
-
-    return {"p50": at(50), "p95": at(95), "p99": at(99), "n": len(ordered)}
 
 
 def open_remote_engine(backend: str, endpoint: str, **options) -> RemoteEngine:

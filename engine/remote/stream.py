@@ -17,6 +17,7 @@ SHOWN_CHARS = 120
 # One SSE line this long is not a token chunk (llama.cpp's largest, with per-token
 # timings and probabilities off, is a few hundred bytes).
 MAX_LINE_CHARS = 1 << 20
+ERROR_BODY_CHARS = 2000
 
 
 class GarbageAnswer(Exception):
@@ -89,4 +90,31 @@ def _error_text(value: str) -> str:
     return message or value.strip()[:SHOWN_CHARS]
 
 
-__all__ = ["GarbageAnswer", "ServerError", "sse_payloads", "error_message", "shown"]
+class HttpStatus(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.status, self.message = status, message
+
+
+async def error_body(resp) -> str:
+    """The server's error message (its JSON `error`, else the first bytes of the body)."""
+    raw = b""
+    async for part in resp.aiter_bytes():
+        raw += part
+        if len(raw) > ERROR_BODY_CHARS:
+            break
+    text = raw[:ERROR_BODY_CHARS].decode("utf-8", errors="replace")
+    try:
+        message = error_message(json.loads(text))
+    except ValueError:
+        message = None
+    return message or shown(text) if text.strip() else (resp.reason_phrase or "no body")
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+__all__ = ["GarbageAnswer", "ServerError", "HttpStatus", "sse_payloads", "error_message", "error_body", "describe", "shown"]
+
