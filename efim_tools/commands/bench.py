@@ -16,6 +16,7 @@ TARGETS = {
     "jump": ("bench.jump_blend", "a window after a jump assembled from the document's KV vs full prefill"),
     "soak": ("bench.soak", "load and cancellation soak through efim serve: hangs, latency, RSS, integrity"),
     "restart": ("bench.warm_restart", "first suggestion after a restart: cold vs warm from the KV disk tier"),
+    "speculation": ("bench.speculation_bench", "prompt-lookup speculation: tokens per step, single-line latency with/without"),
     "peers": ("bench.peers", "the same traces through efim serve (local, llama.cpp backend) and llama.vim's /infill requests"),
     "team": ("bench.team_load", "editors one inference server serves with EFIM's request pattern (llama.cpp or OpenAI API)"),
 }
