@@ -471,6 +471,7 @@ class Completer:
             blend_ratio=settings.blend_ratio,
             document_kv=settings.document_kv and settings.cache,
             n=settings.alternatives,
+            speculate=settings.speculate,
         )
         return request, segments
 

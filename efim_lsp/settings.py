@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 
+from engine.api import DEFAULT_SPECULATE
+
 # Keys whose change needs a new engine (everything else applies to the next request).
 ENGINE_KEYS = frozenset({
     "model", "fim_tokens", "adapter", "kv_disk", "kv_disk_budget", "backend", "endpoint", "remote_model", "api_key_env",
@@ -53,6 +55,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
 
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] = 0.0
     """Sampling temperature; 0 is greedy."""
+
+    speculate: Annotated[int, msgspec.Meta(ge=0, le=16)] = DEFAULT_SPECULATE
+    """Prompt-lookup speculation (local engine, greedy suggestions): most tokens guessed from earlier text (the window, context chunks, the last suggestion) and checked in one model step; 0 turns it off. The suggestion is the same either way, it arrives sooner (docs/design.md, "Prompt-lookup speculation")."""
 
     alternatives: Annotated[int, msgspec.Meta(ge=1, le=4)] = 1
     """Suggestions per inline completion (1-4). The first is the usual one (`temperature`, greedy by default); the others are sampled from the same prompt (temperature 0.8, top-p 0.95, fixed seeds), which is prefilled once; empty and repeated ones are dropped, so an answer may hold fewer. The editor cycles through them. The answer waits for all of them."""

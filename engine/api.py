@@ -65,6 +65,11 @@ class ContextChunk(msgspec.Struct, frozen=True):
     text: str
 
 
+# Draft length of prompt-lookup speculation (`InfillRequest.speculate`, the server's
+# `speculate` setting): the best of 4 / 8 / 12 in `efim bench speculation` (docs/design.md).
+DEFAULT_SPECULATE = 8
+
+
 class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One completion at a cursor.
 
@@ -118,7 +123,7 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     alternatives_top_p: float = 0.95
     # Prompt-lookup speculation (engine.speculation): most draft tokens verified per decode
     # step of a greedy request (0: off). Same output as plain greedy decoding, fewer steps.
-    speculate: int = 8
+    speculate: int = DEFAULT_SPECULATE
 
 
 # Most continuations one request may ask for (`InfillRequest.n`).
@@ -294,4 +299,5 @@ __all__ = [
     "ContextMode",
     "FinishReason",
     "MAX_ALTERNATIVES",
+    "DEFAULT_SPECULATE",
 ]
