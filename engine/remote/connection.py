@@ -17,7 +17,8 @@ refused, the key comes from an environment variable and is sent as `Authorizatio
 - `error` does not stop requests: the server is there, the next request may succeed.
 - Faults are told once per outage: `Link.fault(kind, ...)` reports a kind at most once
   between two `connected` states, under the name `backend-<kind>-<outage number>` so that a
-  listener that shows each kind once (the server) shows the next outage too.
+  listener that shows each kind once (the server) shows the next outage too; answer-level
+  kinds (HTTP errors, garbage, timeouts) at most once a minute whatever happens between.
 
 Never raises into callers; never logs the key.
 """
@@ -40,6 +41,7 @@ BackendState = Literal["connecting", "connected", "unreachable", "error", "close
 
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 5.0
+REPEAT_AFTER_S = 60.0
 
 
 class Endpoint(NamedTuple):
@@ -109,6 +111,7 @@ class Link:
         self.outages = 0  # times the backend went from usable to faulty
         self.reconnects = 0
         self._told: set[str] = set()  # kinds reported during this outage
+        self._last_told: dict[str, float] = {}
         self._backoff = BACKOFF_FIRST_S
         self.next_probe_at = 0.0  # time.monotonic() of the next probe while unreachable
 
@@ -149,10 +152,14 @@ class Link:
         self.fault(kind, message)
 
     def fault(self, kind: str, message: str) -> None:
-        """Tell the listener about `kind`, once per outage."""
-        if kind in self._told:
+        """Tell the listener about `kind`, once per outage; an answer-level fault (HTTP
+        error, garbage, timeout) at most once per `REPEAT_AFTER_S` even when successes
+        come between (a server that fails every other request must not flood the editor)."""
+        now = time.monotonic()
+        if kind in self._told or (kind != "unreachable" and now - self._last_told.get(kind, -REPEAT_AFTER_S) < REPEAT_AFTER_S):
             return
         self._told.add(kind)
+        self._last_told[kind] = now
         log.warning("backend: %s", message)
         self._report(f"backend-{kind}-{self.outages}", message)
 

@@ -352,3 +352,13 @@ def test_a_stop_string_the_server_ignores_ends_the_suggestion_here(tiny_model_di
             assert events[-1].completion.text == "x = 1" and events[-1].completion.finish_reason == "stop"
             assert "".join(e.text for e in events if e.kind == "token") == "x = 1"
             assert server.completions()[-1]["stop"][0] == "\n"
+
+
+def test_a_server_failing_every_other_request_is_told_once(tiny_model_dir):
+    with FaultServer() as server:
+        engine, faults = _engine(server.url, tiny_model_dir)
+        with engine:
+            for i in range(6):
+                server.mode = "http500" if i % 2 else "ok"
+                engine.submit(_req(increment="x" * i)).result(10)
+            assert len(faults.kinds("http")) == 1, faults.seen
