@@ -124,6 +124,13 @@ class ServerStats:
                 "loadedTokens": engine.kv_disk_loaded_tokens if engine else 0,
                 "savedFiles": engine.kv_disk_saved_files if engine else 0,
             },
+            # Prompt-lookup speculation: decode forwards, the verifying ones, drafts and accepted drafts.
+            "speculation": {
+                "decodeSteps": engine.decode_steps if engine else 0,
+                "verifySteps": engine.verify_steps if engine else 0,
+                "draftTokens": engine.draft_tokens if engine else 0,
+                "acceptedTokens": engine.accepted_tokens if engine else 0,
+            },
         }
         if extra:
             out.update(extra)

@@ -426,3 +426,12 @@ def test_engine_stop_string_inside_an_accepted_run(tiny_model_factory, steps):
         eng.check_integrity().result(30)
     finally:
         eng.close()
+
+
+def test_efim_stats_reports_the_engine_speculation_counters():
+    from engine.api import EngineStats
+    from efim_lsp.stats import ServerStats
+
+    wire = ServerStats().to_wire(EngineStats(decode_steps=10, verify_steps=6, draft_tokens=30, accepted_tokens=12), 0, 0)
+    assert wire["speculation"] == {"decodeSteps": 10, "verifySteps": 6, "draftTokens": 30, "acceptedTokens": 12}
+    assert ServerStats().to_wire(None, 0, 0)["speculation"]["acceptedTokens"] == 0
