@@ -85,13 +85,33 @@ def _tail_mask(T: int, S: int, dtype: torch.dtype, device: torch.device) -> torc
     return mask
 
 
-# A few new tokens at the end of a long sequence (an EFIM keystroke): the prefix needs no
-# mask, so it runs as one unmasked SDPA with the GQA groups as query rows, and only the
-# T x T tail is masked; the two halves merge through their log-sum-exps. About 1.5x
-# faster than one masked SDPA at T = 2..4, S = 2000 on a CPU.
+# A few new tokens at the end of a long sequence (an EFIM keystroke): the G query heads of
+# a KV group become G*T query rows of that head (as in decode), and one flash call runs
+# them over all S keys with an additive [G*T, S] mask that hides each row's future tail
+# keys. The mask is built once per (T, G, S) and kept for the other layers of the step.
+# At T = 2..16, S = 2000 on a 2-core CPU (1 thread): 1.35-1.8x faster than the earlier
+# unmasked-prefix + fp32 tail merged by log-sum-exps (~20 small ops per layer), whose
+# merge cost more than the prefix itself (T=3: 276 vs 525 us; decode's T=1: 170 us).
 _TAIL_ROWS = 16
 _TAIL_MIN_PREFIX = 256
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_last_rows_mask: tuple[tuple, torch.Tensor] | None = None
+
+
+def _rows_tail_mask(T: int, G: int, S: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # [G T, S]
+    """Additive mask of query row g*T + t (token t, at position S-T+t): -inf on keys after it."""
+    global _last_rows_mask
+    key = (T, G, S, dtype, device)
+    cached = _last_rows_mask  # one read: another thread may replace it, never mutate it
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    token = torch.arange(G * T, device=device) % T  # [G T] row -> its token
+    tail_index = torch.arange(S, device=device) - (S - T)  # [S] key -> index in the tail (< 0: prefix)
+    mask = torch.zeros(G * T, S, dtype=dtype, device=device).masked_fill_(
+        tail_index.unsqueeze(0) > token.unsqueeze(1), float("-inf")
+    )
+    _last_rows_mask = (key, mask)
+    return mask
 
 
 def _attention_tail(
@@ -103,20 +123,12 @@ def _attention_tail(
     H, T, D = q.shape
     H_kv, S = k.shape[0], k.shape[1]
     G = H // H_kv
-    rows = q.reshape(H_kv, G * T, D)  # query heads of a KV group as rows; row g*T + t
-    out_p, lse_p = _FLASH_LSE(
-        rows.unsqueeze(0), k[:, : S - T].unsqueeze(0), v[:, : S - T].unsqueeze(0), 0.0, False, scale=scale
-    )  # [1, H_kv, G T, D], [1, H_kv, G T]
-    scores = torch.matmul(rows.float(), k[:, S - T :].float().transpose(1, 2)).mul_(scale)  # [H_kv, G T, T]
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu_(1)  # [T, T] key after query
-    scores = scores.view(H_kv, G, T, T).masked_fill_(future, float("-inf")).view(H_kv, G * T, T)
-    lse_t = torch.logsumexp(scores, -1)  # [H_kv, G T]
-    out_t = torch.matmul(torch.exp(scores - lse_t.unsqueeze(-1)), v[:, S - T :].float())  # [H_kv, G T, D]
-    lse_p = lse_p[0]  # [H_kv, G T]
-    lse = torch.logaddexp(lse_p, lse_t)  # [H_kv, G T]
-    out = out_p[0].float().mul_(torch.exp(lse_p - lse).unsqueeze(-1))  # [H_kv, G T, D]
-    out.add_(out_t.mul_(torch.exp(lse_t - lse).unsqueeze(-1)))
-    return out.to(q.dtype).view(H, T, D)
+    rows = q.reshape(1, H_kv, G * T, D)  # query heads of a KV group as rows; row g*T + t
+    mask = _rows_tail_mask(T, G, S, q.dtype, q.device)  # [G T, S]
+    out, _ = _FLASH_LSE(
+        rows, k.unsqueeze(0), v.unsqueeze(0), 0.0, False, attn_mask=mask, scale=scale
+    )  # [1, H_kv, G T, D]
+    return out.view(H, T, D)
 
 
 def paged_attention_prefill(
