@@ -109,3 +109,17 @@ def test_quick_flag_is_parsed():
     engine_bench.add_arguments(p)
     args = p.parse_args(["--quick", "--formats", "bf16,int4", "--no-llama-cpp"])
     assert args.quick and args.formats == "bf16,int4" and args.no_llama_cpp
+
+
+def test_decode_profile_cases_and_dispatch_floor():
+    from bench import decode_profile
+
+    model = model_shapes.random_model(_tiny_qwen2(), None)
+    names = []
+    for name, fn in decode_profile.cases(model, 40):
+        fn()  # each case runs on the prefilled 40-token context
+        names.append(name.split(" (")[0])
+    assert names == ["decode", "keystroke", "prefill chunk"]
+    table = decode_profile.profile_top(decode_profile.cases(model, 40)[0][1], 2, 5)
+    assert "Self CPU" in table and ("mkldnn::" in table or "aten::" in table)
+    assert decode_profile.dispatch_floor_ms(model, 3) > 0
