@@ -49,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocab", type=int, default=32000, help="ids are drawn below this")
     parser.add_argument("--fim-ids", default="", help="PRE,SUF,MID token ids (default: three ordinary ids)")
     parser.add_argument("--slots", type=int, default=0, help="llama.cpp slots (default: one per editor)")
+    parser.add_argument("--no-pin", action="store_true", help="llama.cpp: no id_slot (the server picks a slot by prompt similarity)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON line per editor count")
 
@@ -60,6 +61,7 @@ class Sample(NamedTuple):
     cached_tokens: int
     superseded: bool
     error: str | None
+    total_ms: float | None = None  # request sent → stream ended (answered requests)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,18 +103,21 @@ class Editor:
         a = self.args
         if a.dialect == "llama.cpp":
             slots = a.slots or 0
-            return "/completion", {
-                "prompt": prompt, "n_predict": a.n_predict, "cache_prompt": True, "stream": True,
-                "temperature": 0.0, "id_slot": self.index % slots if slots else self.index,
-            }
+            body = {"prompt": prompt, "n_predict": a.n_predict, "cache_prompt": True, "stream": True, "temperature": 0.0}
+            if not a.no_pin:
+                body["id_slot"] = self.index % slots if slots else self.index
+            return "/completion", body
         return "/v1/completions", {
             "model": a.model, "prompt": prompt, "max_tokens": a.n_predict, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True},
         }
 
 
-async def _request(client: Any, url: str, path: str, body: dict[str, Any], jump: bool, dialect: str) -> Sample:
+async def _request(client: Any, url: str, path: str, body: dict[str, Any], jump: bool, dialect: str,
+                   seen: dict[str, float] | None = None) -> Sample:
+    """One streamed request; `seen["ttft"]` is set at its first token (read when it is superseded)."""
     start = time.perf_counter()
+    seen = {} if seen is None else seen
     ttft = None
     cached = prompt_n = 0
     try:
@@ -126,14 +131,14 @@ async def _request(client: Any, url: str, path: str, body: dict[str, Any], jump:
                 chunk = json.loads(line[6:])
                 if dialect == "llama.cpp":
                     if ttft is None and (chunk.get("content") or chunk.get("tokens")):
-                        ttft = (time.perf_counter() - start) * 1e3
+                        ttft = seen["ttft"] = (time.perf_counter() - start) * 1e3
                     if chunk.get("stop"):
                         t = chunk.get("timings") or {}
                         cached, prompt_n = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
                 else:
                     choices = chunk.get("choices") or []
                     if ttft is None and choices and choices[0].get("text"):
-                        ttft = (time.perf_counter() - start) * 1e3
+                        ttft = seen["ttft"] = (time.perf_counter() - start) * 1e3
                     usage = chunk.get("usage")
                     if usage:
                         details = usage.get("prompt_tokens_details") or {}
@@ -143,7 +148,8 @@ async def _request(client: Any, url: str, path: str, body: dict[str, Any], jump:
         raise
     except Exception as exc:  # noqa: BLE001 - a benchmark reports every failure as a sample
         return Sample(ttft, jump, len(body["prompt"]), 0, False, f"{type(exc).__name__}: {exc}")
-    return Sample(ttft, jump, cached + prompt_n or len(body["prompt"]), cached, False, None)
+    return Sample(ttft, jump, cached + prompt_n or len(body["prompt"]), cached, False, None,
+                  (time.perf_counter() - start) * 1e3)
 
 
 async def _run_editor(editor: Editor, client: Any, url: str, stop_at: float) -> None:
@@ -151,6 +157,7 @@ async def _run_editor(editor: Editor, client: Any, url: str, stop_at: float) -> 
     count = 0
     task: asyncio.Task | None = None
     task_jump = False
+    seen: dict[str, float] = {}
     next_key = time.perf_counter() + editor.rng.random() * interval  # editors out of step
     while True:
         now = time.perf_counter()
@@ -163,12 +170,13 @@ async def _run_editor(editor: Editor, client: Any, url: str, stop_at: float) -> 
         next_key += interval
         if task is not None and not task.done():
             task.cancel()  # closes the stream: the server stops this request
-            editor.samples.append(Sample(None, task_jump, 0, 0, True, None))
+            editor.samples.append(Sample(seen.get("ttft"), task_jump, 0, 0, True, None))
         elif task is not None:
             editor.samples.append(task.result())
         path, body = editor.body(prompt)
         task_jump, editor.jumped = editor.jumped, False
-        task = asyncio.ensure_future(_request(client, url, path, body, task_jump, editor.args.dialect))
+        seen = {}
+        task = asyncio.ensure_future(_request(client, url, path, body, task_jump, editor.args.dialect, seen))
     if task is not None:
         try:
             editor.samples.append(await asyncio.wait_for(task, timeout=30))
@@ -193,16 +201,18 @@ async def measure(args: argparse.Namespace, editors: int) -> dict[str, Any]:
     keys = [s.ttft_ms for s in samples if s.ttft_ms is not None and not s.jump]
     jumps = [s.ttft_ms for s in samples if s.ttft_ms is not None and s.jump]
     answered = [s for s in samples if not s.superseded and s.error is None]
+    no_token = sum(1 for s in samples if s.superseded and s.ttft_ms is None)
     prompt = sum(s.prompt_tokens for s in answered if not s.jump)
     cached = sum(s.cached_tokens for s in answered if not s.jump)
     errors = [s.error for s in samples if s.error]
     return {
         "editors": editors, "seconds": args.seconds, "requests": len(samples), "answered": len(answered),
-        "superseded": sum(s.superseded for s in samples), "errors": len(errors), "first_error": errors[0] if errors else None,
+        "superseded": sum(s.superseded for s in samples), "superseded_before_first_token": no_token, "errors": len(errors), "first_error": errors[0] if errors else None,
         "key_ttft_p50": percentile(keys, 50), "key_ttft_p95": percentile(keys, 95), "key_ttft_p99": percentile(keys, 99),
         "key_ttft_mean": statistics.fmean(keys) if keys else float("nan"),
         "jump_ttft_p50": percentile(jumps, 50), "jump_ttft_p95": percentile(jumps, 95), "jumps": len(jumps),
         "cached_share": cached / prompt if prompt else float("nan"),
+        "answer_p50": percentile([s.total_ms for s in answered if s.total_ms is not None and not s.jump], 50),
     }
 
 
@@ -216,17 +226,17 @@ def run_cli(args: argparse.Namespace) -> int:
     if not args.json:
         out.write(f"{args.dialect} at {args.url}: window {args.window} tokens, {args.keys_per_s:g} keys/s per editor, "
                   f"a jump every {args.jump_every} keys, {args.n_predict} tokens per answer, {args.seconds:g} s each\n")
-        out.write(f"{'editors':>7} {'requests':>8} {'answered':>8} {'superseded':>10} {'errors':>6} "
-                  f"{'key TTFT p50/p95/p99 ms':>26} {'jump TTFT p50/p95':>18} {'cached':>7}\n")
+        out.write(f"{'editors':>7} {'requests':>8} {'answered':>8} {'superseded (no token)':>21} {'errors':>6} "
+                  f"{'key TTFT p50/p95/p99 ms':>26} {'jump TTFT p50/p95':>18} {'cached':>7} {'answer p50':>10}\n")
     for n in counts:
         r = asyncio.run(measure(args, n))
         if args.json:
             out.write(json.dumps(r) + "\n")
         else:
             out.write(
-                f"{n:>7} {r['requests']:>8} {r['answered']:>8} {r['superseded']:>10} {r['errors']:>6} "
+                f"{n:>7} {r['requests']:>8} {r['answered']:>8} {r['superseded']:>10} ({r['superseded_before_first_token']:>7}) {r['errors']:>6} "
                 f"{r['key_ttft_p50']:>8.1f}/{r['key_ttft_p95']:>7.1f}/{r['key_ttft_p99']:>7.1f} "
-                f"{r['jump_ttft_p50']:>8.1f}/{r['jump_ttft_p95']:>7.1f} {r['cached_share']:>7.3f}\n"
+                f"{r['jump_ttft_p50']:>8.1f}/{r['jump_ttft_p95']:>7.1f} {r['cached_share']:>7.3f} {r['answer_p50']:>10.1f}\n"
             )
             if r["first_error"]:
                 out.write(f"        first error: {r['first_error']}\n")
