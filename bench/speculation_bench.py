@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default=None, help="bf16 | fp32 (default: the engine's choice for this CPU)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -82,7 +83,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def run(model: str = "default", n_places: int = 24, speculate=(0, 4, 8, 12), max_tokens: int = 48, seed: int = 0,
-        threads: int | None = None) -> dict:
+        threads: int | None = None, dtype: str | None = None) -> dict:
     """Compare draft lengths `speculate` on `n_places` stdlib places; returns the summary dict."""
     from bench.torch_threads import torch_threads  # noqa: PLC0415
     from engine.api import InfillRequest  # noqa: PLC0415
@@ -92,7 +93,7 @@ def run(model: str = "default", n_places: int = 24, speculate=(0, 4, 8, 12), max
     if 0 not in configs:
         configs.insert(0, 0)  # plain decoding is the reference
     with torch_threads(threads):
-        engine = load_engine(model, kv_disk=False)
+        engine = load_engine(model, kv_disk=False, dtype=dtype)
         try:
             info = engine.info()
             fmt = "efim" if info.supports_fim else "prefix"
@@ -141,7 +142,7 @@ def run(model: str = "default", n_places: int = 24, speculate=(0, 4, 8, 12), max
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    summary = run(args.model, args.places, args.speculate, args.max_tokens, args.seed, args.threads)
+    summary = run(args.model, args.places, args.speculate, args.max_tokens, args.seed, args.threads, args.dtype)
     if args.json:
         print(json.dumps(summary))
         return 0

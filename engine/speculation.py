@@ -149,7 +149,7 @@ class Speculation:
     Engine thread only."""
 
     def __init__(self, most: int, extra: Seq[int] = ()) -> None:
-        self.index = NgramIndex()
+        self.index = NgramIndex(n_max=NGRAM_MAX, n_min=NGRAM_MIN)
         self.index.add_source(extra)  # first: the sequence's own history wins over it
         self.length = DraftLength(most)
 
