@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-model", help="default remoteModel: the model name an openai backend is asked for")
     p.add_argument("--api-key-env", help="default apiKeyEnv: the NAME of an environment variable holding the API key")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
-    p.add_argument("--quant", help="engine weight quantisation (int8)")
+    p.add_argument("--quant", choices=("none", "int8", "int4", "auto"), help="engine weight format: none (bf16/fp32), int8, int4, auto (a GGUF keeps its own class); docs/model.md")
     p.add_argument("--kv-budget", help="memory for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 3/4 radix-cached pool, 1/4 per-document workspaces")
     p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts warm (default on)")
     p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')

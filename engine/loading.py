@@ -34,11 +34,13 @@ def load_model_for_engine(
     threads: int | None = None,
     adapter: Path | str | None = "auto",
     fragment_trained: bool | None = None,
+    reserve_bytes: int = 0,
 ) -> EngineModel:
     """Load `model` (see `engine.model.loader.load_model`). `adapter`: "auto" (the shipped
     FIM adapter for the default model, when marked ready), "none", or a LoRA file/folder
     (`engine.adapters.resolve_adapter`). `fragment_trained` defaults to what the merged
-    adapter's config says (`engine.adapters.adapter_heals`); without an adapter, healing is on."""
+    adapter's config says (`engine.adapters.adapter_heals`); without an adapter, healing is on.
+    `reserve_bytes`: memory committed next to the weights (the KV budget), checked before loading."""
     from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
 
@@ -47,7 +49,7 @@ def load_model_for_engine(
             raise EngineError(f"threads must be >= 1, not {threads}")
         torch.set_num_threads(threads)
     chosen = resolve_adapter(model, adapter)
-    loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen)
+    loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen, reserve_bytes=reserve_bytes)
     if fragment_trained is None:
         fragment_trained = chosen is not None and not adapter_heals(chosen)
     return EngineModel(loaded, fragment_trained, chosen)

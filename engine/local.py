@@ -493,9 +493,13 @@ def load_engine(
     thread's prefill 1.6x slower (engine.cpu_threads)."""
 
     def build() -> LocalEngine:
+        try:  # the KV budget is committed beside the weights: the loader checks both fit
+            reserve = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
+        except ValueError:
+            reserve = 0  # LocalEngine reports the bad budget
         got = load_model_for_engine(
             model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, threads=threads, adapter=adapter,
-            fragment_trained=fragment_trained,
+            fragment_trained=fragment_trained, reserve_bytes=reserve,
         )
         return LocalEngine(
             got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant,
