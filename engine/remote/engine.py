@@ -325,9 +325,16 @@ class RemoteEngine:
             self._finish(call, "", call.stopped, RequestStats())
             return
         call.task = self._loop.create_task(self._serve(call))
+        # A task cancelled before its first step never runs `_serve`'s body (and its except
+        # clauses): the handle is ended here then, so it cannot hang.
+        call.task.add_done_callback(lambda _task: self._end_unfinished(call))
         deadline = call.request.deadline
         if deadline is not None:
             self._loop.call_later(max(0.0, deadline - time.monotonic()), call.stop, "deadline")
+
+    def _end_unfinished(self, call: _Call) -> None:
+        if not call.handle.done:
+            self._finish(call, "", call.stopped or "cancelled", RequestStats())
 
     def stats(self) -> EngineStats:
         c = self.counters

@@ -362,3 +362,14 @@ def test_a_server_failing_every_other_request_is_told_once(tiny_model_dir):
                 server.mode = "http500" if i % 2 else "ok"
                 engine.submit(_req(increment="x" * i)).result(10)
             assert len(faults.kinds("http")) == 1, faults.seen
+
+
+def test_a_request_superseded_before_it_started_still_ends(tiny_model_dir):
+    """Regression: a keystroke right behind another cancelled the first one's task before its
+    first step; such a task never runs its body, and its handle hung (found against llama-server)."""
+    with FaultServer(mode="slow", delay=0.05) as server:
+        engine, _ = _engine(server.url, tiny_model_dir)
+        with engine:
+            handles = [engine.submit(_req(increment="x" * i)) for i in range(5)]
+            reasons = [h.result(5).finish_reason for h in handles]
+            assert reasons[:4] == ["cancelled"] * 4 and reasons[4] == "eos"
