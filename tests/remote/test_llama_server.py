@@ -189,7 +189,8 @@ async def lsp(lsp_client: LanguageClient, llama_default):
 
 
 @pytest.mark.asyncio(loop_scope="module")
-async def test_efim_serve_with_a_llama_cpp_backend_reuses_while_typing(lsp: None, lsp_client: LanguageClient):
+async def test_efim_serve_with_a_llama_cpp_backend_reuses_while_typing(lsp: LanguageClient):
+    lsp_client = lsp
     text, cursor = stdlib_function()
     uri = "file:///stdlib/textwrap.py"
     line = text[:cursor].count("\n")
