@@ -65,11 +65,12 @@ def measure_shape(
 ) -> list[DecodeRow]:
     """Every format of one shape: build it, time decode (and a model-level prefill), free it."""
     bandwidth = speed_probes.memory_bandwidth_gbs()
+    weights = model_shapes.random_weights(model_shapes.qwen2_config(shape)) if shape != "135m" else None
     rows = []
     for fmt in formats:
         t0 = time.perf_counter()
         try:
-            bm = model_shapes.build(shape, _quant(fmt))
+            bm = model_shapes.build(shape, _quant(fmt), weights=weights)
         except model_shapes.FormatUnavailable as exc:
             rows.append(DecodeRow(shape, fmt, None, None, None, None, bandwidth, None, f"n/a (not available: {exc})"))
             continue
@@ -87,6 +88,8 @@ def measure_shape(
         rows.append(DecodeRow(shape, fmt, ms, floor, weight_bytes, kv_bytes, bandwidth, prefill))
         del bm, model
         gc.collect()
+    del weights
+    gc.collect()
     return rows
 
 

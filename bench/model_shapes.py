@@ -78,9 +78,12 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Ten
     return w
 
 
-def build(shape: str, quant: str | None, dtype: str = "bf16") -> BenchModel:
+def build(shape: str, quant: str | None, dtype: str = "bf16", weights: dict[str, torch.Tensor] | None = None) -> BenchModel:
     """The model of `shape` in weight format `quant` (None = dense `dtype`). Raises
-    `FormatUnavailable` when the engine does not know `quant`."""
+    `FormatUnavailable` when the engine does not know `quant`. `weights`: the random
+    weights of a Qwen2 shape made once by `random_weights` and shared by its formats
+    (the model reads them and never writes them; generating 1.5B values takes longer
+    than timing them)."""
     from engine.api import EngineError  # noqa: PLC0415
     from engine.model import load_model  # noqa: PLC0415
 
@@ -88,19 +91,22 @@ def build(shape: str, quant: str | None, dtype: str = "bf16") -> BenchModel:
         if shape == "135m":
             loaded = load_model("default", dtype=dtype, quant=quant)
             return BenchModel(shape, quant, loaded.model, loaded.path)
-        return BenchModel(shape, quant, random_model(qwen2_config(shape), quant, dtype), None)
+        return BenchModel(shape, quant, random_model(qwen2_config(shape), quant, dtype, weights=weights), None)
     except (ValueError, EngineError) as exc:
         if quant is not None and str(quant) in str(exc):
             raise FormatUnavailable(str(exc)) from exc
         raise
 
 
-def random_model(config: dict[str, Any], quant: str | None, dtype: str = "bf16", seed: int = 0):
-    """A `Transformer` of a Qwen2 `config.json` dict with `random_weights`."""
+def random_model(config: dict[str, Any], quant: str | None, dtype: str = "bf16", seed: int = 0,
+                 weights: dict[str, torch.Tensor] | None = None):
+    """A `Transformer` of a Qwen2 `config.json` dict with `random_weights` (or `weights`,
+    which stays intact: the model takes entries from a copy of the dict)."""
     from engine.model import ModelConfig, Transformer  # noqa: PLC0415
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    return Transformer(ModelConfig.from_hf(config), random_weights(config, seed), dtype=torch_dtype, quant=quant)
+    w = dict(weights) if weights is not None else random_weights(config, seed)
+    return Transformer(ModelConfig.from_hf(config), w, dtype=torch_dtype, quant=quant)
 
 
 def kv_bytes_per_token(model: Any, context: int) -> int:

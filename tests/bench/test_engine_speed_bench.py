@@ -54,7 +54,7 @@ def test_unknown_format_is_reported_not_raised(monkeypatch):
     monkeypatch.setattr(model_shapes, "qwen2_config", lambda shape: _tiny_qwen2())
     with pytest.raises(model_shapes.FormatUnavailable, match="int3"):
         model_shapes.build("0.5b", "int3")
-    monkeypatch.setattr(model_shapes, "build", lambda shape, quant: model_shapes.BenchModel(
+    monkeypatch.setattr(model_shapes, "build", lambda shape, quant, **kw: model_shapes.BenchModel(
         shape, quant, _raise_unavailable(quant) if quant == "int4" else model_shapes.random_model(_tiny_qwen2(), quant), None))
     rows = decode_formats.measure_shape("0.5b", ["bf16", "int4"], context=8, steps=2, rounds=1, prefill_tokens=16)
     assert [r.format for r in rows] == ["bf16", "int4"]
@@ -123,3 +123,12 @@ def test_decode_profile_cases_and_dispatch_floor():
     table = decode_profile.profile_top(decode_profile.cases(model, 40)[0][1], 2, 5)
     assert "Self CPU" in table and ("mkldnn::" in table or "aten::" in table)
     assert decode_profile.dispatch_floor_ms(model, 3) > 0
+
+
+def test_shared_random_weights_are_left_intact():
+    cfg = _tiny_qwen2()
+    weights = model_shapes.random_weights(cfg)
+    before = {k: v.clone() for k, v in weights.items()}
+    for quant in (None, "int8"):
+        model_shapes.random_model(cfg, quant, weights=weights)
+    assert weights.keys() == before.keys() and all(torch.equal(weights[k], before[k]) for k in before)
