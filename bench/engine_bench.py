@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import sysconfig
@@ -62,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-context", type=int, default=64,
                    help="context tokens before the timed decode steps of the decode table (llama-bench's tg starts at 0)")
     p.add_argument("--no-llama-cpp", action="store_true", help="leave out llama.cpp's llama-bench figures")
+    p.add_argument("--llama-cpp-shapes", default="135m",
+                   help="shapes llama-bench runs on: 135m (the embedded GGUF) and, with --qwen-vocab, 0.5b/1.5b "
+                        "(a random Q4_1 GGUF of the shape, written for the run: ~30 s / ~100 s)")
+    p.add_argument("--qwen-vocab", default=os.environ.get("EFIM_QWEN2_VOCAB_GGUF"),
+                   help="a Qwen2 vocab GGUF for the random-shape GGUFs (llama.cpp's models/ggml-vocab-qwen2.gguf; "
+                        "default $EFIM_QWEN2_VOCAB_GGUF)")
     p.add_argument("--no-lines", action="store_true", help="leave out the single-line suggestion latency")
     p.add_argument("--quick", action="store_true",
                    help="a short run: 135M only, fewer steps and keystrokes, no FIM series, one repeat")
@@ -220,9 +227,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
 
     # llama.cpp first: a process of its own, before this one holds the large random models.
-    llama = None
+    llama, llama_shapes = None, {}
     if not args.no_llama_cpp:
-        llama = llama_cpp_figures.measure(default_model_path(), threads=threads, reps=2 if quick else 3)
+        reps = 2 if quick else 3
+        llama = llama_cpp_figures.measure(default_model_path(), threads=threads, reps=reps)
+        for shape in _csv(args.llama_cpp_shapes, SHAPES, "model shape"):
+            if shape != "135m" and not quick:
+                llama_shapes[shape] = llama_cpp_figures.measure_random_shape(shape, args.qwen_vocab, threads=threads,
+                                                                            reps=reps)
 
     rows = decode_formats.measure(shapes, formats, context=args.decode_context, steps=decode_tokens,
                                   rounds=repeats + (0 if quick else 1), prefill_tokens=512)
@@ -263,6 +275,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     res = {
         "decode": decode_formats.as_json(rows),
         "llama_cpp": None if llama is None else {**llama._asdict(), "tg_ms": llama.tg_ms},
+        "llama_cpp_random_shapes": {k: {**v._asdict(), "tg_ms": v.tg_ms} for k, v in llama_shapes.items()},
         "prefill_tok_s": {"engine": e2e["prefill_tok_s"], "transformers": hf["prefill_tok_s"] if hf else None},
         "decode_ms": {"engine": e2e["decode_ms"], "transformers": hf["decode_ms"] if hf else None},
         "keystroke_ttft_ms_p50": {"fim": _p50([t for _, t in fim]), "efim": _p50([t for _, t in efim])},
@@ -298,14 +311,14 @@ def render_table(out: dict[str, Any]) -> str:
 
     r, d = out["result"], out["details"]
     llama = r["llama_cpp"]
-    tg = {"135m": llama["tg_ms"]} if llama else {}
-    rows = decode_formats.render(out["rows"], d["decode_context"], tg)
-    if llama:
-        if llama["pp_tok_s"] is None:
-            rows.append(f"  llama.cpp: {llama['note']}")
+    shapes = {"135m": llama, **r["llama_cpp_random_shapes"]} if llama else {}
+    rows = decode_formats.render(out["rows"], d["decode_context"], {k: v["tg_ms"] for k, v in shapes.items()})
+    for shape, fig in shapes.items():
+        if fig["pp_tok_s"] is None:
+            rows.append(f"  llama.cpp, {shape}: {fig['note']}")
         else:
-            rows.append(f"  llama.cpp llama-bench -t {d['threads']} on {Path(llama['gguf']).name}: pp512 "
-                        f"{llama['pp_tok_s']:.1f} tok/s, tg64 {llama['tg_tok_s']:.1f} tok/s ({llama['tg_ms']:.2f} ms/token)")
+            rows.append(f"  llama.cpp llama-bench -t {d['threads']} -p 512 -n 64 on {Path(fig['gguf']).name}: pp512 "
+                        f"{fig['pp_tok_s']:.1f} tok/s, tg64 {fig['tg_tok_s']:.1f} tok/s ({fig['tg_ms']:.2f} ms/token)")
     pf, dc = r["prefill_tok_s"], r["decode_ms"]
     rows += [
         "",

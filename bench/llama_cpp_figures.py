@@ -6,6 +6,12 @@ Figures: pp512 (prompt tokens/s) and tg64 (generated tokens/s, also as ms/token)
 binaries are not built, the figures are None with the reason, never an error: the rest of
 the bench still runs.
 
+Random-shape models (`bench.model_shapes`' 0.5b / 1.5b) get a random-weight Q4_1 GGUF of
+the same shape (`efim_tools.peers.random_gguf`, Qwen2's vocabulary copied from a vocab-only
+GGUF such as llama.cpp's `models/ggml-vocab-qwen2.gguf`), written to a temporary folder
+and removed after llama-bench ran; quantising it in numpy takes ~30 s for 0.5B and ~100 s
+for 1.5B on 2 cores, so `efim bench engine` does it only when asked (`--llama-cpp-shapes`).
+
 Benchmark code, outside the serving path.
 """
 
@@ -55,4 +61,30 @@ def measure(gguf: str | Path, *, threads: int = 2, prompt: int = 512, gen: int =
     return LlamaFigures(gguf, pp, tg)
 
 
-__all__ = ["LlamaFigures", "figures_from_records", "measure"]
+# bench.model_shapes' names -> efim_tools.peers.random_gguf's
+RANDOM_SHAPES = {"0.5b": "qwen2.5-coder-0.5b", "1.5b": "qwen2.5-coder-1.5b"}
+
+
+def measure_random_shape(shape: str, vocab: str | Path | None, *, threads: int = 2, reps: int = 3,
+                         qtype: str = "q4_1") -> LlamaFigures:
+    """llama-bench on a random-weight `qtype` GGUF of `shape`, written for the occasion."""
+    import tempfile  # noqa: PLC0415
+
+    from efim_tools.peers.llama_cpp import llama_cpp_bin  # noqa: PLC0415
+    from efim_tools.peers.random_gguf import SHAPES, write_random_gguf  # noqa: PLC0415
+
+    if shape not in RANDOM_SHAPES:
+        raise ValueError(f"no random GGUF shape for {shape!r}; expected one of {tuple(RANDOM_SHAPES)}")
+    label = f"random {RANDOM_SHAPES[shape]} {qtype}"
+    if vocab is None or not Path(vocab).is_file():
+        return LlamaFigures(label, None, None, "n/a (needs --qwen-vocab: a Qwen2 vocab GGUF, e.g. llama.cpp's "
+                                               "models/ggml-vocab-qwen2.gguf)")
+    if llama_cpp_bin() is None:
+        return measure(label, threads=threads, reps=reps)  # the "not built" note
+    with tempfile.TemporaryDirectory(prefix="efim-random-gguf-") as d:
+        path = write_random_gguf(Path(d) / f"{shape}.gguf", SHAPES[RANDOM_SHAPES[shape]], Path(vocab), qtype)
+        got = measure(path, threads=threads, reps=reps)
+    return got._replace(gguf=label)
+
+
+__all__ = ["LlamaFigures", "RANDOM_SHAPES", "figures_from_records", "measure", "measure_random_shape"]

@@ -132,3 +132,12 @@ def test_shared_random_weights_are_left_intact():
     for quant in (None, "int8"):
         model_shapes.random_model(cfg, quant, weights=weights)
     assert weights.keys() == before.keys() and all(torch.equal(weights[k], before[k]) for k in before)
+
+
+def test_random_shape_llama_figures_need_a_vocabulary(tmp_path):
+    got = llama_cpp_figures.measure_random_shape("0.5b", None)
+    assert got.tg_tok_s is None and "--qwen-vocab" in got.note
+    got = llama_cpp_figures.measure_random_shape("1.5b", tmp_path / "missing.gguf")
+    assert got.tg_tok_s is None and "--qwen-vocab" in got.note
+    with pytest.raises(ValueError, match="no random GGUF shape"):
+        llama_cpp_figures.measure_random_shape("135m", None)
