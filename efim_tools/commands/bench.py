@@ -1,4 +1,4 @@
-"""`efim bench engine|kernels|blend|jump|soak|restart|peers|team`: benchmarks that compare configurations in one run
+"""`efim bench engine|kernels|blend|jump|soak|restart|peers|saved|team`: benchmarks that compare configurations in one run
 (soak: load and cancellation through the real server).
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
@@ -18,12 +18,13 @@ TARGETS = {
     "restart": ("bench.warm_restart", "first suggestion after a restart: cold vs warm from the KV disk tier"),
     "speculation": ("bench.speculation_bench", "prompt-lookup speculation: tokens per step, single-line latency with/without"),
     "peers": ("bench.peers", "the same traces through efim serve (local, llama.cpp backend) and llama.vim's /infill requests"),
+    "saved": ("bench.characters_saved", "characters saved on held-out stdlib traces, base model vs its FIM adapter"),
     "team": ("bench.team_load", "editors one inference server serves with EFIM's request pattern (llama.cpp or OpenAI API)"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak, restart, peers, team)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak, restart, peers, saved, team)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)

@@ -27,10 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help='settings merged into every configuration, e.g. \'{"fimTokens": "add"}\' (a JSON object or a file holding one; repeatable)',
     )
     p.add_argument(
-        "--compare", nargs="?", const="standard", choices=("standard", "navigation"), metavar="SET",
+        "--compare", nargs="?", const="standard", choices=("standard", "navigation", "adapters"), metavar="SET",
         help="replay under several configurations, each on a fresh server: `standard` (the default set: "
         "fim-nocache, fim, efim) or `navigation` (today, warm-ahead, document-kv, all: the navigation settings "
-        "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump)",
+        "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump) or `adapters` "
+        "(base: the model without its FIM adapter, adapter: with it — characters saved is the number to read)",
     )
     p.add_argument("--users", type=int, default=1, metavar="N", help="traces replayed concurrently on one server (default 1)")
     p.add_argument(
@@ -46,6 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=900.0, metavar="S", help="seconds to wait for the model to load")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
+
+
+# Quality, not speed: the same model with and without its shipped FIM adapter; the
+# replayed person accepts what matches the next typed text (characters saved).
+ADAPTER_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("base", {"adapter": "none"}),
+    ("adapter", {"adapter": "auto"}),
+)
 
 
 def parse_config(values: list[str]) -> dict[str, Any]:
@@ -140,6 +149,8 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
     speed = args.speed or ("paced" if navigating else "max")
     if navigating:  # the configuration's own switches win over --config
         configs = [Config(name, {**extra, **settings}) for name, settings in navigation.NAVIGATION_CONFIGS]
+    elif args.compare == "adapters":
+        configs = [Config(name, {**extra, **settings}) for name, settings in ADAPTER_CONFIGS]
     elif args.compare:
         configs = [Config(name, {**settings, **extra}) for name, settings in STANDARD_CONFIGS]
     else:

@@ -298,6 +298,8 @@ class Person:
         if doc is not None:
             for change in params["contentChanges"]:
                 doc.apply_change(change)
+                # Characters the person typed by hand (a replace counts what it inserted).
+                self.result.typed_chars += len(change.get("text", ""))
             doc.version += 1
             params["textDocument"] = dict(params["textDocument"], version=doc.version)
         await self.client.notify("textDocument/didChange", params)

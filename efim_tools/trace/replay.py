@@ -83,6 +83,7 @@ class ConfigResult(msgspec.Struct, kw_only=True):
     stats_after: dict[str, Any] | None = None
     accepts: int = 0
     accepted_chars: int = 0
+    typed_chars: int = 0  # characters the replayed person typed by hand (accepted ones excluded)
     cancels_sent: int = 0
     crashed: str | None = None  # exit message and stderr tail
     server_returncode: int | None = None

@@ -44,6 +44,12 @@ class Summary(msgspec.Struct, kw_only=True):
     errors: int = 0
     accepts: int = 0
     accepted_chars: int = 0
+    # Characters saved: the share of the text the person put in that accepted suggestions
+    # supplied (accepted / (accepted + typed by hand)); shown = answers that offered text.
+    typed_chars: int = 0
+    shown: int = 0
+    chars_saved: float | None = None
+    acceptance_rate: float | None = None
     typing_through_hits: int | None = None
     ttft_source: TtftSource = "none"
     wall_s: float = 0.0
@@ -90,6 +96,7 @@ def summarize(result: ConfigResult) -> Summary:
     reused = _delta(result.stats_after, result.stats_before, "reusedTokens")
     hits = _delta(result.stats_after, result.stats_before, "typingThroughHits")
     answered = sum(1 for r in records if r.outcome == "answered")
+    shown = sum(1 for r in records if r.outcome == "answered" and r.chars > 0)
     warm_prefill = warm_reuse = None
     first = result.first_requests
     if first and prefilled is not None and prompt is not None and reused is not None:
@@ -117,6 +124,11 @@ def summarize(result: ConfigResult) -> Summary:
         errors=sum(1 for r in records if r.outcome in ("error", "timeout")),
         accepts=result.accepts,
         accepted_chars=result.accepted_chars,
+        typed_chars=result.typed_chars,
+        shown=shown,
+        chars_saved=(result.accepted_chars / (result.accepted_chars + result.typed_chars)
+                     if result.accepted_chars + result.typed_chars else None),
+        acceptance_rate=(result.accepts / shown) if shown else None,
         typing_through_hits=int(hits) if hits is not None else None,
         ttft_source=source,
         wall_s=round(result.wall_s, 3),
@@ -195,8 +207,13 @@ def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
             extra += f", {s.cancelled} cancelled, {s.late} answered after cancel"
         if s.errors:
             extra += f", {s.errors} errors/timeouts"
-        if s.accepts:
-            extra += f", {s.accepts} suggestions accepted ({s.accepted_chars} chars)"
+        if s.accepts or (s.shown and s.typed_chars):
+            extra += (
+                f", {s.shown} suggestions shown, {s.accepts} accepted"
+                + (f" ({s.acceptance_rate:.1%})" if s.acceptance_rate is not None else "")
+                + f"; characters saved {s.accepted_chars} of {s.accepted_chars + s.typed_chars}"
+                + (f" ({s.chars_saved:.1%})" if s.chars_saved is not None else "")
+            )
         if s.typing_through_hits:
             extra += f", {s.typing_through_hits} typing-through hits"
         extra += f"; replay {s.wall_s:.1f} s after {s.ready_s:.1f} s start-up"

@@ -105,6 +105,18 @@ async def test_accepting_oracle_suggestions_rebuilds_the_file(workload):
     summary = summarize(result)
     assert summary.errors == 0 and summary.answered == len(result.records)
     assert summary.prefilled_per_request is not None and summary.reuse_ratio is not None
+    # characters saved: what the oracle's accepted suggestions supplied, of all the person put in
+    typed_by_hand = sum(
+        len(change.get("text", "")) for t in traces for e in t.events if e.kind == "change" for change in e.params["contentChanges"]
+    )
+    assert summary.shown > 0 and summary.accepts == result.accepts
+    assert summary.acceptance_rate == result.accepts / summary.shown
+    # accepting skips key presses (typos and their corrections among them), never adds any
+    assert 0 < result.typed_chars < typed_by_hand
+    assert result.typed_chars + result.accepted_chars <= typed_by_hand
+    assert summary.chars_saved == result.accepted_chars / (result.accepted_chars + result.typed_chars)
+    print(f"oracle: characters saved {summary.chars_saved:.3f}, acceptance {summary.acceptance_rate:.3f}")
+    assert summary.chars_saved > 0.5  # the oracle always suggests the rest of the true text
     # a serial replay measures each trace's first request (cold start) on its own
     assert result.first_requests["traces"] == 2 and result.first_requests["requests"] == 2
     assert result.first_requests["prefilledTokens"] >= len(SOURCE) // 2  # the oracle's cold prompt
