@@ -77,32 +77,35 @@ def logit_agreement(reference, other) -> Agreement:
 
 
 # Held-out stdlib modules (efim_tools.training.data.HELD_OUT_MODULES keeps them out of training).
-PROMPT_MODULES = ("heapq.py", "textwrap.py", "fnmatch.py")
+PROMPT_MODULES = ("heapq.py", "textwrap.py", "fnmatch.py", "shlex.py", "colorsys.py")
 
 
-def code_prompts(loaded, modules: tuple[str, ...] = PROMPT_MODULES, *, prefix_chars: int = 900,
-                 suffix_chars: int = 400) -> list[list[int]]:
-    """One EFIM prompt per module, in the engine's layout for `loaded`'s template (the shipped
-    adapter's: `<spm_suffix> S <spm_prefix> P I`): the cursor halfway into a line a third of
-    the way down, the typed part of that line as the increment. No token healing."""
+def code_requests(modules: tuple[str, ...] = PROMPT_MODULES, *, prefix_chars: int = 900, suffix_chars: int = 400):
+    """One `InfillRequest` per module: the cursor halfway into an indented line a third of
+    the way down (code, not the docstring), the typed part of that line as the increment."""
     from engine.api import InfillRequest
+    from tiny_models import stdlib_sources
+
+    requests = []
+    for text in stdlib_sources(modules):
+        line_start = text.index("\n    ", len(text) // 3) + 1
+        cursor = (line_start + text.index("\n", line_start)) // 2
+        requests.append(InfillRequest(
+            key="prompt", prefix=text[max(0, line_start - prefix_chars):line_start],
+            increment=text[line_start:cursor], suffix=text[cursor:cursor + suffix_chars],
+        ))
+    return requests
+
+
+def code_prompts(loaded, modules: tuple[str, ...] = PROMPT_MODULES) -> list[list[int]]:
+    """`code_requests` as token ids in the engine's EFIM layout for `loaded`'s template (the
+    shipped adapter's: `<spm_suffix> S <spm_prefix> P I`). No token healing."""
     from engine.templates import detect_template
     from engine.tokenize import SegmentTokenizer
-    from tiny_models import stdlib_sources
 
     template = detect_template(loaded.tokenizer)
     tokenizer = SegmentTokenizer(loaded.tokenizer)
-    prompts = []
-    for text in stdlib_sources(modules):
-        line_start = text.index("\n    ", len(text) // 3) + 1  # an indented line: code, not the docstring
-        line_end = text.index("\n", line_start)
-        cursor = (line_start + line_end) // 2
-        request = InfillRequest(
-            key="prompt", prefix=text[max(0, line_start - prefix_chars):line_start],
-            increment=text[line_start:cursor], suffix=text[cursor:cursor + suffix_chars],
-        )
-        prompts.append(tokenizer.encode(template.render(request)).ids)
-    return prompts
+    return [tokenizer.encode(template.render(r)).ids for r in code_requests(modules)]
 
 
 def greedy(loaded, ids: list[int], n: int):
