@@ -66,8 +66,8 @@ class ContextChunk(msgspec.Struct, frozen=True):
 
 
 # Draft length of prompt-lookup speculation (`InfillRequest.speculate`, the server's
-# `speculate` setting): the best of 4 / 8 / 12 in `efim bench speculation` (docs/design.md).
-DEFAULT_SPECULATE = 8
+# `speculate` setting): measured with `efim bench speculation` (docs/design.md).
+DEFAULT_SPECULATE = 6
 
 
 class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):

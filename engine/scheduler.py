@@ -553,8 +553,8 @@ class Scheduler:
         # Alone, a greedy request verifies a draft; with others it decodes in their batch
         # (a verify forward of its own would re-read every weight and slow them).
         draft = draft_for(batch[0]) if len(batch) == 1 and batch[0].may_speculate else []
-        if draft:
-            self._guard(batch[0], lambda s: self._speculate(s, draft))
+        if draft:  # one forward verifies it; accepted tokens go through `_accept` in order
+            self._guard(batch[0], lambda s: speculate_step(self.runner, s, draft, self._accept))
             return
         try:
             logits = self.runner.decode(batch)  # [B, V]
@@ -570,11 +570,6 @@ class Scheduler:
         for b, seq in enumerate(batch):
             token = picks[b] if picks is not None else seq.sampler.sample(logits[b])
             self._guard(seq, lambda s, t=token: self._accept(s, t))
-
-    def _speculate(self, seq: Sequence, draft: list[int]) -> None:
-        """One verify step (engine.speculation.speculate_step): the accepted tokens and the
-        model's own go through `_accept` in order, until one ends the sequence."""
-        speculate_step(self.runner, seq, draft, self._accept)
 
     # ------------------------------------------------------------ finish
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:

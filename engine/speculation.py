@@ -29,10 +29,14 @@ if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
     from engine.sequence import Sequence
 
-# N-gram sizes tried, longest first: a 3-token match predicts better than a 1-token one,
-# and a single token is still worth a try (measured on stdlib code: bench/speculation_bench.py).
-NGRAM_MAX = 3
+# N-gram sizes tried, longest first: a longer match predicts better; a match of one token
+# is still worth a short draft. Chosen by replaying the default model's greedy single-line
+# suggestions at 64 stdlib places through policies (n-gram sizes, draft caps, growth) with a
+# verify row costing 3-6 % of a step (measured): 4..1 with 1-token drafts capped at 2
+# was within 1 % of the best at both costs (docs/design.md, "Prompt-lookup speculation").
+NGRAM_MAX = 4
 NGRAM_MIN = 1
+ONE_TOKEN_MATCH_DRAFT = 2  # most tokens proposed after a match of a single token
 
 
 class NgramIndex:
@@ -47,10 +51,14 @@ class NgramIndex:
     Contract: `propose` returns only tokens that follow an earlier occurrence of the
     history's last n-gram; an occurrence ending at the history's end is never its own match."""
 
-    def __init__(self, tokens: Seq[int] = (), *, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN) -> None:
+    def __init__(
+        self, tokens: Seq[int] = (), *, n_max: int = NGRAM_MAX, n_min: int = NGRAM_MIN,
+        one_token_draft: int = ONE_TOKEN_MATCH_DRAFT,
+    ) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}, {n_max}")
         self.sizes = tuple(range(n_max, n_min - 1, -1))
+        self.one_token_draft = one_token_draft
         self.history: list[int] = []
         self._sources: list[list[int]] = []
         # key: n-gram tuple -> (run, end): run -1 is the history, >= 0 a source; the
@@ -102,8 +110,9 @@ class NgramIndex:
 
     def propose(self, k: int) -> list[int]:
         """Up to `k` tokens that followed the latest earlier occurrence of the history's
-        longest matching tail n-gram (exactly `k` when it is in the history: a copy that
-        reaches the end goes on with the tokens it copied); [] when none matches."""
+        longest matching tail n-gram (at most `one_token_draft` after a one-token match;
+        as many as that when the occurrence is in the history: a copy that reaches the end
+        goes on with the tokens it copied); [] when none matches."""
         h = self.history
         if k <= 0:
             return []
@@ -113,6 +122,8 @@ class NgramIndex:
             hit = self._where.get(tuple(h[len(h) - n :]))
             if hit is None:
                 continue
+            if n == 1:
+                k = min(k, self.one_token_draft)  # a one-token match predicts little
             run_idx, end = hit
             if run_idx >= 0:
                 return self._sources[run_idx][end : end + k]
@@ -149,7 +160,7 @@ class Speculation:
     Engine thread only."""
 
     def __init__(self, most: int, extra: Seq[int] = ()) -> None:
-        self.index = NgramIndex(n_max=NGRAM_MAX, n_min=NGRAM_MIN)
+        self.index = NgramIndex(n_max=NGRAM_MAX, n_min=NGRAM_MIN, one_token_draft=ONE_TOKEN_MATCH_DRAFT)
         self.index.add_source(extra)  # first: the sequence's own history wins over it
         self.length = DraftLength(most)
 
@@ -229,4 +240,7 @@ def speculate_step(
     return StepResult(len(draft), a, emitted)
 
 
-__all__ = ["NgramIndex", "DraftLength", "Speculation", "StepResult", "draft_for", "greedy_accept", "speculate_step", "NGRAM_MAX", "NGRAM_MIN"]
+__all__ = [
+    "NgramIndex", "DraftLength", "Speculation", "StepResult", "draft_for", "greedy_accept", "speculate_step",
+    "NGRAM_MAX", "NGRAM_MIN", "ONE_TOKEN_MATCH_DRAFT",
+]

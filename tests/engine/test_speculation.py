@@ -33,8 +33,9 @@ def test_the_longest_tail_ngram_wins_then_shorter_ones():
     # tail [1, 2, 3] occurred once (followed by 40); tail [3] alone occurred later (followed by 50)
     ix = NgramIndex([1, 2, 3, 40, 9, 3, 50, 1, 2, 3])
     assert ix.propose(1) == [40]
-    ix = NgramIndex([9, 3, 50, 7, 3])  # only the 1-gram [3] matches
-    assert ix.propose(2) == [50, 7]
+    ix = NgramIndex([9, 3, 50, 7, 8, 3])  # only the 1-gram [3] matches: a short draft
+    assert ix.propose(4) == [50, 7]
+    assert NgramIndex([9, 3, 50, 7, 8, 3], one_token_draft=4).propose(4) == [50, 7, 8, 3]
 
 
 def test_no_match_and_no_self_match():
@@ -43,7 +44,7 @@ def test_no_match_and_no_self_match():
     assert NgramIndex([]).propose(4) == []
     # a repeated token proposes itself from the earlier place, never from its own end;
     # a copy that reaches the end repeats the period it matched
-    assert NgramIndex([7, 7]).propose(3) == [7, 7, 7]
+    assert NgramIndex([7, 7, 7]).propose(3) == [7, 7, 7]
     assert NgramIndex([4, 1, 2, 3, 1, 2]).propose(5) == [3, 1, 2, 3, 1]
 
 
