@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import sysconfig
 import time
 from pathlib import Path
