@@ -216,3 +216,21 @@ async def test_efim_serve_with_a_llama_cpp_backend_reuses_while_typing(lsp: Lang
           f"TTFT (server-side, from arrival) {stats['ttftMs']}, client TTFT {engine['clientTtftMs']}, "
           f"llama-server prompt_ms {engine['serverPromptMs']}, remote overhead {engine['remoteOverheadMs']}")
     await asyncio.sleep(0)
+
+
+def test_a_background_request_warms_the_window_on_the_server(llama_default, default_gguf):
+    """Warm-ahead through llama-server (`n_predict: 0`): the first keystroke after it finds
+    its prompt cached."""
+    from engine.remote import RemoteEngine
+
+    other = (Path(sysconfig.get_paths()["stdlib"]) / "heapq.py").read_text()
+    cursor = other.index("def heappushpop(heap, item):") + len("def heappushpop(heap, item):\n    ")
+    with RemoteEngine("llama.cpp", llama_default.url, model=str(default_gguf)) as engine:
+        base = dict(key="file:///warm.py", prefix=other[:cursor][-4000:], suffix=other[cursor:][:1500], format="prefix",
+                    max_tokens=8, stop=("\n",))
+        warm = engine.submit(InfillRequest(background=True, **base)).result(120)
+        assert warm.finish_reason != "error", warm.error
+        assert warm.stats.prompt_tokens > 500 and warm.stats.prefilled_tokens > 0.9 * warm.stats.prompt_tokens
+        first = engine.submit(InfillRequest(increment="i", **base)).result(120)
+        assert first.stats.reused_tokens >= 0.95 * first.stats.prompt_tokens, first.stats
+        assert engine.stats().warm_requests == 1
