@@ -242,6 +242,8 @@ class RemoteEngine:
             self._context_length = min(self.vocab.context_length, facts.context_length)
         if self.remote_model is None and facts.model and self.dialect.name == "openai":
             self.remote_model = facts.model
+        if self._mismatch:
+            return  # reachable, but serving another model: the state stays "error" (requests are refused)
         self.link.ok()
         log.info("backend %s (%s): %s, %d slot(s), context %d", self.endpoint.display, self.dialect.name,
                  facts.model, facts.slots, self._context_length)

@@ -233,6 +233,7 @@ def test_a_server_with_another_vocabulary_is_refused_with_a_message(tiny_model_d
             done = engine.submit(_req()).result(5)
             assert done.finish_reason == "error" and "serves another model" in done.error
             assert faults.kinds("model") and engine.health()["modelMismatch"]
+            assert engine.health()["state"] == "error"
             assert not server.completions()  # nothing was sent
 
 
