@@ -62,7 +62,7 @@ from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence
 from engine.sequence import Prompt, Sequence
-from engine.speculation import draft_for, speculate_step
+from engine.speculation import VerifyCost, draft_for, speculate_step
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +181,8 @@ class Scheduler:
         self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
         self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stepping = False
+        # Speculation: measured cost of a verify row and acceptance (None: drafts as long as allowed).
+        self.verify_cost: VerifyCost | None = VerifyCost()
 
     @property
     def context_length(self) -> int:
@@ -552,10 +554,12 @@ class Scheduler:
             return
         # Alone, a greedy request verifies a draft; with others it decodes in their batch
         # (a verify forward of its own would re-read every weight and slow them).
-        draft = draft_for(batch[0]) if len(batch) == 1 and batch[0].may_speculate else []
+        cost = self.verify_cost
+        draft = draft_for(batch[0], cost) if len(batch) == 1 and batch[0].may_speculate else []
         if draft:  # one forward verifies it; accepted tokens go through `_accept` in order
-            self._guard(batch[0], lambda s: speculate_step(self.runner, s, draft, self._accept))
+            self._guard(batch[0], lambda s: speculate_step(self.runner, s, draft, self._accept, cost))
             return
+        t0 = time.perf_counter()
         try:
             logits = self.runner.decode(batch)  # [B, V]
         except Exception as exc:
@@ -565,6 +569,8 @@ class Scheduler:
             return
         for seq in batch:
             seq.decode_steps += 1
+        if len(batch) == 1 and cost is not None:  # a one-row step: what a verify row is measured against
+            cost.observe_plain(time.perf_counter() - t0)
         greedy = all(s.sampler.greedy for s in batch)
         picks = logits.argmax(dim=-1).tolist() if greedy else None
         for b, seq in enumerate(batch):

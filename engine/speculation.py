@@ -23,6 +23,7 @@ Contracts (docs/design.md, "Prompt-lookup speculation"):
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence as Seq
 
 if TYPE_CHECKING:
@@ -155,6 +156,60 @@ class DraftLength:
             self.now = max(1, self.now - 1)
 
 
+class VerifyCost:
+    """Engine-wide: what one more verify row costs, relative to a plain decode step, and
+    how often draft tokens are accepted — so a draft is only as long as it pays.
+
+    A row is nearly free where decode reads bf16 weights on several cores (measured on
+    the default model, 1 thread: 7 rows 1.11x one row) and dear where the forward is
+    compute-bound (fp32, 1 thread: 5 rows 1.82x). With per-token acceptance p (drafts
+    modelled as accepted token by token, each with chance p) a draft of d tokens yields
+    (1 - p^(d+1)) / (1 - p) tokens for 1 + c*d step costs; `best_length` picks the d that
+    maximises that ratio, 0 (plain decoding) when no d beats one token per step. One step
+    in `EXPLORE_EVERY` that would not speculate still verifies one token, so the costs
+    and the acceptance keep being measured. Engine thread only."""
+
+    WEIGHT = 0.1  # of the newest observation in the running averages
+    PRIOR_ROW_COST = 0.05  # c before anything was measured
+    EXPLORE_EVERY = 16
+
+    def __init__(self) -> None:
+        self.step_s: float | None = None  # a plain one-sequence decode step, seconds
+        self.row_cost = self.PRIOR_ROW_COST  # c: (verify seconds / step seconds - 1) / extra rows
+        self._accepted = 1.0  # decayed counts of accepted draft tokens and of rejections (prior p = 0.5)
+        self._rejected = 1.0
+        self._skipped = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self._accepted / (self._accepted + self._rejected)
+
+    def observe_plain(self, seconds: float) -> None:
+        w = self.WEIGHT
+        self.step_s = seconds if self.step_s is None else self.step_s + w * (seconds - self.step_s)
+
+    def observe_verify(self, drafted: int, accepted: int, seconds: float) -> None:
+        w = self.WEIGHT
+        self._accepted = (1 - w) * self._accepted + accepted
+        self._rejected = (1 - w) * self._rejected + (accepted < drafted)
+        if self.step_s and drafted > 0:
+            c = max(0.0, (seconds / self.step_s - 1.0) / drafted)
+            self.row_cost += w * (min(c, 2.0) - self.row_cost)
+
+    def best_length(self, most: int) -> int:
+        p, c = min(self.acceptance, 0.99), self.row_cost
+        best, best_gain = 0, 1.0
+        for d in range(1, most + 1):
+            gain = (1 - p ** (d + 1)) / (1 - p) / (1 + c * d)
+            if gain > best_gain:
+                best, best_gain = d, gain
+        if best == 0 and most > 0:
+            self._skipped += 1
+            if self._skipped % self.EXPLORE_EVERY == 0:
+                return 1
+        return best
+
+
 class Speculation:
     """One greedy sequence's speculation state: its n-gram index and draft length.
     Engine thread only."""
@@ -177,12 +232,15 @@ class Speculation:
         return self.index.propose(min(room, self.length.now))
 
 
-def draft_for(seq: Sequence) -> list[int]:
+def draft_for(seq: Sequence, cost: VerifyCost | None = None) -> list[int]:
     """The draft to verify at `seq`'s next decode step ([] = decode plainly): at most
-    `seq.speculate` tokens, fewer than the tokens it may still generate (the model adds
-    one of its own) and fitting its KV. Builds the sequence's index at its first call
-    (O(prompt tokens)), then adds the tokens fed since the last call."""
+    `seq.speculate` tokens (and what `cost` says pays), fewer than the tokens it may
+    still generate (the model adds one of its own) and fitting its KV. Builds the
+    sequence's index at its first call (O(prompt tokens)), then adds the tokens fed since
+    the last call."""
     room = min(seq.kv.capacity - seq.n_valid - 1, seq.max_tokens - seq.generated - 1)
+    if room > 0 and cost is not None:
+        room = min(room, cost.best_length(seq.speculate))
     if room <= 0 or seq.pending is None:
         return []
     spec = seq.speculation
@@ -211,7 +269,8 @@ def greedy_accept(draft: Seq[int], picks: Seq[int]) -> int:
 
 
 def speculate_step(
-    runner: ModelRunner, seq: Sequence, draft: list[int], accept: Callable[[Sequence, int], bool]
+    runner: ModelRunner, seq: Sequence, draft: list[int], accept: Callable[[Sequence, int], bool],
+    cost: VerifyCost | None = None,
 ) -> StepResult:
     """One verify step of `seq` (greedy, `seq.pending` set, room for len(draft)+1 rows):
     feed `[pending] + draft` in one forward, count the step in `seq`'s figures, then hand
@@ -219,9 +278,12 @@ def speculate_step(
     until it returns False (the sequence ended). `seq.tokens` / `seq.n_valid` advance exactly as that many plain
     decode steps would have advanced them; rows of rejected tokens are left beyond
     `n_valid`. When the forward raises, nothing has advanced."""
+    t0 = time.perf_counter()
     logits = runner.verify(seq, draft)  # [k+1, V]
     picks = logits.argmax(dim=-1).tolist()  # picks[i]: greedy token after pending + draft[:i]
     a = greedy_accept(draft, picks)
+    if cost is not None:
+        cost.observe_verify(len(draft), a, time.perf_counter() - t0)
     # Counted before any token goes out: the token that ends the sequence reports its stats.
     seq.decode_steps += 1
     seq.verify_steps += 1
@@ -241,6 +303,6 @@ def speculate_step(
 
 
 __all__ = [
-    "NgramIndex", "DraftLength", "Speculation", "StepResult", "draft_for", "greedy_accept", "speculate_step",
+    "NgramIndex", "DraftLength", "VerifyCost", "Speculation", "StepResult", "draft_for", "greedy_accept", "speculate_step",
     "NGRAM_MAX", "NGRAM_MIN", "ONE_TOKEN_MATCH_DRAFT",
 ]

@@ -15,7 +15,7 @@ from engine.cache import RadixCache
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Prompt, Sequence
-from engine.speculation import DraftLength, NgramIndex, greedy_accept
+from engine.speculation import DraftLength, NgramIndex, VerifyCost, greedy_accept
 from tiny_models import stdlib_sources, tiny_tokenizer_json
 
 # ----------------------------------------------------------------------------- proposer
@@ -78,6 +78,22 @@ def test_greedy_accept_is_the_agreeing_prefix():
     assert greedy_accept([4, 5, 6], [4, 9, 6, 7]) == 1
     assert greedy_accept([4, 5, 6], [1, 5, 6, 7]) == 0
     assert greedy_accept([], [3]) == 0
+
+
+def test_verify_cost_keeps_drafts_only_where_they_pay():
+    dear = VerifyCost()
+    dear.observe_plain(0.1)
+    for _ in range(40):
+        dear.observe_verify(5, 0, 0.19)  # 5 extra rows cost 90 % of a step, nothing accepted
+    lengths = [dear.best_length(6) for _ in range(2 * VerifyCost.EXPLORE_EVERY)]
+    assert lengths.count(1) == 2 and set(lengths) == {0, 1}  # plain, but still measuring now and then
+    cheap = VerifyCost()
+    cheap.observe_plain(0.1)
+    for _ in range(40):
+        cheap.observe_verify(5, 3, 0.102)  # rows nearly free, most drafts accepted
+    assert cheap.row_cost < 0.01 and cheap.best_length(6) == 6 and cheap.best_length(3) == 3
+    fresh = VerifyCost()  # priors: a middling draft before anything was measured
+    assert 1 <= fresh.best_length(6) < 6
 
 
 def test_draft_length_grows_on_success_and_shrinks_on_rejection():
@@ -180,9 +196,9 @@ def steps(monkeypatch):
     seen = Steps()
     real = scheduler_module.speculate_step
 
-    def spy(runner, seq, draft, accept):
+    def spy(runner, seq, draft, accept, cost=None):
         decoding, generated = len(seen.scheduler._decoding), seq.generated
-        out = real(runner, seq, draft, accept)
+        out = real(runner, seq, draft, accept, cost)
         seen.append((seq, list(draft), out, decoding, seq.kv is None, generated))
         return out
 
@@ -193,8 +209,12 @@ def steps(monkeypatch):
 class Steps(list):
     scheduler: Scheduler | None = None
 
-    def watch(self, scheduler: Scheduler) -> None:
+    def watch(self, scheduler: Scheduler, *, measured_cost: bool = False) -> None:
+        """Record `scheduler`'s verify steps; unless `measured_cost`, drafts are as long as
+        allowed (no timing-dependent `VerifyCost`), so the same request gets the same drafts."""
         self.scheduler = scheduler
+        if not measured_cost:
+            scheduler.verify_cost = None
 
 
 def run_one(s, ids, speculate, key, **sink_kw):
@@ -366,7 +386,7 @@ def test_engine_text_identical_with_stop_strings_and_max_tokens(tiny_model_facto
 
 def test_engine_alternatives_and_typing_on_after_a_speculative_suggestion(tiny_model_factory, steps):
     eng = _engine(tiny_model_factory, "llama")
-    steps.watch(eng.scheduler)
+    steps.watch(eng.scheduler, measured_cost=True)  # the engine as served: drafts sized by measured cost
     try:
         src = stdlib_sources(("textwrap.py",))[0]
         at = src.index("def wrap(")
