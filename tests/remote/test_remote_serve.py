@@ -99,3 +99,19 @@ def test_a_remote_engine_that_cannot_start_keeps_the_old_one(tiny_model_dir):
         assert stats["engine"]["endpoint"] == backend.url
         assert _complete(server, 0)["items"]  # still served by the old engine
         assert server.shutdown_and_exit() == 0
+
+
+def test_the_command_line_flags_choose_the_backend(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("EFIM_TEST_SERVE_KEY", "sk-flag-test")
+    with FaultServer(require_key="sk-flag-test") as backend, ServerProcess(
+        ["--model", str(tiny_model_dir), "--backend", "llama.cpp", "--endpoint", backend.url, "--api-key-env", "EFIM_TEST_SERVE_KEY"]
+    ) as server:
+        server.initialize()
+        stats = server.wait_model()
+        assert stats["model"]["state"] == "ready" and stats["engine"]["backend"] == "llama.cpp"
+        assert stats["engine"]["state"] == "connected" and stats["engine"]["endpoint"] == backend.url
+        server.open(URI, TEXT)
+        assert _complete(server, 0)["items"]
+        assert backend.requests[-1][1]["Authorization"] == "Bearer sk-flag-test"
+        assert "sk-flag-test" not in server.stderr() and "sk-flag-test" not in repr(server.notifications)
+        assert server.shutdown_and_exit() == 0
