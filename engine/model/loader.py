@@ -319,8 +319,11 @@ def merge_adapter(adapter: Path, config: dict, weights: dict[str, torch.Tensor])
         rank = a.shape[0]
         alpha = float(meta.get("alpha", rank))
         w = weights[param]
+        if isinstance(w, WeightSource) and w.groups is not None:
+            # Kept GGUF groups stay the file's; the adapter runs beside them (WeightSource.with_low_rank).
+            weights[param] = w.with_low_rank(a, (alpha / rank) * b)
+            continue
         merged = w.float() + (alpha / rank) * (b @ a)  # [out, in]
-        # A kept GGUF block no longer holds the merged values: it is requantised from them.
         weights[param] = w.with_values(merged) if isinstance(w, WeightSource) else merged.to(w.dtype)
     embed = weights.get("model.embed_tokens.weight")
     if embed is not None and embed.shape[0] != int(config["vocab_size"]):

@@ -135,14 +135,11 @@ FORMATS = {
 }
 
 
-def tiny_gguf(factory, tmp_path, qtype: str, arch: str = "llama"):
+def tiny_gguf(factory, tmp_path, qtype: str, arch: str = "llama", names=("_proj", "mlp.c_", "embed_tokens", "lm_head")):
     # 256-wide rows: Q4_K's super-blocks are 256 weights. Every linear quantised, the embedding too.
     folder = factory(arch, hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
     quantize = quantize_q4_k if qtype == "Q4_K" else None
-    return write_tiny_gguf(
-        folder, tmp_path / f"{arch}-{qtype}.gguf", q8_0=("_proj", "mlp.c_", "embed_tokens", "lm_head"),
-        qtype=qtype, quantize=quantize,
-    )
+    return write_tiny_gguf(folder, tmp_path / f"{arch}-{qtype}.gguf", q8_0=names, qtype=qtype, quantize=quantize)
 
 
 def kl_top1(want: torch.Tensor, got: torch.Tensor) -> tuple[float, float]:
@@ -227,3 +224,36 @@ def test_one_log_line_for_types_no_kernel_keeps(tiny_model_factory, tmp_path, ca
         load_model(path, dtype="fp32", quant="auto")
     lines = [r.getMessage() for r in caplog.records if "no packed kernel" in r.getMessage()]
     assert len(lines) == 1 and "Q5_1" in lines[0] and "int8" in lines[0]
+
+
+def test_an_adapter_runs_beside_kept_int4_groups(tiny_model_factory, tmp_path, cache_dir):
+    """LoRA pairs on q, v (one of three fused parts each: a block-diagonal B) and down, plus
+    extra vocabulary rows: the kept groups stay the file's and the low-rank term is computed
+    beside them, so the model equals the dense model with the adapter merged (fp32: up to
+    that model's fp16 storage of the dequantised file, as above)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    # The embedding (the tied head) stays F32: with 2 rows appended its 1,538 rows are no
+    # multiple of 64, so a quantised head would be requantised to int8 (measured KL 0.002).
+    path = tiny_gguf(tiny_model_factory, tmp_path, "Q4_1", names=("_proj",))
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for module, (n_out, n_in) in {"self_attn.q_proj": (256, 256), "self_attn.v_proj": (128, 256), "mlp.down_proj": (256, 256)}.items():
+        tensors[f"model.layers.1.{module}.lora_A"] = torch.randn(4, n_in, generator=g) * 0.1  # [r, in]
+        tensors[f"model.layers.1.{module}.lora_B"] = torch.randn(n_out, 4, generator=g) * 0.1  # [out, r]
+    v = load_model(path, dtype="fp32").model.vocab_size
+    tensors["model.embed_tokens.extra"] = torch.randn(2, 256, generator=g) * 0.1
+    adapter = tmp_path / "adapter.safetensors"
+    save_file(tensors, str(adapter), metadata={"alpha": "8", "added_tokens": json.dumps([[v, "<a>"], [v + 1, "<b>"]])})
+    merged = load_model(path, dtype="fp32", quant="none", adapter=adapter)
+    beside = load_model(path, dtype="fp32", quant="auto", adapter=adapter)
+    qkv = beside.model.layers[1].qkv
+    assert isinstance(qkv, Int4Linear) and qkv.lora_a_t.shape == (256, 8)  # q's and v's ranks, k none
+    assert beside.model.vocab_size == v + 2
+    torch.testing.assert_close(qkv.dequantize(), merged.model.layers[1].qkv.weight, atol=2e-3, rtol=1e-3)
+    kl, top1 = kl_top1(logits_of(merged), logits_of(beside))
+    assert kl < 1e-4 and top1 >= 0.95
+    rows = torch.randn(64, 256)  # the dequantise-then-GEMM path adds the same term
+    torch.testing.assert_close(qkv(rows), rows @ qkv.dequantize().T, atol=1e-4, rtol=1e-4)

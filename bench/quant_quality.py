@@ -1,0 +1,162 @@
+"""Weight formats on the embedded model: quality against the dequantised bf16 reference and
+speed, in one run (docs/model.md "Formats").
+
+    .venv/bin/python bench/quant_quality.py [--windows 8] [--window 256] [--rounds 3] [--json]
+
+Quality: greedy top-1 agreement and mean KL(reference || format) of the next-token
+distribution at every position of `--windows` windows of real code (CPython stdlib, read
+at run time), for quant none (the reference: the GGUF dequantised, bf16), int8, int4 and
+auto, both on the bare model and with the shipped adapter merged (what `efim serve` runs).
+Speed: decode ms/token after a 128-token prompt and prefill tokens/s of 512 tokens in
+256-row chunks, formats interleaved over `--rounds` rounds (medians), plus the
+`Int4Linear` crossover: fused int4 GEMV vs dequantise-then-GEMM by row count on the
+model's shapes. Benchmark code, outside the serving path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+FORMATS = ("none", "int8", "int4", "auto")
+MODULES = ("textwrap.py", "shlex.py", "heapq.py", "fnmatch.py", "bisect.py", "string.py", "difflib.py", "ftplib.py")
+
+
+def windows(tokenizer, n: int, size: int) -> list[list[int]]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for name in MODULES:
+        ids = tokenizer.encode((stdlib / name).read_text(encoding="utf-8")).ids
+        if len(ids) >= size:
+            mid = (len(ids) - size) // 2  # the middle of the file: past the imports
+            out.append(ids[mid : mid + size])
+        if len(out) == n:
+            break
+    return out
+
+
+def quality(models: dict, ids_list: list[list[int]]) -> dict[str, dict[str, float]]:
+    import torch
+
+    ref_model = models["none"].model
+    sums = {q: {"kl": 0.0, "top1": 0.0, "n": 0} for q in models if q != "none"}
+    with torch.inference_mode():
+        for ids in ids_list:
+            x = torch.tensor(ids)
+            ref = ref_model.forward(x, ref_model.new_kv(len(ids)), 0, "all")  # [T, V]
+            lp = torch.log_softmax(ref, -1)
+            for q, loaded in models.items():
+                if q == "none":
+                    continue
+                m = loaded.model
+                got = m.forward(x, m.new_kv(len(ids)), 0, "all")  # [T, V]
+                lq = torch.log_softmax(got, -1)
+                s = sums[q]
+                s["kl"] += (lp.exp() * (lp - lq)).sum(-1).sum().item()
+                s["top1"] += (ref.argmax(-1) == got.argmax(-1)).sum().item()
+                s["n"] += len(ids)
+    return {q: {"top1": s["top1"] / s["n"], "kl": s["kl"] / s["n"], "positions": s["n"]} for q, s in sums.items()}
+
+
+def speed(models: dict, prompt, prefill, rounds: int) -> dict[str, dict[str, float]]:
+    from bench import speed_probes
+
+    samples = {q: {"decode_ms": [], "prefill_tok_s": []} for q in models}
+    for _ in range(rounds):
+        for q, loaded in models.items():  # interleaved: machine load drifts alike for all
+            samples[q]["decode_ms"].append(speed_probes.engine_decode_ms(loaded.model, prompt, 32))
+            samples[q]["prefill_tok_s"].append(speed_probes.engine_prefill_tok_s(loaded.model, prefill, 256))
+    return {
+        q: {k: statistics.median(v) for k, v in s.items()} | {"weight_bytes": models[q].model.weight_bytes()}
+        for q, s in samples.items()
+    }
+
+
+def crossover(model, rows=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256)) -> list[dict]:
+    """Per distinct int4 shape of `model`: µs of the fused kernel and of dequantise+GEMM."""
+    import torch
+
+    from engine.model.quant import Int4Linear
+
+    layer = model.layers[0]
+    out = []
+    for name in ("qkv", "o", "up", "down"):
+        lin = getattr(layer, name)
+        if not isinstance(lin, Int4Linear):
+            continue
+        for m in rows:
+            x = torch.randn(m, lin.in_features, dtype=lin.scales_zeros.dtype)
+
+            def fused():
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(x, lin.packed, lin.group, lin.scales_zeros)
+
+            def gemm():
+                return torch.mm(x, lin._dequantize_t())
+
+            best = {}
+            for label, f in (("fused", fused), ("gemm", gemm)):
+                f()
+                reps = max(3, min(200, int(2e5 / (m * lin.out_features * lin.in_features / 1e3 + 1))))
+                times = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        f()
+                    times.append((time.perf_counter() - t) / reps * 1e6)
+                best[label] = min(times)
+            out.append({"linear": name, "shape": [lin.out_features, lin.in_features], "rows": m,
+                        "fused_us": round(best["fused"], 1), "gemm_us": round(best["gemm"], 1)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: quality, adapter, speed, crossover")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    skip = set(args.skip.split(","))
+
+    import torch
+
+    from engine.loading import load_model_for_engine
+
+    report: dict = {"threads": torch.get_num_threads()}
+    for adapter in ("none", "auto"):
+        if adapter == "auto" and "adapter" in skip:
+            continue
+        models = {q: load_model_for_engine(args.model, dtype="bf16", quant=q, adapter=adapter).loaded for q in FORMATS}
+        key = "bare" if adapter == "none" else "adapter"
+        if "quality" not in skip:
+            report[f"quality_{key}"] = quality(models, windows(models["none"].tokenizer, args.windows, args.window))
+        if "speed" not in skip and adapter == "auto":
+            ids = torch.tensor(windows(models["none"].tokenizer, 3, 256)[0] + windows(models["none"].tokenizer, 3, 256)[1])
+            report["speed"] = speed(models, ids[:128], ids[:512], args.rounds)
+        if "crossover" not in skip and adapter == "none":
+            report["crossover"] = crossover(models["auto"].model)
+        del models
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    for key in ("quality_bare", "quality_adapter"):
+        if key in report:
+            print(f"{key}: " + "; ".join(f"{q} top1 {v['top1']:.4f} KL {v['kl']:.5f}" for q, v in report[key].items()))
+    for q, v in report.get("speed", {}).items():
+        print(f"speed {q}: decode {v['decode_ms']:.2f} ms/token, prefill {v['prefill_tok_s']:.0f} tok/s, weights {v['weight_bytes'] / 1e6:.1f} MB")
+    for r in report.get("crossover", []):
+        print(f"crossover {r['linear']} {r['shape']} rows {r['rows']}: fused {r['fused_us']} us, gemm {r['gemm_us']} us")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
