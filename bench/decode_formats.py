@@ -3,9 +3,10 @@ floor measured in the same run (part of `efim bench engine`).
 
 The floor of one decode step is the bytes it must read — every linear weight (lm_head
 included; `Transformer.weight_bytes()`) plus the KV rows of the context — over the read
-bandwidth of this machine, measured with the same torch threads just before the shape's
-models are timed. Bandwidth drifts on a shared machine, so each shape gets its own probe
-and the table shows the ratio decode / floor.
+bandwidth of this machine, measured with the same torch threads around the shape's timings:
+a probe before each format and one after the last, and the best of them is the shape's
+bandwidth (on a shared machine a single probe can land on a bad moment and put the floor
+above the decode it bounds). The table shows the ratio decode / floor.
 
 Benchmark code, outside the serving path.
 """
@@ -64,15 +65,17 @@ def measure_shape(
     shape: str, formats: list[str], *, context: int, steps: int, rounds: int, prefill_tokens: int
 ) -> list[DecodeRow]:
     """Every format of one shape: build it, time decode (and a model-level prefill), free it."""
-    bandwidth = speed_probes.memory_bandwidth_gbs()
+    probes = [speed_probes.memory_bandwidth_gbs()]
     weights = model_shapes.random_weights(model_shapes.qwen2_config(shape)) if shape != "135m" else None
-    rows = []
+    timed = []  # (fmt, decode ms, weight bytes, kv bytes, prefill tok/s) or (fmt, note)
     for fmt in formats:
+        if timed:  # the first format has the probe above
+            probes.append(speed_probes.memory_bandwidth_gbs())
         t0 = time.perf_counter()
         try:
             bm = model_shapes.build(shape, _quant(fmt), weights=weights)
         except model_shapes.FormatUnavailable as exc:
-            rows.append(DecodeRow(shape, fmt, None, None, None, None, bandwidth, None, f"n/a (not available: {exc})"))
+            timed.append((fmt, f"n/a (not available: {exc})"))
             continue
         built_s = time.perf_counter() - t0
         model = bm.model
@@ -83,13 +86,23 @@ def measure_shape(
         ids = torch.randint(0, model.vocab_size, (prefill_tokens,), generator=gen)  # [T]
         with torch.inference_mode():
             prefill = max(speed_probes.engine_prefill_tok_s(model, ids, 512) for _ in range(max(1, rounds - 1)))
-        floor = (weight_bytes + kv_bytes) / (bandwidth * 1e9) * 1e3
-        log.info("%s %s: built in %.1f s, %.2f ms/token (floor %.2f)", shape, fmt, built_s, ms, floor)
-        rows.append(DecodeRow(shape, fmt, ms, floor, weight_bytes, kv_bytes, bandwidth, prefill))
+        log.info("%s %s: built in %.1f s, %.2f ms/token", shape, fmt, built_s, ms)
+        timed.append((fmt, ms, weight_bytes, kv_bytes, prefill))
         del bm, model
         gc.collect()
     del weights
     gc.collect()
+    probes.append(speed_probes.memory_bandwidth_gbs())
+    bandwidth = max(probes)
+    log.info("%s: bandwidth probes %s GB/s", shape, ", ".join(f"{p:.1f}" for p in probes))
+    rows = []
+    for t in timed:
+        if len(t) == 2:
+            rows.append(DecodeRow(shape, t[0], None, None, None, None, bandwidth, None, t[1]))
+            continue
+        fmt, ms, weight_bytes, kv_bytes, prefill = t
+        floor = (weight_bytes + kv_bytes) / (bandwidth * 1e9) * 1e3
+        rows.append(DecodeRow(shape, fmt, ms, floor, weight_bytes, kv_bytes, bandwidth, prefill))
     return rows
 
 

@@ -56,8 +56,12 @@ def test_unknown_format_is_reported_not_raised(monkeypatch):
         model_shapes.build("0.5b", "int3")
     monkeypatch.setattr(model_shapes, "build", lambda shape, quant, **kw: model_shapes.BenchModel(
         shape, quant, _raise_unavailable(quant) if quant == "int4" else model_shapes.random_model(_tiny_qwen2(), quant), None))
+    probes = iter([5.0, 20.0, 10.0])  # GB/s: before bf16, before int4, after the last
+    monkeypatch.setattr(decode_formats.speed_probes, "memory_bandwidth_gbs", lambda: next(probes))
     rows = decode_formats.measure_shape("0.5b", ["bf16", "int4"], context=8, steps=2, rounds=1, prefill_tokens=16)
     assert [r.format for r in rows] == ["bf16", "int4"]
+    assert rows[0].bandwidth_gbs == 20.0  # the best probe of the shape sets its floors
+    assert rows[0].floor_ms == pytest.approx((rows[0].weight_bytes + rows[0].kv_bytes) / 20e9 * 1e3)
     assert rows[0].decode_ms > 0 and rows[0].floor_ms > 0 and rows[0].vs_floor == rows[0].decode_ms / rows[0].floor_ms
     assert rows[1].decode_ms is None and rows[1].note.startswith("n/a (not available")
     text = "\n".join(decode_formats.render(rows, 8, {"0.5b": None}))
