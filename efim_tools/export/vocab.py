@@ -2,9 +2,10 @@
 appended at the ids it was trained with, and the FIM token ids llama.cpp reads
 (`tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id`).
 
-llama-server's `/infill` needs pre, suf and mid (it refuses without them) and builds
-`[rep/sep context] PRE prefix SUF suffix MID prompt`, or with `--spm-infill`
-`SUF suffix PRE prefix MID prompt`. pad, rep and sep also end generation there.
+llama-server's `/infill` needs pre, suf and mid (it refuses without them); with
+`--spm-infill` the pinned build makes `[repo header] SUF suffix PRE prefix prompt MID`
+(prefix-first without it). pad, rep and sep also end generation there. llama.cpp also finds
+some of these tokens by their spelling when the file names none (SmolLM2's `<reponame>`).
 """
 
 from __future__ import annotations
