@@ -44,8 +44,10 @@ class LocalHandle:
     def _complete(self, event: StreamEvent) -> None:
         with self._lock:
             self._completion = event.completion
-            self._events.put(event)
+            # done before the event is queued: a consumer woken by the terminal event may
+            # check `done` at once (it saw False when the put came first)
             self._done.set()
+            self._events.put(event)
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
             try:
