@@ -13,7 +13,7 @@ runs under its own key (no previous suggestion of the same document to look up i
 configurations interleaved place by place so that a load change on a shared machine hits
 them alike.
 
-Reported per configuration (`--speculate 0 4 8`: draft lengths, 0 = plain decoding):
+Reported per configuration (`--speculate 0 3 6 10`: draft lengths, 0 = plain decoding):
 whole-suggestion latency p50/p95 (submit to answer), decode ms/token (median over
 requests of RequestStats.decode_ms_per_token), tokens per decode step (generated after
 the first / decode steps), accepted drafts per verify step, acceptance rate, and how many
@@ -40,7 +40,7 @@ PREFIX_CHARS, SUFFIX_CHARS = 6000, 2000  # about the server's 1536 + 512 token w
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--places", type=int, default=24, help="cursor places (default: %(default)s)")
-    parser.add_argument("--speculate", type=int, nargs="+", default=[0, 4, 8, 12],
+    parser.add_argument("--speculate", type=int, nargs="+", default=[0, 3, 6, 10],
                         help="draft lengths to compare, 0 = plain (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
@@ -82,7 +82,7 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-def run(model: str = "default", n_places: int = 24, speculate=(0, 4, 8, 12), max_tokens: int = 48, seed: int = 0,
+def run(model: str = "default", n_places: int = 24, speculate=(0, 3, 6, 10), max_tokens: int = 48, seed: int = 0,
         threads: int | None = None, dtype: str | None = None) -> dict:
     """Compare draft lengths `speculate` on `n_places` stdlib places; returns the summary dict."""
     from bench.torch_threads import torch_threads  # noqa: PLC0415
