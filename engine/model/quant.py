@@ -36,8 +36,9 @@ INT4_GROUP = 32
 # `_convert_weight_to_int4pack_for_cpu` lays rows out in blocks of 64 (see `_unpack_int4`).
 _INT4_N_MULTIPLE = 64
 # Rows from which dequantise-then-GEMM beats the fused int4 GEMV (docs/model.md "Formats":
-# the kernel costs ~12-40 us per row on these shapes, unpacking a matrix ~0.7-2.2 ms).
-_INT4_GEMM_ROWS = 48
+# the kernel costs ~7-40 us per row on these shapes, unpacking a matrix ~0.7-2.2 ms: on the
+# fused q/k/v at 64 rows the kernel is 2.6x faster, at 128 level, at 256 2x slower).
+_INT4_GEMM_ROWS = 96
 
 
 class Linear(Protocol):
