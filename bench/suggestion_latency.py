@@ -4,7 +4,7 @@ Typing a line into a ~2,000-token window of real code (CPython stdlib), one requ
 keystroke as the server sends it in line mode: EFIM prompt, `stop=("\\n",)`, `max_tokens`
 64, greedy. Per keystroke: TTFT (arrival -> first token) and the whole suggestion's
 latency (arrival -> the line is complete), once with prompt-lookup speculation off and
-once on (`InfillRequest.speculate`, where the engine has it), each series on its own edit
+once on at the server's default draft length (`InfillRequest.speculate`, where the engine has it), each series on its own edit
 session that starts with one untimed request. The default model with its shipped
 suffix-first adapter, i.e. what `efim serve` runs.
 
@@ -44,6 +44,13 @@ def has_speculation() -> bool:
     return "speculate" in InfillRequest.__struct_fields__
 
 
+def default_speculate() -> int:
+    """The draft length the server uses by default (what the 'on' series measures)."""
+    import engine.api  # noqa: PLC0415
+
+    return int(getattr(engine.api, "DEFAULT_SPECULATE", 8))
+
+
 def line_series(engine: Any, prefix: str, line: str, suffix: str, n: int, speculate: int | None,
                 key: str) -> LineSeries:
     """Type line[:1..n] at the cursor; one line-mode request per keystroke.
@@ -80,7 +87,7 @@ def measure(model: str, dtype: str, keystrokes: int, prefix: str, line: str, suf
         window = eng.count_tokens(prefix) + eng.count_tokens(suffix)
         spec = has_speculation()
         plain = line_series(eng, prefix, line, suffix, keystrokes, 0 if spec else None, "line-plain")
-        specd = line_series(eng, prefix, line, suffix, keystrokes, 8, "line-spec") if spec else None
+        specd = line_series(eng, prefix, line, suffix, keystrokes, default_speculate(), "line-spec") if spec else None
     finally:
         eng.close()
     return {"window_tokens": window, "plain": plain, "speculation": specd}
@@ -94,4 +101,4 @@ def summary(series: LineSeries | None) -> dict[str, Any] | None:
             "prefilled_p50": series.p50("prefilled"), "tokens_per_step": series.tokens_per_step}
 
 
-__all__ = ["LineSeries", "has_speculation", "line_series", "measure", "summary", "LINE_MAX_TOKENS"]
+__all__ = ["LineSeries", "has_speculation", "default_speculate", "line_series", "measure", "summary", "LINE_MAX_TOKENS"]
