@@ -4,9 +4,10 @@ Typing a line into a ~2,000-token window of real code (CPython stdlib), one requ
 keystroke as the server sends it in line mode: EFIM prompt, `stop=("\\n",)`, `max_tokens`
 64, greedy. Per keystroke: TTFT (arrival -> first token) and the whole suggestion's
 latency (arrival -> the line is complete), once with prompt-lookup speculation off and
-once on at the server's default draft length (`InfillRequest.speculate`, where the engine has it), each series on its own edit
-session that starts with one untimed request. The default model with its shipped
-suffix-first adapter, i.e. what `efim serve` runs.
+once on at the server's default draft length (`InfillRequest.speculate`, where the
+engine has it), each series on its own edit session that starts with one untimed
+request. The default model with its shipped suffix-first adapter, i.e. what `efim serve`
+runs.
 
 Benchmark code, outside the serving path.
 """
