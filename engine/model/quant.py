@@ -212,10 +212,11 @@ class Int4Linear:
         self.group = group
         self.out_features = packed.shape[0]
         self.in_features = packed.shape[1] * 2
-        # An adapter kept beside the file's groups instead of merged into them: y += (x A^T) B^T.
+        # An adapter kept beside the file's groups instead of merged into them: y += B (A x),
+        # each a oneDNN-packed DenseLinear (plain bf16 matmuls of these shapes cost ~2x more).
         dtype = scales_zeros.dtype
-        self.lora_a_t = None if lora is None else lora.a.t().to(dtype).contiguous()  # [K, R]
-        self.lora_b_t = None if lora is None else lora.b.t().to(dtype).contiguous()  # [R, N]
+        self.lora_a_t = None if lora is None else DenseLinear(lora.a.to(dtype), None)  # [R, K]
+        self.lora_b_t = None if lora is None else DenseLinear(lora.b.to(dtype), None)  # [N, R]
 
     @staticmethod
     def supports(out_features: int, in_features: int, group: int = INT4_GROUP) -> bool:
@@ -250,7 +251,8 @@ class Int4Linear:
     def dequantize(self) -> torch.Tensor:  # [N, K] in the scales' dtype (the low-rank term included)
         w_t = self._dequantize_t()  # [K, N]
         if self.lora_a_t is not None:
-            w_t = w_t.float().addmm_(self.lora_a_t.float(), self.lora_b_t.float()).to(w_t.dtype)
+            a, b = self.lora_a_t.dense_weight().float(), self.lora_b_t.dense_weight().float()  # [R, K], [N, R]
+            w_t = w_t.float().addmm_(a.t(), b.t()).to(w_t.dtype)
         return w_t.t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -259,13 +261,13 @@ class Int4Linear:
         else:
             y = torch.mm(x, self._dequantize_t().to(x.dtype))  # [M, N]
         if self.lora_a_t is not None:
-            y.addmm_(torch.mm(x, self.lora_a_t.to(x.dtype)), self.lora_b_t.to(x.dtype))  # [M, R] @ [R, N]
+            y.add_(self.lora_b_t(self.lora_a_t(x)))  # [M, R] -> [M, N]
         return y if self.bias is None else y.add_(self.bias)
 
     def nbytes(self) -> int:
         n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
         if self.lora_a_t is not None:
-            n += (self.lora_a_t.numel() + self.lora_b_t.numel()) * self.lora_a_t.element_size()
+            n += self.lora_a_t.nbytes() + self.lora_b_t.nbytes()
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
