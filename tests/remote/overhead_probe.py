@@ -34,15 +34,19 @@ def _pct(values: list[float]) -> str:
 
 
 def _bare(client: httpx.Client, url: str, body: dict) -> tuple[float | None, float | None]:
-    """(ms to the first streamed text, the server's prompt_ms) for one bare request."""
+    """(ms to the first streamed text, the server's prompt_ms) for one bare request, read to
+    its end as the engine reads its own (a stream closed early keeps llama.cpp's slot busy
+    until its next write, and the next request in that slot would wait for it)."""
     started = time.perf_counter()
+    first = prompt_ms = None
     with client.stream("POST", url + "/completion", json=body) as resp:
         for line in resp.iter_lines():
             if line.startswith("data: "):
                 chunk = json.loads(line[6:])
-                if chunk.get("content"):
-                    return (time.perf_counter() - started) * 1e3, (chunk.get("timings") or {}).get("prompt_ms")
-    return None, None
+                if chunk.get("content") and first is None:
+                    first = (time.perf_counter() - started) * 1e3
+                    prompt_ms = (chunk.get("timings") or {}).get("prompt_ms")
+    return first, prompt_ms
 
 
 def run(url: str, sessions: int, keys: str, *, server_timings: bool, model: str = "default") -> None:
