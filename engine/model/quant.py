@@ -257,7 +257,8 @@ class Int4Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < _INT4_GEMM_ROWS and x.dtype == self.scales_zeros.dtype:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)  # [M, N]
+            # The kernel refuses strided rows (the fused small-row RMSNorm returns a column slice).
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group, self.scales_zeros)  # [M, N]
         else:
             y = torch.mm(x, self._dequantize_t().to(x.dtype))  # [M, N]
         if self.lora_a_t is not None:

@@ -54,6 +54,24 @@ def test_int4_linear_computes_with_its_dequantised_matrix(dtype, rows):
     torch.testing.assert_close(got, want, atol=tol, rtol=0)
 
 
+def test_int4_linear_takes_strided_rows():
+    """Regression: the kernel raised "expect A to be contiguous" for a column slice, which is
+    what the transformer's fused RMSNorm of 2-16 rows returns (`efim complete --quant int4`
+    failed on a 23-token prompt's keystroke-sized chunks)."""
+    lin = Int4Linear.quantize(torch.randn(64, 64), None, torch.float32)
+    wide = torch.randn(5, 128)
+    x = wide[:, :64]  # [5, 64], row stride 128
+    assert not x.is_contiguous()
+    torch.testing.assert_close(lin(x), lin(x.contiguous()))
+
+
+def test_a_few_tokens_through_an_int4_model(tiny_model_factory, tmp_path, cache_dir):
+    path = tiny_gguf(tiny_model_factory, tmp_path, "Q4_1")
+    reference, int4 = load_model(path, dtype="bf16", quant="none"), load_model(path, dtype="bf16", quant="auto")
+    kl, _ = kl_top1(logits_of(reference, n=8), logits_of(int4, n=8))  # 8 rows: the small-row norm path
+    assert kl < 0.01
+
+
 def test_int4_linear_reports_its_true_bytes():
     lin = Int4Linear.quantize(torch.randn(128, 64), None, torch.bfloat16)
     assert lin.nbytes() == 128 * 64 // 2 + (64 // 32) * 128 * 2 * 2  # nibbles + a bf16 scale and zero per group
