@@ -89,11 +89,27 @@ def _default_gguf(tmp: Path) -> tuple[Path, str]:
     return default_model_path(), "the embedded SmolLM2-135M Q4_1 GGUF, no adapter"
 
 
+def _suffix_first(gguf: Path) -> bool:
+    """Does the file's FIM template put the suffix first (`<spm_*>` / `<fim_suffix>` before the prefix)?"""
+    import gguf as gguf_pkg  # noqa: PLC0415
+
+    reader = gguf_pkg.GGUFReader(str(gguf))
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    tokens = set(field.contents()) if field is not None else set()
+    return "<spm_suffix>" in tokens
+
+
 def _lsp_figures(result: Any, users: int) -> dict[str, Any]:
     records = [r for r in result.records if r.outcome == "answered"]
     ttft = [r.ttft_ms for r in records if r.ttft_ms is not None]
     latency = [r.latency_ms for r in records if r.latency_ms is not None]
     before, after = result.stats_before or {}, result.stats_after or {}
+    if ttft:  # per request (serial replays: the probe's stats segments)
+        ttft_fig = {"ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95),
+                    "ttft_p99": percentile(ttft, 99), "ttft_mean": statistics.fmean(ttft)}
+    else:  # concurrent users: the server's own series over the run (its warm-up request included)
+        series = after.get("ttftMs") if isinstance(after.get("ttftMs"), dict) else {}
+        ttft_fig = {f"ttft_{k}": float(series.get(k, float("nan"))) for k in ("p50", "p95", "p99", "mean")}
 
     def delta(key: str) -> float:
         a, b = after.get(key), before.get(key)
@@ -101,9 +117,7 @@ def _lsp_figures(result: Any, users: int) -> dict[str, Any]:
 
     requests = delta("requests")
     return {
-        "requests": len(result.records), "answered": len(records),
-        "ttft_p50": percentile(ttft, 50), "ttft_p95": percentile(ttft, 95), "ttft_p99": percentile(ttft, 99),
-        "ttft_mean": statistics.fmean(ttft) if ttft else float("nan"),
+        "requests": len(result.records), "answered": len(records), **ttft_fig,
         "latency_p50": percentile(latency, 50), "latency_p95": percentile(latency, 95),
         "prompt_per_request": delta("promptTokens") / requests if requests else float("nan"),
         "reused_per_request": delta("reusedTokens") / requests if requests else float("nan"),
@@ -137,7 +151,7 @@ def _replay_lsp(name: str, settings: dict[str, Any], traces: list[Any], users: i
     from efim_tools.trace.replay import Config, ReplayOptions, default_server_command, replay_config  # noqa: PLC0415
 
     options = ReplayOptions(server=default_server_command(), users=users, speed=args.speed, limit=args.limit,
-                            accept=False, request_stats=False)
+                            accept=False, request_stats=users == 1)
     result = asyncio.run(replay_config(Config(name, settings), traces, options))
     return _lsp_figures(result, users)
 
@@ -180,7 +194,10 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"model: {what}\n       {gguf}", flush=True)
         traces = {kind: [read_trace(p) for p in _synth(kind, tmp, args.seed, args.visits)] for kind in kinds}
         base = {"model": str(gguf), "adapter": "none"}
-        with LlamaServer(gguf, slots=max(4, *users_list), ctx_per_slot=4096, threads=args.threads) as server:
+        # A suffix-first template (the shipped adapter) needs llama.cpp's SPM infill order for
+        # /infill (the llama.vim row); /completion with token ids (the llama.cpp row) ignores it.
+        extra = ("--spm-infill",) if _suffix_first(gguf) else ()
+        with LlamaServer(gguf, slots=max(4, *users_list), ctx_per_slot=4096, threads=args.threads, extra=extra) as server:
             for kind, kind_traces in traces.items():
                 for users in users_list:
                     for config in configs:

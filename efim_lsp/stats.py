@@ -38,7 +38,10 @@ class LatencySeries:
         return ordered[rank - 1]
 
     def summary(self) -> dict[str, float]:
-        return {f"p{q}": round(self.percentile(q), 3) for q in (50, 95, 99)}
+        """p50/p95/p99 and the mean (0 when empty)."""
+        out = {f"p{q}": round(self.percentile(q), 3) for q in (50, 95, 99)}
+        out["mean"] = round(sum(self._samples) / len(self._samples), 3) if self._samples else 0.0
+        return out
 
 
 class ServerStats:

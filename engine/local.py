@@ -527,4 +527,27 @@ def _on_a_thread_that_ends(fn):
     return box["value"]
 
 
-__all__ = ["LocalEngine", "load_engine"]
+__all__ = ["LocalEngine", "check_model", "load_engine"]
+
+
+def check_model(
+    model: str | Path = "default",
+    *,
+    quant: str | None = None,
+    fim_tokens: str = "auto",
+    adapter: Path | str | None = "auto",
+) -> None:
+    """Pre-flight for `load_engine` with the same arguments: every check of the model's and
+    the adapter's files that reads no weight (`engine.model.loader.inspect_model`), raising
+    the EngineError the load would raise. A server runs it before closing the engine it
+    serves with, so a bad model leaves the old one serving (`efim_lsp.engine_slot`).
+    The memory check is left to the load, when the old engine's memory is free."""
+    from engine.adapters import resolve_adapter  # noqa: PLC0415
+    from engine.model.gguf import forget_readers  # noqa: PLC0415
+    from engine.model.loader import inspect_model  # noqa: PLC0415
+
+    resolve_adapter(model, adapter)
+    try:
+        inspect_model(model, quant=quant, fim_tokens=fim_tokens)
+    finally:
+        forget_readers()

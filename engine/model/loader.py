@@ -28,7 +28,7 @@ import importlib.util
 import json
 import logging
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -338,25 +338,29 @@ def _with_rows(w: "torch.Tensor | WeightSource", rows: torch.Tensor) -> "torch.T
     return torch.cat([w, rows.to(w.dtype)])
 
 
-def load_model(
-    spec: str | Path = "default",
-    *,
-    dtype: str | None = None,
-    quant: str | None = None,
-    fim_tokens: str = "auto",
-    adapter: Path | None = None,
-    device: str = "cpu",
-    reserve_bytes: int = 0,
-) -> LoadedModel:
-    """Load a model for the engine. `fim_tokens`: "auto" (use what the tokenizer has),
-    "add" (add StarCoder sentinels if missing; see module docstring). Every check of the
-    files (format, vocabulary, memory) runs before any weight is read."""
+class InspectedModel(NamedTuple):
+    """What `inspect_model` read of a model's files (no weights)."""
+
+    source: Path  # the GGUF file or HF folder
+    folder: Path  # the HF folder the weights are read from (a GGUF's converted cache)
+    hf_config: dict
+    config: ModelConfig
+    tokenizer: Any
+    files: list[Path]
+    shapes: dict[str, tuple[int, ...]]
+    plan: "WeightPlan"
+
+
+def inspect_model(spec: str | Path = "default", *, quant: str | None = None, fim_tokens: str = "auto") -> InspectedModel:
+    """Every check of a model's files that needs no weight read — the spec resolves, the
+    format and architecture are supported, each tensor type has a reader, the vocabulary
+    fits the embedding — or EngineError naming the file and what is wrong. A server runs
+    it before giving up its current model for this one; `load_model` starts with it."""
     quant = "none" if quant is None else quant
     if quant not in QUANT_CHOICES:
         raise EngineError(f"unknown quantisation {quant!r}; expected one of: {', '.join(QUANT_CHOICES)}")
     if fim_tokens not in ("auto", "add"):
         raise EngineError(f"fim_tokens must be 'auto' or 'add', not {fim_tokens!r}")
-    torch_dtype = resolve_dtype(dtype)
     source = resolve_spec(spec)
     if source.is_file():
         from engine.model.gguf import convert_gguf  # noqa: PLC0415
@@ -371,7 +375,28 @@ def load_model(
     shapes = safetensors_shapes(files)
     check_vocabulary(folder, config, tokenizer, shapes)
     plan = plan_weights(source, config, shapes, quant)
-    check_memory(source, files, plan.model_bytes(shapes, torch_dtype), reserve_bytes)
+    return InspectedModel(source, folder, hf_config, config, tokenizer, files, shapes, plan)
+
+
+def load_model(
+    spec: str | Path = "default",
+    *,
+    dtype: str | None = None,
+    quant: str | None = None,
+    fim_tokens: str = "auto",
+    adapter: Path | None = None,
+    device: str = "cpu",
+    reserve_bytes: int = 0,
+) -> LoadedModel:
+    """Load a model for the engine. `fim_tokens`: "auto" (use what the tokenizer has),
+    "add" (add StarCoder sentinels if missing; see module docstring). Every check of the
+    files (format, vocabulary, memory) runs before any weight is read."""
+    torch_dtype = resolve_dtype(dtype)
+    checked = inspect_model(spec, quant=quant, fim_tokens=fim_tokens)
+    source, folder, hf_config, tokenizer, plan = (
+        checked.source, checked.folder, checked.hf_config, checked.tokenizer, checked.plan,
+    )
+    check_memory(source, checked.files, plan.model_bytes(checked.shapes, torch_dtype), reserve_bytes)
     weights = read_safetensors(folder, skip=frozenset(plan.kept))
     try:
         plan.apply(weights)

@@ -7,10 +7,10 @@ from efim_lsp.stats import LatencySeries, ServerStats
 
 def test_percentiles_are_nearest_rank():
     series = LatencySeries()
-    assert series.summary() == {"p50": 0.0, "p95": 0.0, "p99": 0.0}
+    assert series.summary() == {"p50": 0.0, "p95": 0.0, "p99": 0.0, "mean": 0.0}
     for ms in range(1, 101):
         series.add(float(ms))
-    assert series.summary() == {"p50": 50.0, "p95": 95.0, "p99": 99.0}
+    assert series.summary() == {"p50": 50.0, "p95": 95.0, "p99": 99.0, "mean": 50.5}
 
 
 def test_wire_payload_and_reset():
