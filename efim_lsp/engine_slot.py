@@ -80,8 +80,11 @@ class _NoProgress:
 
 
 class EngineSlot:
-    def __init__(self, factory: EngineFactory):
+    def __init__(self, factory: EngineFactory, preflight: Callable[..., None] | None = None):
+        """`preflight(model, **factory options)`: the new local model's checks that read no
+        weights (`engine.local.check_model`); when it raises, the serving engine is kept."""
         self._factory = factory
+        self._preflight = preflight
         self.state: SlotState = "empty"
         self.error: str | None = None
         self.engine: Engine | None = None
@@ -114,7 +117,9 @@ class EngineSlot:
 
         A load superseded by a newer one while it ran closes its engine and returns False.
         A local model is loaded after the old engine is closed (two models need not fit in
-        memory at once); a remote engine is built first and the old one is kept, serving,
+        memory at once), once `preflight` found nothing wrong with its files: a model that
+        fails those checks leaves the old engine serving, with `error` saying why and the
+        state "ready" (a failure later in the load, e.g. out of memory, ends "failed"); a remote engine is built first and the old one is kept, serving,
         when the new one cannot be built (a bad endpoint, an unset `apiKeyEnv`): `error`
         says why and the state stays "ready".
         """
@@ -124,6 +129,20 @@ class EngineSlot:
         if self._ready is None:
             self._ready = asyncio.Event()
         loop = asyncio.get_running_loop()
+        if not spec.remote and self.ready and self._preflight is not None:
+            # A local model closes the serving engine before loading (memory); first make sure
+            # the new one can load at all, so a bad file leaves the old model serving.
+            try:
+                await loop.run_in_executor(None, lambda: self._preflight(spec.model, **spec.factory_options()))
+            except Exception as exc:
+                if generation == self._generation:
+                    error = f"{type(exc).__name__}: {exc}"
+                    kept = self.spec.describe() if self.spec else "?"
+                    self.error = f"{error} (kept the previous model: {kept})"
+                    log.error("model %s failed its checks: %s; keeping %s", spec.describe(), error, kept)
+                return False
+            if generation != self._generation:
+                return False
         keep_old = spec.remote and self.ready
         previous = (self.engine, self.info, self.spec)
         if not keep_old:

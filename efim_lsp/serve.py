@@ -65,6 +65,13 @@ def engine_factory(args: argparse.Namespace):
                 kwargs[name] = value
         return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk, kv_disk_budget=kv_disk_budget, **kwargs)
 
+    def preflight(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_ignored) -> None:
+        """The new local model's weight-free checks, run while the old engine still serves."""
+        from engine.local import check_model
+
+        check_model(model, quant=getattr(args, "quant", None), fim_tokens=fim_tokens, adapter=adapter)
+
+    load.preflight = preflight  # EngineSlot runs it before giving up a serving engine
     return load
 
 

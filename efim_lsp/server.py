@@ -87,7 +87,7 @@ class EfimServer(LanguageServer):
         self.settings = Settings()
         if defaults:  # command-line flags (e.g. --model); initializationOptions override them
             self.settings = settings_mod.apply(self.settings, defaults).settings
-        self.slot = EngineSlot(engine_factory)
+        self.slot = EngineSlot(engine_factory, preflight=getattr(engine_factory, "preflight", None))
         self.slot.on_engine_fault = self._engine_fault
         self._engine_faults_shown: set[str] = set()
         self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
