@@ -124,20 +124,8 @@ def make_tiny_model(
     return dest
 
 
-# HF parameter name (after "model.layers.N.") -> GGUF tensor name (after "blk.N.").
-_GGUF_LAYER = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "mlp.c_fc": "ffn_up",
-    "mlp.c_proj": "ffn_down",
-}
+# HF parameter name (after "model.layers.N.") -> GGUF tensor name (after "blk.N."): the loader's table.
+from engine.model.gguf import HF_TO_GGUF_LAYER as _GGUF_LAYER  # noqa: E402
 _GGUF_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 

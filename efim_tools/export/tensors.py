@@ -15,6 +15,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine.model.gguf import HF_TO_GGUF_GLOBAL, HF_TO_GGUF_LAYER
+
 # `--type` -> (GGML type name of 2-D weights, llama.cpp file type name)
 EXPORT_TYPES: dict[str, tuple[str, str]] = {
     "f32": ("F32", "ALL_F32"),
@@ -29,21 +31,9 @@ EXPORT_TYPES: dict[str, tuple[str, str]] = {
 DEFAULT_TYPE = "q8_0"
 _SUB_8_BIT = ("q5_1", "q5_0", "q4_1", "q4_0")
 
-# HF parameter name (after "model.layers.N.") -> llama.cpp tensor name (after "blk.N.").
-_LAYER = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "mlp.c_fc": "ffn_up",  # starcoder2
-    "mlp.c_proj": "ffn_down",  # starcoder2
-}
-_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+# HF parameter name -> llama.cpp tensor name: the loader's table read backwards (one table).
+_LAYER = HF_TO_GGUF_LAYER
+_GLOBAL = HF_TO_GGUF_GLOBAL
 # Tensors that stay Q8_0 under the 4/5-bit types (see the module docstring).
 _HEAD_TENSORS = ("token_embd.weight", "output.weight")
 

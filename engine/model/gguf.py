@@ -58,6 +58,12 @@ _FFN_NAMES = {
     "starcoder2": {"ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"},
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# The same names the other way, for code that writes GGUF files (`efim export gguf`, the
+# tests' tiny GGUFs): HF parameter name (after "model.layers.N.") -> GGUF name (after "blk.N.").
+HF_TO_GGUF_LAYER: dict[str, str] = {hf: g for g, hf in _LAYER_NAMES.items()} | {
+    hf: g for names in _FFN_NAMES.values() for g, hf in names.items()
+}
+HF_TO_GGUF_GLOBAL: dict[str, str] = {hf: g for g, hf in _GLOBAL_NAMES.items()}
 
 # llama.cpp's pre-tokenizer ids -> how the matching HF tokenizer splits text before BPE.
 _GPT2_DIGITS = ("starcoder", "smollm", "refact", "codeshell", "command-r", "exaone", "minerva")
