@@ -31,12 +31,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from engine.api import EngineError
+
+if TYPE_CHECKING:  # the annotation only; quant imports torch kernels lazily here
+    from engine.model.quant import Int4Groups
 
 log = logging.getLogger(__name__)
 
