@@ -84,6 +84,7 @@ class ConfigResult(msgspec.Struct, kw_only=True):
     accepts: int = 0
     accepted_chars: int = 0
     typed_chars: int = 0  # characters the replayed person typed by hand (accepted ones excluded)
+    accepting: bool = True  # the person accepted matching suggestions (ReplayOptions.accept)
     cancels_sent: int = 0
     crashed: str | None = None  # exit message and stderr tail
     server_returncode: int | None = None
@@ -196,7 +197,7 @@ class ColdStartProbe:
 async def replay_config(config: Config, traces: list[Trace], options: ReplayOptions, observer: Observer = Observer()) -> ConfigResult:
     """Replay `traces` on a fresh server under `config`; never raises for a server crash
     (the result says `crashed` and keeps the records gathered so far)."""
-    result = ConfigResult(name=config.name, settings=config.settings)
+    result = ConfigResult(name=config.name, settings=config.settings, accepting=options.accept)
     encoding = traces[0].header.position_encoding if traces else "utf-16"
     kv_dir = tempfile.mkdtemp(prefix="efim-replay-kv-")
     client = LspClient(options.server, env=measured_server_env(options.env, kv_dir), settings=config.settings)

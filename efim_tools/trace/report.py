@@ -48,7 +48,7 @@ class Summary(msgspec.Struct, kw_only=True):
     # supplied (accepted / (accepted + typed by hand)); shown = answers that offered text.
     typed_chars: int = 0
     shown: int = 0
-    chars_saved: float | None = None
+    chars_saved: float | None = None  # None when the replay did not accept (--no-accept)
     acceptance_rate: float | None = None
     typing_through_hits: int | None = None
     ttft_source: TtftSource = "none"
@@ -127,8 +127,8 @@ def summarize(result: ConfigResult) -> Summary:
         typed_chars=result.typed_chars,
         shown=shown,
         chars_saved=(result.accepted_chars / (result.accepted_chars + result.typed_chars)
-                     if result.accepted_chars + result.typed_chars else None),
-        acceptance_rate=(result.accepts / shown) if shown else None,
+                     if result.accepting and result.accepted_chars + result.typed_chars else None),
+        acceptance_rate=(result.accepts / shown) if result.accepting and shown else None,
         typing_through_hits=int(hits) if hits is not None else None,
         ttft_source=source,
         wall_s=round(result.wall_s, 3),
@@ -207,7 +207,7 @@ def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
             extra += f", {s.cancelled} cancelled, {s.late} answered after cancel"
         if s.errors:
             extra += f", {s.errors} errors/timeouts"
-        if s.accepts or (s.shown and s.typed_chars):
+        if s.chars_saved is not None:
             extra += (
                 f", {s.shown} suggestions shown, {s.accepts} accepted"
                 + (f" ({s.acceptance_rate:.1%})" if s.acceptance_rate is not None else "")

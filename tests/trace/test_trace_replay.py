@@ -117,6 +117,10 @@ async def test_accepting_oracle_suggestions_rebuilds_the_file(workload):
     assert summary.chars_saved == result.accepted_chars / (result.accepted_chars + result.typed_chars)
     print(f"oracle: characters saved {summary.chars_saved:.3f}, acceptance {summary.acceptance_rate:.3f}")
     assert summary.chars_saved > 0.5  # the oracle always suggests the rest of the true text
+    # a replay that never accepts reports no characters saved (not 0 %)
+    typing_only = await replay_config(Config("oracle", {}), traces, options._replace(accept=False))
+    assert typing_only.typed_chars == typed_by_hand and typing_only.accepts == 0
+    assert summarize(typing_only).chars_saved is None and summarize(typing_only).acceptance_rate is None
     # a serial replay measures each trace's first request (cold start) on its own
     assert result.first_requests["traces"] == 2 and result.first_requests["requests"] == 2
     assert result.first_requests["prefilledTokens"] >= len(SOURCE) // 2  # the oracle's cold prompt
