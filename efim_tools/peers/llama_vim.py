@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import httpx
@@ -178,7 +179,7 @@ async def replay_trace(
                 cached = int(timings.get("cache_n", 0) or 0)
                 evaluated = int(timings.get("prompt_n", 0) or 0)
                 records.append(PeerRecord(
-                    user=user, trace=trace.name if hasattr(trace, "name") else "", index=len(records),
+                    user=user, trace=Path(trace.path).stem if trace.path else "", index=len(records),
                     ttft_ms=ttft, latency_ms=latency, prompt_tokens=cached + evaluated, cached_tokens=cached,
                     prefilled_tokens=evaluated, server_prompt_ms=float(timings.get("prompt_ms", 0.0) or 0.0),
                     predicted_tokens=int(timings.get("predicted_n", 0) or 0),
