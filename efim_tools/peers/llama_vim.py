@@ -67,6 +67,8 @@ def infill_body(doc_text: str, cursor: int, layout: InfillLayout, count: Callabl
     line_prefix = doc_text[line_start:cursor]
     above = doc_text[:line_start].split("\n")[:-1] if line_start else []
     below = doc_text[line_end + 1 :].split("\n") if line_end < len(doc_text) else []
+    if below and below[-1] == "":  # the text after a final newline is no line of the buffer
+        below.pop()
     prefix_lines: list[str] = []
     budget = layout.prefix_tokens - count(line_prefix)
     for line in reversed(above):
