@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from bench.team_load import percentile  # nearest rank, nan for none
 
 FUNCTION_MODULES = ("textwrap", "shlex", "csv", "fractions", "difflib", "configparser", "calendar", "string")
 
@@ -51,13 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", choices=("paced", "max"), default="paced")
     parser.add_argument("--threads", type=int, default=2, help="llama-server threads (the local engine uses the machine's)")
     parser.add_argument("--json", type=Path, help="write all figures here")
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def _synth(kind: str, out: Path, seed: int, visits: int) -> list[Path]:
@@ -99,7 +93,7 @@ def _suffix_first(gguf: Path) -> bool:
     return "<spm_suffix>" in tokens
 
 
-def _lsp_figures(result: Any, users: int) -> dict[str, Any]:
+def _lsp_figures(result: Any) -> dict[str, Any]:
     records = [r for r in result.records if r.outcome == "answered"]
     ttft = [r.ttft_ms for r in records if r.ttft_ms is not None]
     latency = [r.latency_ms for r in records if r.latency_ms is not None]
@@ -153,7 +147,7 @@ def _replay_lsp(name: str, settings: dict[str, Any], traces: list[Any], users: i
     options = ReplayOptions(server=default_server_command(), users=users, speed=args.speed, limit=args.limit,
                             accept=False, request_stats=users == 1)
     result = asyncio.run(replay_config(Config(name, settings), traces, options))
-    return _lsp_figures(result, users)
+    return _lsp_figures(result)
 
 
 def _replay_peer(url: str, traces: list[Any], users: int, args: argparse.Namespace) -> dict[str, Any]:
