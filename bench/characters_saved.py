@@ -5,15 +5,21 @@ without and with its shipped FIM adapter (`efim replay --compare adapters`).
 
 The replayed person accepts a suggestion when it equals what they type next (at least 3
 characters, or the whole suggestion): the same rule for every configuration. Printed per
-configuration: suggestions shown, accepted, acceptance rate, characters saved.
+configuration: suggestions shown, accepted, acceptance rate, characters saved. With
+`--alternatives 3` the server answers up to 3 items; the person takes the first item that
+matches (the greedy one first, then the others as an editor cycles them) and the report adds,
+of the answers checked against the next typed text, the share whose first item matched and
+the share where any item did.
 
     efim bench saved                   # 8 sessions, seed 0
     efim bench saved --sessions 20 --seed 3 --json saved.json
+    efim bench saved --alternatives 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -25,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, help="completion requests per trace (default: all)")
     parser.add_argument("--config", action="append", default=[], help="settings JSON merged into both configurations")
+    parser.add_argument("--alternatives", type=int, default=1, choices=(1, 2, 3, 4),
+                        help="items per answer (server setting `alternatives`)")
     parser.add_argument("--json", type=Path, help="write the comparison as JSON")
 
 
@@ -41,6 +49,8 @@ def run_cli(args: argparse.Namespace) -> int:
         replay = [*efim, "replay", tmp, "--compare", "adapters", "--speed", "max"]
         for extra in args.config:
             replay += ["--config", extra]
+        if args.alternatives > 1:
+            replay += ["--config", json.dumps({"alternatives": args.alternatives})]
         if args.limit:
             replay += ["--limit", str(args.limit)]
         if args.json:

@@ -61,6 +61,12 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     items: int = 0
     chars: int = 0  # length of the first suggestion's text
     accepted: int = 0  # characters of this answer the person accepted
+    # Checked at the key press after the answer was shown (None: never checked, e.g. it was
+    # superseded first): did the first item (the greedy one) match what the trace typed next,
+    # did any item (alternatives)? "Match" is the acceptance rule (`MIN_ACCEPT`).
+    first_matched: bool | None = None
+    any_matched: bool | None = None
+    accepted_item: int | None = None  # index of the item the person accepted (cycling to it)
     # the first request after a jump: the pause before it (ms) and whether it switched files
     jump_pause_ms: float | None = None
     jump_switch: bool = False
@@ -106,6 +112,12 @@ def item_text(item: dict[str, Any]) -> str:
     if isinstance(text, dict):  # StringValue (snippet)
         text = text.get("value", "")
     return text if isinstance(text, str) else ""
+
+
+def suggestions_of(result: Any) -> tuple[dict[str, Any], ...]:
+    """Every inline item of a result, in the server's order (the first is the greedy one)."""
+    items = result.get("items") if isinstance(result, dict) else result
+    return tuple(item for item in items if isinstance(item, dict)) if isinstance(items, list) else ()
 
 
 def item_count(result: Any) -> int:
@@ -185,8 +197,9 @@ class ReceivedAnswer(NamedTuple):
 
     version: int
     cursor: int
-    item: dict[str, Any]
+    item: dict[str, Any]  # the first item
     record: RequestRecord
+    items: tuple[dict[str, Any], ...] = ()  # all items (alternatives), `item` first
 
 
 class Person:
@@ -391,7 +404,7 @@ class Person:
         if item is not None:
             record.chars = len(item_text(item))
         if current and item is not None:
-            self.answers[uri] = ReceivedAnswer(version, cursor, item, record)
+            self.answers[uri] = ReceivedAnswer(version, cursor, item, record, suggestions_of(result) or (item,))
             await self.client.notify("textDocument/didShowCompletion", {"item": item})
         if self.observer.on_answer and doc is not None and current:
             self.observer.on_answer(self._moment(doc, cursor, item, record))
@@ -408,21 +421,42 @@ class Person:
     def _find_accept(self, i: int, uri: str) -> tuple[int, str, ReceivedAnswer, bool] | None:
         """Would the person accept the current suggestion instead of pressing key `i`?
 
-        Looks ahead through the trace from change event `i`, following the text typed at
-        the answer's cursor (edits anywhere else end the look-ahead), for the latest point
-        where the typed text is the longest prefix of the suggestion's addition. Returns
-        (index of that change event, accepted text, answer, whole suggestion?) or None."""
+        Each item of the answer is matched against what the trace types next (`_match`);
+        the person takes the first item that matches, in the server's order — the greedy
+        one first, then the alternatives as an editor cycles them. The answer's record
+        notes whether its first item and whether any item matched. Returns (index of the
+        change event to resume after, accepted text, answer with the taken item first,
+        whole suggestion?) or None."""
         answer = self.answers.get(uri)
         doc = self.docs.get(uri)
         if answer is None or doc is None or answer.version != doc.version:
             return None
-        span = item_span(doc, answer.item, answer.cursor)
+        matches = [self._match(i, uri, doc, answer.cursor, item) for item in (answer.items or (answer.item,))]
+        record = answer.record
+        if record.first_matched is None:
+            record.first_matched = matches[0] is not None
+            record.any_matched = any(m is not None for m in matches)
+        for index, found in enumerate(matches):
+            if found is not None:
+                j, text, full = found
+                record.accepted_item = index
+                return j, text, answer._replace(item=answer.items[index]) if index else answer, full
+        return None
+
+    def _match(self, i: int, uri: str, doc: TextDocument, cursor: int, item: dict[str, Any]) -> tuple[int, str, bool] | None:
+        """How much of `item` the trace types from change event `i` on, if enough to accept.
+
+        Looks ahead through the trace, following the text typed at the answer's cursor
+        (edits anywhere else end the look-ahead), for the latest point where the typed text
+        is the longest prefix of the item's addition. Returns (index of that change event,
+        accepted text, whole item?) or None."""
+        span = item_span(doc, item, cursor)
         if span is None:
             return None
-        added = item_text(answer.item)[answer.cursor - span[0] :]
+        added = item_text(item)[cursor - span[0] :]
         if len(added) < 2:
             return None
-        c = answer.cursor
+        c = cursor
         tail = len(doc.text) - c  # the text after the cursor never changes while typing here
         scratch = TextDocument(uri, doc.text, doc.version, self.encoding)
         best: tuple[int, int] | None = None  # (accepted length, event index)
@@ -456,7 +490,7 @@ class Person:
         length, j = best
         if length < MIN_ACCEPT and not (length == len(added) and length >= 2):
             return None
-        return j, added[:length], answer, length == len(added)
+        return j, added[:length], length == len(added)
 
     async def _accept(self, uri: str, text: str, answer: ReceivedAnswer, full: bool) -> None:
         doc = self.docs[uri]

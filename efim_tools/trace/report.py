@@ -50,6 +50,12 @@ class Summary(msgspec.Struct, kw_only=True):
     shown: int = 0
     chars_saved: float | None = None  # None when the replay did not accept (--no-accept)
     acceptance_rate: float | None = None
+    # Alternatives: of the shown answers checked against the next typed text, how many had a
+    # first (greedy) item that matched, and how many had any item that matched.
+    checked: int = 0
+    first_matched: int = 0
+    any_matched: int = 0
+    most_items: int = 0
     typing_through_hits: int | None = None
     ttft_source: TtftSource = "none"
     wall_s: float = 0.0
@@ -97,6 +103,7 @@ def summarize(result: ConfigResult) -> Summary:
     hits = _delta(result.stats_after, result.stats_before, "typingThroughHits")
     answered = sum(1 for r in records if r.outcome == "answered")
     shown = sum(1 for r in records if r.outcome == "answered" and r.chars > 0)
+    checked = [r for r in records if r.first_matched is not None]
     warm_prefill = warm_reuse = None
     first = result.first_requests
     if first and prefilled is not None and prompt is not None and reused is not None:
@@ -129,6 +136,10 @@ def summarize(result: ConfigResult) -> Summary:
         chars_saved=(result.accepted_chars / (result.accepted_chars + result.typed_chars)
                      if result.accepting and result.accepted_chars + result.typed_chars else None),
         acceptance_rate=(result.accepts / shown) if result.accepting and shown else None,
+        checked=len(checked),
+        first_matched=sum(1 for r in checked if r.first_matched),
+        any_matched=sum(1 for r in checked if r.any_matched),
+        most_items=max((r.items for r in records), default=0),
         typing_through_hits=int(hits) if hits is not None else None,
         ttft_source=source,
         wall_s=round(result.wall_s, 3),
@@ -213,6 +224,12 @@ def table(summaries: dict[str, Summary], baseline: str = BASELINE) -> str:
                 + (f" ({s.acceptance_rate:.1%})" if s.acceptance_rate is not None else "")
                 + f"; characters saved {s.accepted_chars} of {s.accepted_chars + s.typed_chars}"
                 + (f" ({s.chars_saved:.1%})" if s.chars_saved is not None else "")
+            )
+        if s.most_items > 1 and s.checked:
+            extra += (
+                f"; of {s.checked} answers checked against the next typed text, the first item matched"
+                f" {s.first_matched} ({s.first_matched / s.checked:.1%}), any of up to {s.most_items} items"
+                f" {s.any_matched} ({s.any_matched / s.checked:.1%})"
             )
         if s.typing_through_hits:
             extra += f", {s.typing_through_hits} typing-through hits"

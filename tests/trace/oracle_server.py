@@ -11,6 +11,8 @@ being passed through, never as measurements.
 Run as a script: `python tests/trace/oracle_server.py` speaks LSP on stdio.
 $EFIM_ORACLE_CRASH_AFTER=N makes the process die at the (N+1)-th engine request;
 $EFIM_ORACLE_RECORD=DIR installs the `--record` observer, as `efim serve --record` does.
+$EFIM_ORACLE_DECOY=1 makes a request for alternatives (n > 1) answer a wrong first text and
+the true continuation as its alternative, so a replay can tell the first item from the others.
 $EFIM_ORACLE_LOG=FILE appends every incoming notification (method, params) to FILE as a
 JSON line, so a test can see what the replayer sent, methods the server ignores included.
 """
@@ -43,7 +45,9 @@ class OracleHandle:
 
     def _run(self, engine: "OracleEngine", request: InfillRequest) -> None:
         t0 = time.monotonic()
-        text = engine.continuation(request)
+        truth = engine.continuation(request)
+        decoy = engine.decoy and request.n > 1
+        text = "zz_decoy()" if decoy else truth
         out, reason, first = "", "length", None
         for ch in text[: request.max_tokens]:
             if self._cancelled.is_set():
@@ -70,7 +74,9 @@ class OracleHandle:
             total_ms=(time.monotonic() - t0) * 1000,
         )
         engine.count(stats, cancelled=reason == "cancelled")
-        self._final = Completion(text=out, finish_reason=reason, stats=stats)
+        alternatives = tuple(_cut(truth, request) for _ in range(request.n - 1)) if decoy else ("",) * (request.n - 1)
+        self._final = Completion(text=out, finish_reason=reason, stats=stats, alternatives=alternatives,
+                                 alternatives_finish=("stop",) * len(alternatives))
         self._events.put(StreamEvent(kind="done", completion=self._final))
         self._done.set()
 
@@ -98,6 +104,16 @@ class OracleHandle:
         return self._done.is_set()
 
 
+def _cut(text: str, request: InfillRequest) -> str:
+    """`text` as the token stream would end it: at most `max_tokens` characters, before a stop."""
+    out = ""
+    for ch in text[: request.max_tokens]:
+        if any(stop in ch for stop in request.stop):
+            break
+        out += ch
+    return out
+
+
 class OracleEngine:
     def __init__(self, targets: list[str], token_ms: float) -> None:
         self.targets = targets
@@ -106,6 +122,7 @@ class OracleEngine:
         self._stats = EngineStats()
         self._lock = threading.Lock()
         self.submitted = 0
+        self.decoy = os.environ.get("EFIM_ORACLE_DECOY") == "1"
         crash = os.environ.get("EFIM_ORACLE_CRASH_AFTER")
         self.crash_after = int(crash) if crash else None
 

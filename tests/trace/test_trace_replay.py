@@ -21,7 +21,7 @@ from efim_tools import cli
 from efim_tools.trace.document import TextDocument
 from efim_lsp.trace_format import read_trace, read_traces, write_trace
 from efim_tools.trace.replay import Config, ReplayOptions, replay_config
-from efim_tools.trace.report import summarize
+from efim_tools.trace.report import summarize, table
 from efim_tools.trace.synth import SynthOptions, synthesize
 
 HERE = Path(__file__).parent
@@ -126,6 +126,27 @@ async def test_accepting_oracle_suggestions_rebuilds_the_file(workload):
     assert result.first_requests["prefilledTokens"] >= len(SOURCE) // 2  # the oracle's cold prompt
     assert summary.prefilled_per_request_warm < summary.prefilled_per_request
     assert summary.reuse_ratio_warm > summary.reuse_ratio
+
+
+async def test_a_person_cycles_to_the_alternative_that_matches(workload):
+    """With `alternatives` > 1 the replayer checks every item against what is typed next:
+    here the first item is always a decoy and the alternative the true continuation, so the
+    first item never matches, some item often does, and the person accepts the alternative."""
+    paths, targets = workload
+    traces = read_traces(paths)
+    options = ReplayOptions(server=ORACLE, env=oracle_env(targets, EFIM_ORACLE_DECOY="1"), ready_timeout_s=60)
+    result = await replay_config(Config("alternatives", {"alternatives": 3}), traces, options)
+    assert result.crashed is None
+    summary = summarize(result)
+    assert summary.most_items == 2  # the decoy and the truth (the other fork's copy of it is dropped as a duplicate)
+    assert summary.checked > 0 and summary.first_matched == 0
+    assert summary.any_matched > 0 and summary.accepts == summary.any_matched
+    taken = [r.accepted_item for r in result.records if r.accepted]
+    assert taken and set(taken) == {1}
+    assert sorted(result.final_digests.values()) == [sha1(SOURCE)] * 2  # accepting the alternative left the true text
+    assert "the first item matched 0 (0.0%)" in table({"alternatives": summary})
+    single = summarize(await replay_config(Config("one item", {}), traces, options))  # n == 1: no decoy
+    assert single.most_items == 1 and single.first_matched == single.any_matched > 0
 
 
 async def test_realtime_users_cancel_running_requests(workload, tmp_path):
