@@ -45,13 +45,18 @@ class StepResult(NamedTuple):
 class DocumentWork:
     """Documents' passes, most recently asked first; one piece prefilled at a time."""
 
-    def __init__(self, model: Any, store: Any, header: tuple[int, ...] = (), chunk_tokens: int = 64) -> None:
+    def __init__(
+        self, model: Any, store: Any, header: tuple[int, ...] = (), chunk_tokens: int = 64, max_rows: int | None = None
+    ) -> None:
         if chunk_tokens < 1:
             raise ValueError("chunk_tokens must be >= 1")
         self.model = model
         self.store = store
         self.header = tuple(header)
         self.chunk_tokens = chunk_tokens
+        # A piece whose KV (header + ids) needs more rows is skipped: the KV budget's working
+        # share could never hold it (None: no limit).
+        self.max_rows = max_rows
         self._passes: collections.OrderedDict[str, DocumentPass] = collections.OrderedDict()
         self._inflight: _InFlight | None = None
         self.origins: set[str] = set()  # documents with pieces in the store
@@ -81,6 +86,22 @@ class DocumentWork:
     def pending(self) -> bool:
         return self._inflight is not None or bool(self._passes)
 
+    def kv_in_flight(self) -> Any | None:
+        """The KV of the piece being computed (None between pieces): charged to the KV budget."""
+        return self._inflight.kv if self._inflight is not None else None
+
+    def next_rows(self) -> int:
+        """Rows of the KV the next `step()` allocates for a new piece (0 while a piece is in
+        flight, or when none is left), so the scheduler can make room first."""
+        if self._inflight is not None:
+            return 0
+        found = self._next_ids()
+        return len(self.header) + len(found[1]) if found is not None else 0
+
+    def drop_in_flight(self) -> None:
+        """Forget the piece being computed, freeing its KV (a later step starts it again)."""
+        self._inflight = None
+
     def step(self) -> StepResult:
         """Prefill up to `chunk_tokens` tokens of the next missing piece (0 when done)."""
         t0 = time.perf_counter()
@@ -104,12 +125,20 @@ class DocumentWork:
         return StepResult(n, dt)
 
     def _next_piece(self) -> _InFlight | None:
+        found = self._next_ids()
+        if found is None:
+            return None
+        key, ids = found
+        return _InFlight(key, ids, self.model.new_kv(len(self.header) + len(ids)), 0)
+
+    def _next_ids(self) -> tuple[str, tuple[int, ...]] | None:
+        """(document, ids) of the next piece to compute; completes the passes that are done."""
+        limit = self.max_rows
         while self._passes:
             key, work = next(iter(self._passes.items()))
             for ids in work.ids_in_order():
-                if ids not in self.store:
-                    kv = self.model.new_kv(len(self.header) + len(ids))
-                    return _InFlight(key, ids, kv, 0)
+                if ids not in self.store and (limit is None or len(self.header) + len(ids) <= limit):
+                    return key, ids
             self._complete(key, work)
         return None
 

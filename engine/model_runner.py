@@ -50,15 +50,24 @@ class ModelRunner:
         self.chunk_tokens = chunk_tokens
         self.context_length = int(model.config.max_position)
 
+    def kv_capacity(self, n_prompt: int, max_tokens: int) -> int:
+        """Rows `load_kv` gives a sequence of `n_prompt` prompt tokens that may generate
+        `max_tokens` when no capacity is asked for: all of them, rounded up to 256 (fewer
+        grows), at most the context length."""
+        return min(self.context_length, _round_up(n_prompt + max(max_tokens, 0) + 1, 256))
+
     def load_kv(
-        self, seq: Sequence, prev: RetainedSequence | None, have: int, match: MatchResult | None, reuse: int
+        self, seq: Sequence, prev: RetainedSequence | None, have: int, match: MatchResult | None, reuse: int,
+        capacity: int | None = None,
     ) -> None:
         """Give `seq` a KV holding its first `reuse` prompt rows: the document's previous KV
         `prev` (valid for its first `have` rows) when it is large enough, else a new one
         with those rows copied; rows the radix `match` has beyond `have` are gathered from
-        the pool. CacheBlend's local spans are read from `prev` first (it may be reused)."""
+        the pool. CacheBlend's local spans are read from `prev` first (it may be reused).
+        `capacity`: the rows of a new KV (default `kv_capacity`; the scheduler passes what
+        the KV budget holds)."""
         n = seq.n_prompt
-        want_cap = min(self.context_length, _round_up(n + max(seq.max_tokens, 0) + 1, 256))
+        want_cap = capacity if capacity is not None else self.kv_capacity(n, seq.max_tokens)
         if seq.blend is not None and prev is not None:
             seq.blend_spans = previous_spans(prev.ids, prev.kv, seq.tokens, seq.blend.segments, reuse)
         if prev is not None and prev.kv.capacity >= want_cap:
@@ -134,22 +143,29 @@ class ModelRunner:
         seq.n_valid += 1
         seq.pending = None
 
-    def fork_kv(self, seq: Sequence) -> Any:
-        """A new KV (room for the request's `max_tokens`, at most `seq.kv`'s capacity) holding
-        a copy of `seq`'s valid rows: a fork of the request (alternatives) decodes into its
-        own rows without prefilling the prompt again."""
+    def fork_capacity(self, seq: Sequence) -> int:
+        """Rows `fork_kv` gives a fork of `seq` by default: room for the request's
+        `max_tokens`, at most `seq.kv`'s capacity."""
+        return min(seq.kv.capacity, _round_up(seq.n_valid + max(seq.max_tokens, 0) + 1, 256))
+
+    def fork_kv(self, seq: Sequence, capacity: int | None = None) -> Any:
+        """A new KV (`capacity` rows, default `fork_capacity`) holding a copy of `seq`'s valid
+        rows: a fork of the request (alternatives) decodes into its own rows without
+        prefilling the prompt again."""
         n = seq.n_valid
-        kv = self.model.new_kv(min(seq.kv.capacity, _round_up(n + max(seq.max_tokens, 0) + 1, 256)))
+        kv = self.model.new_kv(capacity if capacity is not None else self.fork_capacity(seq))
         kv.k[:, :, :n].copy_(seq.kv.k[:, :, :n])  # [L, H_kv, n, D]
         kv.v[:, :, :n].copy_(seq.kv.v[:, :, :n])
         return kv
 
-    def grow(self, seq: Sequence) -> bool:
-        """Double the sequence's KV, up to the context length (False when it is full)."""
+    def grow(self, seq: Sequence, capacity: int | None = None) -> bool:
+        """Give the sequence a larger KV: `capacity` rows, by default twice its rows, at most
+        the context length (False when it cannot grow)."""
         cap = seq.kv.capacity
-        if cap >= self.context_length:
+        new_cap = min(self.context_length, capacity if capacity is not None else cap * 2)
+        if new_cap <= cap:
             return False
-        kv = self.model.new_kv(min(self.context_length, cap * 2))
+        kv = self.model.new_kv(new_cap)
         kv.k[:, :, :cap].copy_(seq.kv.k)  # [L, H_kv, cap, D]
         kv.v[:, :, :cap].copy_(seq.kv.v)
         seq.kv = kv
