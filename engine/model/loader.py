@@ -34,8 +34,10 @@ import torch
 
 from engine.api import EngineError
 from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from engine.model.preflight import check_memory, check_vocabulary
 from engine.model.quant import WeightSource
 from engine.model.transformer import Transformer
+from engine.model.weight_plan import WeightPlan, plan_weights
 
 log = logging.getLogger(__name__)
 
@@ -348,7 +350,7 @@ class InspectedModel(NamedTuple):
     tokenizer: Any
     files: list[Path]
     shapes: dict[str, tuple[int, ...]]
-    plan: "WeightPlan"
+    plan: WeightPlan
 
 
 def inspect_model(spec: str | Path = "default", *, quant: str | None = None, fim_tokens: str = "auto") -> InspectedModel:
@@ -429,150 +431,6 @@ def load_model(
     _return_freed_memory()
     name = source.stem if source.is_file() else source.name
     return LoadedModel(model, tokenizer, name, folder, special_token_ids(tokenizer))
-
-
-_LINEAR_SUFFIXES = ("_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-# GGML types whose class "auto" keeps as int8 (5 to 8 bits a weight); float types stay
-# dense; every other quantised type (Q4_x and below: Q2_K, Q3_K, IQ*, TQ*, MXFP4) is int4.
-_INT8_CLASS = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q8_1", "Q8_K")
-_BYTES_PER_WEIGHT = {"int8": 1.0, "int4": 0.5 + 4 / 32}  # + a bf16 scale and zero per 32
-
-
-class WeightPlan(NamedTuple):
-    """What each linear weight becomes (`engine.model.quant.WeightSource` kinds)."""
-
-    source: Path  # the GGUF file or HF folder
-    model_quant: str | None  # Transformer's quant for plain tensors: None, "int8" or "int4"
-    kinds: dict[str, str]  # weight name -> kind, where it differs from model_quant
-    kept: frozenset[str]  # names whose int4 groups are read from the GGUF's own blocks
-    head: str  # the lm_head's weight (the embedding when tied)
-
-    def kind(self, name: str) -> str:
-        return self.kinds.get(name, self.model_quant or "dense")
-
-    def model_bytes(self, shapes: dict[str, tuple[int, ...]], dtype: torch.dtype) -> int:
-        """Bytes of the built model: linears by kind, everything else in `dtype` (the embedding
-        too, unless it is the tied int8 lm_head, whose rows it then reads)."""
-        dense = torch.finfo(dtype).bits // 8
-        total = 0.0
-        for name, shape in shapes.items():
-            n = 1
-            for d in shape:
-                n *= d
-            linear = name.endswith(_LINEAR_SUFFIXES) or name == self.head
-            total += n * (_BYTES_PER_WEIGHT.get(self.kind(name), dense) if linear else dense)
-            if name == "model.embed_tokens.weight" == self.head and self.kind(name) != "int8":
-                total += n * dense  # the lookup table stays dense beside a dense or int4 lm_head
-        return int(total)
-
-    def apply(self, weights: dict[str, torch.Tensor]) -> None:
-        """Put each planned weight into `weights` as a `WeightSource` (kept groups read here)."""
-        if self.kept:
-            from engine.model.gguf import int4_groups  # noqa: PLC0415
-
-            for name, groups in int4_groups(self.source, set(self.kept)).items():
-                weights[name] = WeightSource("int4", groups=groups)
-        for name, kind in self.kinds.items():
-            if name not in self.kept and name in weights:
-                weights[name] = WeightSource(kind, dense=weights[name])
-
-
-def plan_weights(source: Path, config: ModelConfig, shapes: dict[str, tuple[int, ...]], quant: str) -> WeightPlan:
-    """Decide each linear weight's form for `quant` (module docstring), from the GGUF's tensor
-    types where the source is one. Logs one line for GGUF types no packed kernel keeps."""
-    head = "lm_head.weight" if "lm_head.weight" in shapes and not config.tie_embeddings else "model.embed_tokens.weight"
-    linears = [n for n in shapes if n.endswith(_LINEAR_SUFFIXES) or n == head]
-    types: dict[str, str] = {}
-    if source.is_file() and quant in ("int4", "auto"):
-        from engine.model.gguf import gguf_tensor_types  # noqa: PLC0415
-
-        types = gguf_tensor_types(source)
-    from engine.model.gguf import FLOAT_TYPES, INT4_BLOCK_TYPES  # noqa: PLC0415
-
-    kinds: dict[str, str] = {}
-    kept: set[str] = set()
-    requantised: dict[str, list] = {}  # GGML type -> [tensors, what they become]
-
-    def requantise(ggml: str, kind: str) -> None:
-        requantised.setdefault(ggml, [0, kind])[0] += 1
-
-    if quant == "auto":
-        model_quant = None
-        for name in linears:
-            ggml = types.get(name, "F32")
-            kind = "dense" if ggml in FLOAT_TYPES else "int8" if ggml in _INT8_CLASS else "int4"
-            if kind != "dense":
-                kinds[name] = kind
-            if ggml in INT4_BLOCK_TYPES:
-                kept.add(name)
-            elif kind != "dense":
-                requantise(ggml, kind)
-    elif quant == "int4":
-        model_quant = "int4"
-        kinds[head] = "int8"  # as llama.cpp's Q4 files keep the output matrix at 6-8 bits
-        for name in linears:
-            if name != head and types.get(name) in INT4_BLOCK_TYPES:
-                kept.add(name)
-                kinds[name] = "int4"
-            elif name != head and name in types and types[name] not in FLOAT_TYPES:
-                requantise(types[name], "int4")
-    else:
-        model_quant = None if quant == "none" else quant
-    if requantised:
-        log.info(
-            "%s: no packed kernel keeps %s: dequantised by gguf and requantised",
-            source.name,
-            ", ".join(f"{t} ({n} tensors -> {kind})" for t, (n, kind) in sorted(requantised.items())),
-        )
-    return WeightPlan(source, model_quant, kinds, frozenset(kept), head)
-
-
-def check_vocabulary(folder: Path, config: ModelConfig, tokenizer, shapes: dict[str, tuple[int, ...]]) -> None:
-    """The tokenizer's ids must all have embedding rows (and lm_head rows): EngineError naming
-    the folder otherwise. (Adapters and FIM sentinels add their rows later, checked again.)"""
-    n_tokens = tokenizer.get_vocab_size(with_added_tokens=True)
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        rows = shapes.get(name, (None,))[0]
-        if rows is not None and rows < n_tokens:
-            raise EngineError(
-                f"tokenizer of {folder} has {n_tokens} tokens but the model's {name} only {rows} rows: "
-                "the tokenizer does not belong to these weights"
-            )
-    embed = shapes.get("model.embed_tokens.weight")
-    if embed is not None and embed[0] != config.vocab_size:
-        raise EngineError(
-            f"config.json of {folder} says vocab_size {config.vocab_size} but model.embed_tokens.weight has {embed[0]} rows"
-        )
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo, or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def check_memory(source: Path, files: list[Path], model_bytes: int, reserve_bytes: int) -> None:
-    """Refuse a load that cannot fit: the built weights, the files read while building them
-    (their tensors are freed as they are converted, so at most both at once) and what the
-    caller reserves (the KV budget) against MemAvailable. EngineError before anything is read."""
-    available = available_memory_bytes()
-    if available is None:
-        return
-    read_bytes = sum(f.stat().st_size for f in files)
-    need = model_bytes + read_bytes + reserve_bytes
-    if need > available:
-        gib = 1 << 30
-        raise EngineError(
-            f"{source} does not fit in memory: its weights take {model_bytes / gib:.2f} GiB once built "
-            f"(+ {read_bytes / gib:.2f} GiB of files read while building) and the KV budget {reserve_bytes / gib:.2f} GiB, "
-            f"but only {available / gib:.2f} GiB is available; use a smaller --kv-budget, quant 'int4', or a smaller model"
-        )
 
 
 def _return_freed_memory() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from engine.api import EngineError
 from engine.model import load_model
-from engine.model import loader
+from engine.model import loader, preflight
 from tiny_models import write_tiny_gguf
 
 
@@ -105,7 +105,7 @@ def test_a_model_that_does_not_fit_next_to_the_kv_budget(tiny_model_factory, mon
     """The check counts the built weights (by format), the files read and the caller's reserve."""
     folder = tiny_model_factory("llama")
     size = (folder / "model.safetensors").stat().st_size
-    monkeypatch.setattr(loader, "available_memory_bytes", lambda: 3 * size)
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 3 * size)
     with pytest.raises(EngineError, match=r"does not fit in memory: .*KV budget 1\.00 GiB"):
         load_model(folder, dtype="fp32", reserve_bytes=1 << 30)
     assert no_weight_reads == []
@@ -116,7 +116,7 @@ def test_the_memory_check_counts_the_format(tiny_model_factory, monkeypatch):
     int4 (~1/5 of it) + the file do."""
     folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256)
     size = (folder / "model.safetensors").stat().st_size
-    monkeypatch.setattr(loader, "available_memory_bytes", lambda: int(1.9 * size))
+    monkeypatch.setattr(preflight, "available_memory_bytes", lambda: int(1.9 * size))
     with pytest.raises(EngineError, match="does not fit"):
         load_model(folder, dtype="fp32")
     assert load_model(folder, dtype="fp32", quant="int4").model.weight_bytes() < size / 4

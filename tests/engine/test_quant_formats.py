@@ -238,7 +238,7 @@ def test_int4_from_a_safetensors_folder_quantises_group_wise(tiny_model_factory,
 
 def test_one_log_line_for_types_no_kernel_keeps(tiny_model_factory, tmp_path, cache_dir, caplog):
     path = tiny_gguf(tiny_model_factory, tmp_path, "Q5_1")
-    with caplog.at_level(logging.INFO, logger="engine.model.loader"):
+    with caplog.at_level(logging.INFO, logger="engine.model.weight_plan"):
         load_model(path, dtype="fp32", quant="auto")
     lines = [r.getMessage() for r in caplog.records if "no packed kernel" in r.getMessage()]
     assert len(lines) == 1 and "Q5_1" in lines[0] and "int8" in lines[0]
