@@ -149,9 +149,10 @@ class DocumentWork:
         h, n = len(self.header), len(ids)
         from engine.chunks import ChunkKV  # noqa: PLC0415
 
+        k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
         rows = ChunkKV(
-            kv.k[:, :, h : h + n].transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
-            kv.v[:, :, h : h + n].transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
+            k.transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
+            v.transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
             torch.arange(h, h + n, dtype=torch.int64),
         )
         if self.store.add(ids, rows, key) is None:

@@ -83,7 +83,8 @@ class BlendResult(NamedTuple):
 
 def place_spans(model: Any, kv: Any, spans: Sequence[ReusedSpan]) -> None:
     """Write each span's K (rotated from its cached positions to its rows) and V into
-    every layer of `kv` (`SequenceKV`: k, v [L, H_kv, cap, D]); row r has position r."""
+    every layer of `kv` (a `SequenceKV` or `Int8SequenceKV`, through its row API: an int8
+    KV quantises the rotated rows as it stores them); row r has position r."""
     style = model.config.rope_style
     for span in spans:
         n = span.k.shape[1]
@@ -91,12 +92,11 @@ def place_spans(model: Any, kv: Any, spans: Sequence[ReusedSpan]) -> None:
             continue
         L, _, H, D = span.k.shape
         rows = torch.arange(span.start, span.start + n, dtype=torch.int64)  # [n]
-        k = span.k.to(kv.k.dtype)
+        k = span.k.to(kv.dtype)
         if not torch.equal(span.positions, rows):
             flat = k.transpose(0, 1).reshape(n, L * H, D)  # [n, L*H_kv, D]: one rotation for all layers
             k = kernels.rope_shift(flat, span.positions, rows, model.inv_freq, style).view(n, L, H, D).transpose(0, 1)
-        kv.k[:, :, span.start : span.start + n].copy_(k.transpose(1, 2))  # [L, H_kv, n, D]
-        kv.v[:, :, span.start : span.start + n].copy_(span.v.transpose(1, 2))  # [L, H_kv, n, D]
+        kv.write(span.start, k.transpose(1, 2), span.v.transpose(1, 2))  # [L, H_kv, n, D]
 
 
 def run_layer(model: Any, i: int, h: torch.Tensor, positions: torch.Tensor, kv: Any) -> torch.Tensor:
@@ -138,7 +138,7 @@ def blend_prefill(
         raise ValueError("blend_prefill: no tokens")
     if end > kv.capacity:
         raise ValueError(f"sequence of {end} tokens exceeds its KV capacity of {kv.capacity}")
-    device = kv.k.device
+    device = kv[0].device
     cached = torch.zeros(T, dtype=torch.bool)  # [T] relative rows covered by a span
     for span in sorted(spans, key=lambda s: s.start):
         if span.start < start or span.end > end:
@@ -168,13 +168,12 @@ def blend_prefill(
         h = run_layer(model, 0, h, positions, kv)  # every row: exact layer-0 K/V
         k1, v1 = model.project_kv(1, h, positions)  # [T, H_kv, D] each
         cached_rows = cached_rel + start  # absolute
-        old_v = kv.v[1].index_select(1, cached_rows.to(device)).transpose(0, 1)  # [C, H_kv, D]
+        old_v = kv.layer_kv(1, end)[1].index_select(1, cached_rows.to(device)).transpose(0, 1)  # [C, H_kv, D]
         deviation = kernels.kv_deviation(v1.index_select(0, cached_rel.to(device)), old_v)  # [C]
         selected = math.ceil(ratio * n_cached - 1e-9)
         top = cached_rel[kernels.select_top_rows(deviation, selected).cpu()]  # [selected] relative
         rows = torch.cat((uncached_rel, top)).sort().values  # [R] relative, ascending
-        kv.k[1, :, start:end].copy_(k1.transpose(0, 1))  # [H_kv, T, D]: layer 1 is exact for every row
-        kv.v[1, :, start:end].copy_(v1.transpose(0, 1))
+        kv.write_layer(1, start, k1.transpose(0, 1), v1.transpose(0, 1))  # [H_kv, T, D]: layer 1 is exact for every row
         h = h.index_select(0, rows.to(device))  # [R, hidden]
         for i in range(1, n_layers):
             _check(cancelled)
@@ -304,8 +303,8 @@ def previous_spans(
                 continue
             limit = min(e - pos, n_prev - at)
             n = common_prefix_len(prev[at : at + limit], ids[pos : pos + limit])  # >= MIN_REUSED_RUN
-            k = prev_kv.k[:, :, at : at + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
-            v = prev_kv.v[:, :, at : at + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+            k, v = prev_kv.read(at, at + n)  # [L, H_kv, n, D] (dequantised from an int8 KV)
+            k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [L, n, H_kv, D]
             spans.append(ReusedSpan(pos, k, v, torch.arange(at, at + n, dtype=torch.int64)))
             pos += n
     return spans

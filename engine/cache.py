@@ -137,9 +137,19 @@ class RadixCache:
         dtype: torch.dtype,
         budget_bytes: int,
         min_evict: int = 64,
+        kv_dtype: str | None = None,
     ) -> None:
+        """`dtype`: the model's compute dtype. `kv_dtype` "int8": the pool stores int8 rows
+        with one scale (in `dtype`) per token and kv head, as `Int8SequenceKV` does, so a
+        slot takes (D + scale bytes) / (D x itemsize) of the dense bytes — about half at
+        bf16, twice the tokens per budget; gather and commit copy rows and scales as they
+        are. Anything else: rows in `dtype`."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        self.bytes_per_slot = 2 * n_layers * n_kv_heads * head_dim * itemsize
+        self.int8 = kv_dtype == "int8"
+        self.dtype = dtype
+        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
+        row = head_dim + itemsize if self.int8 else head_dim * itemsize  # bytes per token, layer, head, K or V
+        self.bytes_per_slot = 2 * n_layers * n_kv_heads * row
         n_slots = int(budget_bytes) // self.bytes_per_slot
         if n_slots < 1:
             raise ValueError(
@@ -147,8 +157,14 @@ class RadixCache:
             )
         self.n_slots = n_slots
         # torch.empty reserves address space; pages are touched only as slots fill.
-        self.k = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
-        self.v = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
+        if self.int8:
+            self.k8 = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=torch.int8)  # [L, N, H_kv, D]
+            self.k_scale = torch.empty(n_layers, n_slots, n_kv_heads, dtype=dtype)  # [L, N, H_kv]
+            self.v8 = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=torch.int8)  # [L, N, H_kv, D]
+            self.v_scale = torch.empty(n_layers, n_slots, n_kv_heads, dtype=dtype)  # [L, N, H_kv]
+        else:
+            self.k = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
+            self.v = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
         self._free = torch.arange(n_slots, dtype=torch.int64)  # stack; [:_n_free] are free
         self._n_free = n_slots
         self._owner = torch.zeros(n_slots, dtype=torch.int8)  # _FREE / _TREE / _HELD
@@ -330,13 +346,66 @@ class RadixCache:
 
     # ------------------------------------------------------------------ KV rows
     def gather(self, slots: torch.Tensor, kv: Any, start: int = 0) -> None:
-        """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D])
-        at rows start..start+n-1. One index_select over all layers per tensor."""
+        """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],
+        or with an int8 pool an Int8SequenceKV: rows and scales as they are) at rows
+        start..start+n-1. One index_select over all layers per tensor."""
         n = slots.shape[0]
         if n == 0:
             return
-        kv.k[:, :, start : start + n].copy_(self.k.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
-        kv.v[:, :, start : start + n].copy_(self.v.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
+        self._check_format(kv)
+        rows = slice(start, start + n)
+        if self.int8:
+            kv.k8[:, :, rows].copy_(self.k8.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
+            kv.k_scale[:, :, rows].copy_(self.k_scale.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n]
+            kv.vt8[:, :, :, rows].copy_(self.v8.index_select(1, slots).permute(0, 2, 3, 1))  # [L, H_kv, D, n]
+            kv.v_scale[:, :, rows].copy_(self.v_scale.index_select(1, slots).transpose(1, 2))
+            return
+        kv.k[:, :, rows].copy_(self.k.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
+        kv.v[:, :, rows].copy_(self.v.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
+
+    def _check_format(self, kv: Any) -> None:
+        if bool(getattr(kv, "quantized", False)) != self.int8:
+            raise TypeError(f"a {type(kv).__name__} does not fit a pool of {'int8' if self.int8 else self.dtype} rows")
+
+    def _store(self, slots: torch.Tensor, kv: Any, lo: int, hi: int) -> None:
+        """Workspace rows lo..hi-1 of `kv` -> pool `slots`: as they are when the formats
+        match; dense rows (the disk tier's) are quantised into an int8 pool."""
+        if self.int8 and not getattr(kv, "quantized", False):
+            k, v = kv.read(lo, hi)  # [L, H_kv, n, D]
+            self.write_slots(slots, k.transpose(1, 2), v.transpose(1, 2))
+            return
+        self._check_format(kv)
+        if self.int8:
+            self.k8.index_copy_(1, slots, kv.k8[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
+            self.k_scale.index_copy_(1, slots, kv.k_scale[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv]
+            self.v8.index_copy_(1, slots, kv.vt8[:, :, :, lo:hi].permute(0, 3, 1, 2))  # [L, n, H_kv, D]
+            self.v_scale.index_copy_(1, slots, kv.v_scale[:, :, lo:hi].transpose(1, 2))
+            return
+        self.k.index_copy_(1, slots, kv.k[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
+        self.v.index_copy_(1, slots, kv.v[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
+
+    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # ([L, n, H_kv, D], [L, n, H_kv, D])
+        """Rows `slots` in the compute dtype (dequantised from an int8 pool): new tensors."""
+        if self.int8:
+            k = self.k8.index_select(1, slots).to(self.dtype).mul_(self.k_scale.index_select(1, slots).unsqueeze(-1))
+            v = self.v8.index_select(1, slots).to(self.dtype).mul_(self.v_scale.index_select(1, slots).unsqueeze(-1))
+            return k, v
+        return self.k.index_select(1, slots), self.v.index_select(1, slots)
+
+    def write_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [L, n, H_kv, D] (any float dtype) in `slots` (quantised in an int8 pool)."""
+        if self.int8:
+            from engine.model.transformer import quantize_rows  # noqa: PLC0415 - the model's own rounding
+
+            k8, ks = quantize_rows(k, self.dtype)
+            v8, vs = quantize_rows(v, self.dtype)
+            self.k8.index_copy_(1, slots, k8)
+            self.k_scale.index_copy_(1, slots, ks)
+            self.v8.index_copy_(1, slots, v8)
+            self.v_scale.index_copy_(1, slots, vs)
+            return
+        self.k.index_copy_(1, slots, k.to(self.dtype))
+        self.v.index_copy_(1, slots, v.to(self.dtype))
 
     def commit(self, ids: Sequence[int], kv: Any, upto: int, key: str | None = None) -> CommitResult:
         """Store workspace rows for `ids[:upto]` that the tree lacks (rows 0..upto-1 of `kv`
@@ -357,8 +426,7 @@ class RadixCache:
             return CommitResult(None, 0, m.n_tokens)
         lo = m.n_tokens
         try:
-            self.k.index_copy_(1, new, kv.k[:, :, lo:upto].transpose(1, 2))  # [L, need, H_kv, D]
-            self.v.index_copy_(1, new, kv.v[:, :, lo:upto].transpose(1, 2))  # [L, need, H_kv, D]
+            self._store(new, kv, lo, upto)
             # Re-match: alloc may have evicted or trimmed parts of an unpinned branch.
             m2 = self.match(ids[:lo])
             if m2.n_tokens < lo:  # cannot happen while pinned; keep the tree exact regardless

@@ -69,8 +69,8 @@ def prefill_chunk(model: Any, ids: Sequence[int], header: Sequence[int] = ()) ->
         raise ValueError("prefill_chunk: empty chunk")
     kv = model.new_kv(h + n)
     model.forward(torch.tensor([*header, *ids], dtype=torch.int64), kv, 0, "none")
-    k = kv.k[:, :, h : h + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
-    v = kv.v[:, :, h : h + n].transpose(1, 2).contiguous()  # [L, n, H_kv, D]
+    k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
+    k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [L, n, H_kv, D]
     return ChunkKV(k, v, torch.arange(h, h + n, dtype=torch.int64))
 
 
@@ -121,9 +121,7 @@ class ChunkStore:
 
     def load_rows(self, entry: ChunkEntry, at: int, n: int) -> ChunkKV:
         """Copy rows at..at+n-1 of an entry out of the pool."""
-        slots = entry.slots[at : at + n]
-        k = self.cache.k.index_select(1, slots)  # [L, n, H_kv, D]
-        v = self.cache.v.index_select(1, slots)  # [L, n, H_kv, D]
+        k, v = self.cache.read_slots(entry.slots[at : at + n])  # [L, n, H_kv, D]
         self.touch(entry)
         return ChunkKV(k, v, entry.positions[at : at + n])
 
@@ -132,8 +130,7 @@ class ChunkStore:
 
     def load(self, entry: ChunkEntry) -> ChunkKV:
         """Copy an entry's rows out of the pool."""
-        k = self.cache.k.index_select(1, entry.slots)  # [L, n, H_kv, D]
-        v = self.cache.v.index_select(1, entry.slots)  # [L, n, H_kv, D]
+        k, v = self.cache.read_slots(entry.slots)  # [L, n, H_kv, D]
         return ChunkKV(k, v, entry.positions)
 
     def add(self, ids: Sequence[int], kv: ChunkKV, origin: str | None = None) -> ChunkEntry | None:
@@ -157,8 +154,7 @@ class ChunkStore:
             slots = self.cache.alloc(n)
         if slots is None:
             return None
-        self.cache.k.index_copy_(1, slots, kv.k.to(self.cache.k.dtype))  # [L, n, H_kv, D]
-        self.cache.v.index_copy_(1, slots, kv.v.to(self.cache.v.dtype))
+        self.cache.write_slots(slots, kv.k, kv.v)  # [L, n, H_kv, D]; quantised in an int8 pool
         entry = ChunkEntry(key, ids, slots, kv.positions.clone(), origin)
         self._entries[key] = entry
         self._n_slots += n

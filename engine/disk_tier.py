@@ -46,10 +46,16 @@ _RECENT = object()  # queue marker: preload the most recent documents
 
 
 class _Rows(NamedTuple):
-    """The `kv` that `RadixCache.commit` reads: rows 0..n-1 of k and v."""
+    """The `kv` that `RadixCache.commit` reads: rows 0..n-1 of k and v, in the compute dtype
+    (an int8 pool quantises them as it stores them)."""
 
     k: torch.Tensor  # [L, H_kv, n, D]
     v: torch.Tensor  # [L, H_kv, n, D]
+
+    quantized = False
+
+    def read(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, lo:hi], self.v[:, :, lo:hi]
 
 
 class _Snapshot(NamedTuple):
@@ -88,7 +94,7 @@ def _file_stats(path: Path | None) -> list:
     return out
 
 
-def fingerprint(loaded: Any, template: Any, kv_dtype: torch.dtype, quant: str | None, adapter: Path | None) -> str:
+def fingerprint(loaded: Any, template: Any, kv_dtype: torch.dtype | str, quant: str | None, adapter: Path | None) -> str:
     """sha256 over what makes a KV row valid: the model's files, the merged adapter, the KV
     dtype, quantisation, the template's ids and the file format version."""
     path = Path(loaded.path)
@@ -196,7 +202,7 @@ class DiskTier:
             n = len(seq.ids)
             sig = _signature(seq.ids)
             if self._saved.get(key) != sig:
-                snaps.append(_Snapshot(key, list(seq.ids), seq.kv.k[:, :, :n], seq.kv.v[:, :, :n], sig))
+                snaps.append(_Snapshot(key, list(seq.ids), *seq.kv.read(0, n), sig))  # the engine thread has stopped
         return self._save(snaps)
 
     # ------------------------------------------------------------ the tier's thread
@@ -307,7 +313,8 @@ class DiskTier:
                 if self._saved.get(key) == sig:
                     continue
             n = len(seq.ids)
-            out.append(_Snapshot(key, list(seq.ids), seq.kv.k[:, :, :n].clone(), seq.kv.v[:, :, :n].clone(), sig))  # [L, H_kv, n, D]
+            k, v = seq.kv.read(0, n)  # [L, H_kv, n, D] in the compute dtype (an int8 KV dequantised)
+            out.append(_Snapshot(key, list(seq.ids), k.clone(), v.clone(), sig))
         return out
 
     def _insert(self, stored: StoredKV) -> int:
@@ -333,9 +340,13 @@ def attach_disk_tier(
     `engine.kv_disk.kv_directory`) or a directory; `options` go to `DiskTier`."""
     directory = kv_directory() if where is True else Path(where)
     cache = engine.cache
-    fp = fingerprint(engine.loaded, engine.template, cache.k.dtype, engine.quant, adapter)
-    shape = (cache.k.shape[0], cache.k.shape[2], cache.k.shape[3])  # pool: [L, N, H_kv, D]
-    store = KVDiskStore(directory, fp, budget_bytes, shape, cache.k.dtype)
+    # Files hold rows in the compute dtype; an int8 pool writes its rows dequantised and
+    # quantises what it loads, under a fingerprint of its own (a dense engine must not take
+    # rows that went through int8, nor the other way round).
+    kv_format = f"int8/{cache.dtype}" if cache.int8 else cache.dtype
+    fp = fingerprint(engine.loaded, engine.template, kv_format, engine.quant, adapter)
+    shape = (cache.n_layers, cache.n_kv_heads, cache.head_dim)
+    store = KVDiskStore(directory, fp, budget_bytes, shape, cache.dtype)
     options.setdefault("preload_tokens", cache.n_slots // 2)  # half the pool at most
     return DiskTier(engine.scheduler, store, **options).start()
 

@@ -97,6 +97,7 @@ class LocalEngine:
         kv_disk_budget: int | str = "2G",
         adapter_path: Path | None = None,
         adaptive_threads: bool = True,
+        kv_dtype: str | None = None,
     ) -> None:
         _keep_large_blocks_out_of_the_heap()
         self.loaded = loaded
@@ -114,7 +115,12 @@ class LocalEngine:
         # document starts without a gather) at most 1/4.
         self.kv_budget_bytes = budget
         retained_budget = budget // 4 if retain_documents > 0 else 0
-        self._kv_dtype = self.model.new_kv(1).k.dtype
+        try:  # "int8": KV rows in int8 with per-(token, head) scales, pool included (docs/model.md)
+            self.model.set_kv_dtype(kv_dtype)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
+        self._kv_dtype = self.model.dtype
         self._pool_budget = budget - retained_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
         # to `load_engine`), fewer while other processes keep cores busy (engine.cpu_threads).
@@ -165,6 +171,7 @@ class LocalEngine:
             head_dim=cfg.head_dim,
             dtype=self._kv_dtype,
             budget_bytes=self._pool_budget,
+            kv_dtype=self.kv_dtype,
         )
         return cache, Scheduler(self.model, cache, **self._scheduler_options)
 

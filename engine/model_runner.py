@@ -76,8 +76,7 @@ class ModelRunner:
             kv = self.model.new_kv(want_cap)
             keep = min(have, reuse)
             if keep:
-                kv.k[:, :, :keep].copy_(prev.kv.k[:, :, :keep])  # [L, H_kv, keep, D]
-                kv.v[:, :, :keep].copy_(prev.kv.v[:, :, :keep])
+                kv.copy_rows(prev.kv, keep)
         if reuse > have:
             self.cache.gather(match.slots[have:reuse], kv, have)
         seq.kv, seq.n_valid, seq.reused = kv, reuse, reuse
@@ -154,8 +153,7 @@ class ModelRunner:
         prefilling the prompt again."""
         n = seq.n_valid
         kv = self.model.new_kv(capacity if capacity is not None else self.fork_capacity(seq))
-        kv.k[:, :, :n].copy_(seq.kv.k[:, :, :n])  # [L, H_kv, n, D]
-        kv.v[:, :, :n].copy_(seq.kv.v[:, :, :n])
+        kv.copy_rows(seq.kv, n)
         return kv
 
     def grow(self, seq: Sequence, capacity: int | None = None) -> bool:
@@ -166,8 +164,7 @@ class ModelRunner:
         if new_cap <= cap:
             return False
         kv = self.model.new_kv(new_cap)
-        kv.k[:, :, :cap].copy_(seq.kv.k)  # [L, H_kv, cap, D]
-        kv.v[:, :, :cap].copy_(seq.kv.v)
+        kv.copy_rows(seq.kv, cap)
         seq.kv = kv
         return True
 

@@ -25,7 +25,8 @@ class RetainedSequence(NamedTuple):
 
 
 def kv_bytes(kv: Any) -> int:
-    return kv.k.numel() * kv.k.element_size() * 2  # k and v: [L, H_kv, cap, D] each
+    """Bytes a sequence KV holds (k and v, and an int8 KV's scales)."""
+    return kv.nbytes()
 
 
 class RetainedKV:
@@ -67,7 +68,7 @@ class RetainedKV:
         if self.budget_bytes is not None:
             assert self.nbytes() <= self.budget_bytes, f"retained KV {self.nbytes()} B over its budget {self.budget_bytes} B"
         for key, seq in self._by_key.items():
-            assert seq.kv.k.shape == seq.kv.v.shape, f"k and v of {key!r} disagree"
+            assert all(t.shape[:2] == seq.kv[0].shape[:2] for t in seq.kv), f"k and v of {key!r} disagree"
             assert 0 < len(seq.ids) <= seq.kv.capacity, f"{key!r}: {len(seq.ids)} ids in {seq.kv.capacity} rows"
 
     def __len__(self) -> int:

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--adapter", default="auto", help="'auto' (the shipped FIM adapter for --model default, when marked ready), 'none', or a LoRA file/folder merged at load")
     p.add_argument("--kv-budget", help="KV pool budget, e.g. 512M or 2G")
+    p.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp32", "int8"), default="auto", help="KV cache format: auto (the model dtype) or int8 (docs/model.md)")
     p.add_argument("--threads", type=int, help="torch threads")
     p.add_argument("--prefix-tokens", type=int, default=1536, help="token budget of the prefix window")
     p.add_argument("--suffix-tokens", type=int, default=512, help="token budget of the suffix window")
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         kv_budget=args.kv_budget,
         threads=args.threads,
         adapter=args.adapter,
+        kv_dtype=args.kv_dtype,
     )
     try:
         count = engine.count_tokens

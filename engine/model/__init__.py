@@ -2,13 +2,14 @@
 
 from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.model.loader import LoadedModel, cache_root, cpu_has_native_bf16, load_model, resolve_dtype
-from engine.model.transformer import SequenceKV, Transformer
+from engine.model.transformer import Int8SequenceKV, SequenceKV, Transformer
 
 __all__ = [
     "ModelConfig",
     "SUPPORTED_ARCHITECTURES",
     "Transformer",
     "SequenceKV",
+    "Int8SequenceKV",
     "LoadedModel",
     "load_model",
     "cache_root",
