@@ -107,6 +107,8 @@ class ServerStats:
             "latencyMs": self.latency.summary(),
             "engineLatencyMs": self.engine_latency.summary(),
             "cacheBytes": engine.cache_bytes_used if engine else 0,
+            # KV the running requests compute in, within the same --kv-budget as cacheBytes.
+            "workingKvBytes": engine.working_kv_bytes if engine else 0,
             "sessions": {"active": sessions_active, "rebases": rebases},
             "shown": self.shown,
             "accepted": self.accepted,

@@ -199,6 +199,9 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     cache_bytes_used: int = 0
     cache_bytes_free: int = 0
     cache_bytes_total: int = 0
+    # KV running sequences compute in (their working KV, charged to the same --kv-budget as
+    # the bytes above: pool + retained in `cache_bytes_used`).
+    working_kv_bytes: int = 0
     # Background work (warm-ups and document pieces), not counted above.
     warm_requests: int = 0
     warm_completed: int = 0

@@ -93,6 +93,7 @@ class LocalEngine:
         warm_chunk_tokens: int | None = None,
         idle_grace: float = 0.25,
         document_share: float = 0.5,
+        working_share: float = 0.5,
         kv_disk: bool | str | Path = False,
         kv_disk_budget: int | str = "2G",
         adapter_path: Path | None = None,
@@ -110,18 +111,25 @@ class LocalEngine:
         self.quant = quant
         self.end_ids = self.prompts.end_ids(cfg.eos_ids)
         budget = parse_bytes(kv_budget) if kv_budget is not None else default_budget_bytes()
-        # One budget for all KV: the pool gets 3/4, the retained per-document KV
-        # (contiguous copies the model computes in, kept so the next keystroke of the same
-        # document starts without a gather) at most 1/4.
+        # One ceiling for all KV (docs/reliability.md, "KV budget"): the radix pool is
+        # preallocated with (1 - working_share) of it; the working share holds the KV the
+        # model computes in — every running sequence's (requests, warm-ups, alternatives'
+        # forks, the document piece in flight) — and, in what that leaves, the retained
+        # per-document KV (kept so the next keystroke of a document starts without a
+        # gather), at most 1/4 of the budget. The scheduler charges working KV before it
+        # allocates it, so pool + working + retained never exceed the budget.
+        if not 0.0 < working_share < 1.0:
+            raise ValueError(f"working_share must be in (0, 1), got {working_share}")
         self.kv_budget_bytes = budget
-        retained_budget = budget // 4 if retain_documents > 0 else 0
+        working_budget = int(budget * working_share)
+        retained_budget = min(budget // 4, working_budget) if retain_documents > 0 else 0
         try:  # "int8": KV rows in int8 with per-(token, head) scales, pool included (docs/model.md)
             self.model.set_kv_dtype(kv_dtype)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
         self._kv_dtype = self.model.dtype
-        self._pool_budget = budget - retained_budget
+        self._pool_budget = budget - working_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
         # to `load_engine`), fewer while other processes keep cores busy (engine.cpu_threads).
         self.threads = ThreadGovernor(torch.get_num_threads()) if adaptive_threads else None
@@ -135,6 +143,7 @@ class LocalEngine:
             check_integrity=check_integrity,
             retain_documents=retain_documents,
             retained_budget_bytes=retained_budget,
+            working_budget_bytes=working_budget,
         )
         self.cache, self.scheduler = self._new_scheduler()
         faults.install_from_env(self.scheduler)  # test hook (EFIM_FAULT); nothing when unset
@@ -343,7 +352,8 @@ class LocalEngine:
         c = self.scheduler.counters
         used, free = self.cache.usage()
         used += self.scheduler.retained.nbytes()  # retained KV is charged to the same budget
-        free = max(0, self.kv_budget_bytes - used)
+        working = self.scheduler.working_kv_bytes()  # and so is the KV running sequences compute in
+        free = max(0, self.kv_budget_bytes - used - working)
         return EngineStats(
             requests=c.requests,
             completed=c.completed,
@@ -355,7 +365,8 @@ class LocalEngine:
             evictions=self.cache.evicted_tokens,
             cache_bytes_used=used,
             cache_bytes_free=free,
-            cache_bytes_total=used + free,
+            cache_bytes_total=self.kv_budget_bytes,
+            working_kv_bytes=working,
             warm_requests=c.warm_requests,
             warm_completed=c.warm_completed,
             warm_cancelled=c.warm_cancelled,
@@ -457,7 +468,7 @@ def _abandon(scheduler: Scheduler, reason: str) -> int:
     included) and fail its idle-work futures; returns how many foreground requests were
     ended. Its state may be half-updated, so each finish is guarded: a handle never hangs."""
     with scheduler._cond:
-        seqs = list(scheduler._inbox) + scheduler._prefilling + scheduler._decoding
+        seqs = list(scheduler._inbox) + scheduler._waiting + scheduler._prefilling + scheduler._decoding
         scheduler._inbox.clear()
         idle_work = list(scheduler._when_idle)
         scheduler._when_idle.clear()

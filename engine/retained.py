@@ -10,6 +10,8 @@ Contracts:
   many bytes; the least recently kept go first. The newest entry goes too if it alone
   exceeds the bytes: its prompt rows are in the radix cache, only generated rows are lost.
 - `take` removes the entry: a sequence owns its KV exclusively while it runs.
+- The scheduler also drops entries (`evict_oldest`) to make room for running sequences'
+  working KV, which shares the KV budget with this store (docs/reliability.md).
 - Engine thread only, except `nbytes` (a best-effort read for stats from any thread).
 """
 
@@ -40,6 +42,18 @@ class RetainedKV:
     def take(self, key: str) -> RetainedSequence | None:
         """Remove and return `key`'s entry (None when there is none)."""
         return self._by_key.pop(key, None)
+
+    def peek(self, key: str) -> RetainedSequence | None:
+        """`key`'s entry, left in place (None when there is none)."""
+        return self._by_key.get(key)
+
+    def evict_oldest(self, spare: str | None = None) -> int:
+        """Drop the least recently kept entry other than `spare`'s; returns its bytes (0 when
+        there is none to drop)."""
+        for key in self._by_key:
+            if key != spare:
+                return kv_bytes(self._by_key.pop(key).kv)
+        return 0
 
     def keep(self, key: str, seq: RetainedSequence) -> None:
         """Keep `seq` as the document's latest; then drop the least recently kept beyond the

@@ -7,7 +7,9 @@ chunk or one batched decode step at a time. Text lives behind each sequence's `T
 (`engine.prompting`).
 
 Per sequence:
-1. admit: `sink.prepare()` gives the prompt ids; reuse = the longer of (a) the rows
+1. admit: `sink.prepare()` gives the prompt ids (cut to what the KV budget's working share
+   holds when the whole window would not fit it, see "KV budget" below); the sequence then
+   waits until its working KV can be charged to the budget, and gets it: reuse = the longer of (a) the rows
    still valid in this document's retained KV (common prefix with the ids it holds,
    generated tokens included) and (b) the radix cache match, whose missing rows are
    gathered from the pool. At least one prompt token is always recomputed (its logits
@@ -35,6 +37,19 @@ document ends that document's background sequence at admission (its rows stay: c
 to the radix cache and retained), so the request starts from them. A request therefore
 waits for at most one background chunk (or one layer of a blend).
 
+KV budget (docs/reliability.md, "KV budget"): with `working_budget_bytes` set, the KV the
+model computes in — every running sequence's working KV (requests, warm-ups, alternatives'
+forks; a CacheBlend pass's copied spans while it blends), and the document piece in flight
+— plus the retained KV stay within it at every moment (the pool, preallocated, is the rest
+of `--kv-budget`). KV is charged before it is allocated (admission, fork, grow, a new
+document piece) and given back when its sequence ends (moved to the retained store). To
+make room the scheduler drops retained KV (least recently kept first), then the document
+piece in flight, then — for foreground work only — running background sequences; never a
+running request's rows. What still does not fit: a request waits in `_waiting` for running
+ones to finish (a request alone always fits: its window is cut at admission), an
+alternative is not forked (fewer alternatives, logged), a sequence that would outgrow its
+KV ends "length", a blend that would not fit is prefilled plainly.
+
 Contracts:
 - `submit` and `cancel` are thread-safe and never block on model work.
 - A cancel takes effect before the next chunk or decode step of that sequence.
@@ -60,7 +75,7 @@ from engine.cache import RadixCache, common_prefix_len
 from engine.chunks import ChunkStore
 from engine.document_kv import DocumentIndex, DocumentPass
 from engine.model_runner import ModelRunner
-from engine.retained import RetainedKV, RetainedSequence
+from engine.retained import RetainedKV, RetainedSequence, kv_bytes
 from engine.sequence import Prompt, Sequence
 from engine.speculation import VerifyCost, draft_for, speculate_step
 
@@ -88,6 +103,11 @@ class Counters:
     verify_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    # KV budget (working share): windows cut at admission, alternatives not forked, and
+    # sequences that ended "length" because their KV could not grow.
+    kv_cut_windows: int = 0
+    kv_skipped_forks: int = 0
+    kv_grow_refused: int = 0
 
 
 # A local-only CacheBlend is kept when the document's KV covers at least this share of the
@@ -146,6 +166,7 @@ class Scheduler:
         header: tuple[int, ...] = (),
         chunk_store_fraction: float = 0.5,
         before_step: Callable[[], Any] | None = None,
+        working_budget_bytes: int | None = None,
     ) -> None:
         self.cache = cache
         self.before_step = before_step  # engine thread, before each unit of work (e.g. CPU threads)
@@ -161,9 +182,17 @@ class Scheduler:
         self.warm_chunk_seconds = warm_chunk_seconds
         self._prefill_rate = PrefillRate()
         self.idle_grace = idle_grace
-        self.documents = DocumentWork(
-            model, self.chunk_store, header, chunk_tokens=warm_chunk_tokens or DOCUMENT_PIECE_CHUNK
-        )
+        # The KV budget's working share (None: unlimited): running sequences' working KV, the
+        # document piece in flight and the retained KV together (module docstring).
+        self.working_limit = working_budget_bytes
+        self.row_bytes = kv_bytes(model.new_kv(1))  # one row of a sequence KV
+        self.rows_alone = self.context_length if working_budget_bytes is None else working_budget_bytes // self.row_bytes
+        if self.rows_alone < 2:
+            raise ValueError(
+                f"the KV budget's working share ({working_budget_bytes} B) holds {self.rows_alone} rows of "
+                f"{self.row_bytes} B; a sequence needs at least 2: use a larger --kv-budget"
+            )
+        self.documents = self._document_work(model, header)
         self._plans: collections.deque[DocumentPass] = collections.deque()  # from any thread
         self._indexes: dict[str, DocumentIndex] = {}
         self._last_foreground = 0.0  # perf_counter when foreground work last ran
@@ -176,8 +205,10 @@ class Scheduler:
         self._inbox: collections.deque[Sequence] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._waiting: list[Sequence] = []  # admitted (prompt built), waiting for KV room
         self._prefilling: list[Sequence] = []
         self._decoding: list[Sequence] = []
+        self._holding: dict[Sequence, None] = {}  # every sequence with a working KV, oldest first
         self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
         self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stepping = False
@@ -187,6 +218,12 @@ class Scheduler:
     @property
     def context_length(self) -> int:
         return self.runner.context_length
+
+    def _document_work(self, model: Any, header: tuple[int, ...]) -> DocumentWork:
+        max_rows = None if self.working_limit is None else self.rows_alone
+        return DocumentWork(
+            model, self.chunk_store, header, chunk_tokens=self.warm_chunk_tokens or DOCUMENT_PIECE_CHUNK, max_rows=max_rows
+        )
 
     def warm_chunk(self) -> int:
         """Rows a background prefill computes in one step (see `warm_chunk_seconds`)."""
@@ -239,7 +276,9 @@ class Scheduler:
     def idle(self) -> bool:
         """No sequence queued, running, or in the middle of a step (background pieces may
         still be pending: they never delay a request by more than one chunk)."""
-        return not self._stepping and not self._inbox and not self._prefilling and not self._decoding
+        return (
+            not self._stepping and not self._inbox and not self._waiting and not self._prefilling and not self._decoding
+        )
 
     def background_pending(self) -> bool:
         """Document passes or pieces still to compute (best-effort read from any thread)."""
@@ -252,6 +291,32 @@ class Scheduler:
         except RuntimeError:  # the store changed under the read
             return 0
 
+    def working_kv_bytes(self) -> int:
+        """Bytes of working KV charged now: running sequences (a blending one with its copied
+        spans) and the document piece in flight (a best-effort read from any thread)."""
+        try:
+            held = sum(self._charge_of(s) for s in list(self._holding))
+        except RuntimeError:  # changed under the read
+            return 0
+        piece = self.documents.kv_in_flight()
+        return held + (kv_bytes(piece) if piece is not None else 0)
+
+    def _charge_of(self, seq: Sequence) -> int:
+        """What `seq` holds of the working share: its KV, and while it is still to blend, room
+        for the spans the pass copies (`_blend_rows`)."""
+        kv, blend = seq.kv, seq.blend
+        held = kv_bytes(kv) if kv is not None else 0
+        if blend is not None:
+            held += self._blend_rows(seq, seq.n_valid, blend) * self.row_bytes
+        return held
+
+    @staticmethod
+    def _blend_rows(seq: Sequence, reuse: int, blend: Any) -> int:
+        """Rows a CacheBlend pass from row `reuse` copies besides the sequence's KV: the reused
+        spans (at most the rows still to compute) and one chunk prefilled alone after the
+        header (at most as many again)."""
+        return 2 * (seq.n_prompt - reuse) + len(blend.header)
+
     def _foreground_busy(self) -> bool:
         return any(not s.background for s in (*self._prefilling, *self._decoding))
 
@@ -263,19 +328,20 @@ class Scheduler:
         waiting for the rest of it, is nil for the same document's next keystroke, which
         supersedes this request and reuses its rows."""
         chunk = self.runner.chunk_tokens
-        if len(self._prefilling) == 1 and not self._decoding and not self._inbox:
+        if len(self._prefilling) == 1 and not self._decoding and not self._inbox and not self._waiting:
             return chunk * SOLO_CHUNK_FACTOR
         return chunk
 
     def _foreground_waiting(self, key: str | None = None) -> bool:
         """A foreground request of another document than `key` waits in the inbox."""
         with self._cond:
-            return any(not s.background and s.key != key for s in self._inbox)
+            arrived = any(not s.background and s.key != key for s in self._inbox)
+        return arrived or any(not s.background and s.key != key for s in self._waiting)
 
     def _wait_seconds(self) -> float | None:
         """How long the loop may sleep: None (until woken) when there is nothing at all,
         0 when there is work now, else until the idle grace for document pieces is over."""
-        if self._inbox or self._prefilling or self._decoding or self._plans or self._when_idle:
+        if self._inbox or self._waiting or self._prefilling or self._decoding or self._plans or self._when_idle:
             return 0.0
         if not self.documents.pending():
             return None
@@ -299,7 +365,7 @@ class Scheduler:
                 log.exception("engine step failed")
                 for seq in self._prefilling + self._decoding:
                     self._finish(seq, "error", "internal engine error (see log)")
-        for seq in list(self._inbox) + self._prefilling + self._decoding:
+        for seq in list(self._inbox) + self._waiting + self._prefilling + self._decoding:
             self._finish(seq, "cancelled")
         self._inbox.clear()
         while self._when_idle:
@@ -327,6 +393,7 @@ class Scheduler:
             for seq in self._take_arrivals():
                 self._finish_cancelled_or_expired()
                 self._guard(seq, self._admit)
+            self._start_waiting()
             foreground = [s for s in self._prefilling if not s.background]
             if foreground:
                 self._guard(foreground[0], self._prefill)
@@ -352,6 +419,13 @@ class Scheduler:
         self.cache.check_integrity()
         self.chunk_store.check_integrity()
         self.retained.check_integrity()
+        for seq in (*self._prefilling, *self._decoding):
+            assert seq in self._holding, f"request {seq.request_id} runs without a charged KV"
+        for seq in self._holding:
+            assert seq.kv is not None, f"request {seq.request_id} is charged for a KV it no longer has"
+        if self.working_limit is not None:
+            used = self.retained.nbytes() + self.working_kv_bytes()
+            assert used <= self.working_limit, f"retained + working KV {used} B over the working share {self.working_limit} B"
 
     def _run_idle_work(self) -> None:
         while True:
@@ -377,11 +451,11 @@ class Scheduler:
         deadline passed while others ran (decoding ones meet theirs at their next token).
         Cancelled sequences go first, so a superseding request of the same document finds
         the superseded one's KV retained and reuses its rows."""
-        for group in (self._prefilling, self._decoding):
+        for group in (self._waiting, self._prefilling, self._decoding):
             for seq in [s for s in group if s.cancel_requested]:
                 self._finish(seq, "cancelled")
         now = time.monotonic()
-        for seq in [s for s in self._prefilling if s.expired(now)]:
+        for seq in [s for s in (*self._waiting, *self._prefilling) if s.expired(now)]:
             self._finish(seq, "deadline")  # waited behind other work past its deadline; rows kept
 
     def _guard(self, seq: Sequence, work) -> None:
@@ -404,7 +478,7 @@ class Scheduler:
         else:
             self.counters.requests += 1
             self._last_foreground = seq.t_admit
-            for warm in [s for s in self._prefilling if s.background and s.key == seq.key]:
+            for warm in [s for s in (*self._waiting, *self._prefilling) if s.background and s.key == seq.key]:
                 self._finish(warm, "cancelled")  # its rows stay (committed, retained) for this request
         if seq.cancelled:
             self._finish(seq, "cancelled")
@@ -412,29 +486,146 @@ class Scheduler:
         if seq.expired(time.monotonic()):
             self._finish(seq, "deadline")  # waited in the inbox past its deadline: no KV allocated
             return
-        prompt = seq.sink.prepare(self.context_length)
+        prompt = self._prepare(seq)
         ids = list(prompt.ids)
         if not ids:
             raise ValueError("empty prompt")
         if len(ids) >= self.context_length:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the context of {self.context_length}")
         seq.start(prompt)
-        prev = self.retained.take(seq.key) if seq.cache else None
+        seq.blend = prompt.blend if seq.cache else None  # kept only if still wanted once the reuse is known
+        self._waiting.append(seq)
+
+    def _prepare(self, seq: Sequence):
+        """The sequence's prompt; when the window and the tokens it may generate need more
+        rows than the KV budget's working share holds, the window is cut to what it holds
+        (`sink.prepare` fits the prompt and `max_tokens` into the rows it is given)."""
+        prompt = seq.sink.prepare(self.context_length)
+        if len(prompt.ids) + max(seq.max_tokens, 0) + 1 <= self.rows_alone:
+            return prompt
+        cut = seq.sink.prepare(min(self.context_length, self.rows_alone))
+        c = self.counters
+        c.kv_cut_windows += 1
+        if c.kv_cut_windows == 1 or c.kv_cut_windows % 100 == 0:
+            log.info(
+                "request %d: its window of %d tokens (+ %d to generate) needs more KV than the working share of "
+                "--kv-budget holds (%d rows of %d B); cut to %d tokens (%d windows cut so far)",
+                seq.request_id, len(prompt.ids), seq.max_tokens, self.rows_alone, self.row_bytes, len(cut.ids),
+                c.kv_cut_windows,
+            )
+        return cut
+
+    def _start_waiting(self) -> None:
+        """Give KV to the admitted sequences that wait for it: foreground first, each group
+        oldest first. One that does not fit yet waits, and so do those behind it, until
+        running sequences finish (it fits alone: its window was cut at admission)."""
+        order = [s for s in self._waiting if not s.background] + [s for s in self._waiting if s.background]
+        for seq in order:
+            self._finish_cancelled_or_expired()  # superseded sequences give their KV back first
+            if seq not in self._waiting:
+                continue  # finished meanwhile
+            try:
+                started = self._allocate(seq)
+            except Exception as exc:  # the sequence fails; the engine does not
+                log.exception("request %d failed", seq.request_id)
+                self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            if not started:
+                return
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """Charge `seq`'s working KV to the budget and load its reused rows; False (nothing
+        changed) when the working share cannot make room now."""
+        ids = seq.tokens[: seq.n_prompt]
+        prev = self.retained.peek(seq.key) if seq.cache else None
         have = common_prefix_len(prev.ids, ids) if prev is not None else 0
-        if prev is not None and seq.may_speculate:  # the previous suggestion: worth looking up in
-            seq.lookup_extra = prev.ids[max(have, len(prev.ids) - LOOKUP_EXTRA_TOKENS) :]
         match = self.cache.match(ids) if seq.cache else None
-        if match is not None:
-            seq.pinned = self.cache.pin_match(match)  # before anything can evict it
         reuse = min(max(have, match.n_tokens if match else 0), len(ids) - 1)
-        wants_blend = seq.cache and prompt.blend is not None and prompt.blend.wanted(reuse)
-        seq.blend = prompt.blend if wants_blend else None
-        self.runner.load_kv(seq, prev, have, match, reuse)
+        if seq.blend is not None and not seq.blend.wanted(reuse):
+            seq.blend = None
+        capacity, reuses_prev = self._capacity(seq, prev)
+        need = 0 if reuses_prev else self._rows_bytes(capacity)
+        spare = seq.key if prev is not None else None
+        foreground = not seq.background
+        if seq.blend is not None:
+            blend = self._blend_rows(seq, reuse, seq.blend) * self.row_bytes
+            if not self._make_room(need + blend, spare, foreground):
+                if not self._make_room(need, spare, foreground):
+                    return False
+                log.debug("request %d: its CacheBlend pass does not fit the KV budget now; prefilled plainly", seq.request_id)
+                seq.blend = None
+        elif not self._make_room(need, spare, foreground):
+            return False
+        self._waiting.remove(seq)
+        seq.t_admit = time.perf_counter()
+        if prev is not None:
+            self.retained.take(seq.key)  # its bytes move from the retained store to this sequence
+            if seq.may_speculate:  # the previous suggestion: worth looking up in
+                seq.lookup_extra = prev.ids[max(have, len(prev.ids) - LOOKUP_EXTRA_TOKENS) :]
+        if match is not None:  # again: making room may have finished sequences, which reshapes the tree
+            match = self.cache.match(ids)
+            seq.pinned = self.cache.pin_match(match)  # before anything can evict it
+            reuse = min(max(have, match.n_tokens), len(ids) - 1)
+        self._holding[seq] = None
+        self.runner.load_kv(seq, prev, have, match, reuse, capacity=capacity)
         if seq.blend is not None and seq.blend.local:
             covered = self.runner.add_document_spans(seq, self._document_index(seq.key), reuse)
             if not seq.blend.has_units_after(reuse) and covered < MIN_LOCAL_COVERAGE * (seq.n_prompt - reuse):
                 seq.blend, seq.blend_spans = None, ()  # too little of the window is stored: prefill it
         self._prefilling.append(seq)
+        return True
+
+    def _capacity(self, seq: Sequence, prev: RetainedSequence | None) -> tuple[int | None, bool]:
+        """(rows of the KV to give `seq`, whether the document's previous KV is reused as it).
+        Unlimited: the runner's default. Under a budget: the runner's rounded size when it
+        fits the room there is now, else exactly the prompt and `max_tokens` (at most what
+        the working share holds); the previous KV whenever it holds that many."""
+        exact = min(self.context_length, self.rows_alone, seq.n_prompt + max(seq.max_tokens, 0) + 1)
+        if self.working_limit is None:
+            rows = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
+            return None, prev is not None and prev.kv.capacity >= rows
+        if prev is not None and prev.kv.capacity >= exact:
+            return exact, True
+        rounded = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
+        if rounded <= self.rows_alone and self._rows_bytes(rounded) <= self._room():
+            return rounded, False
+        return exact, False
+
+    def _rows_bytes(self, rows: int | None) -> int:
+        return (rows or 0) * self.row_bytes
+
+    def _room(self) -> int:
+        """Bytes of the working share not charged (engine thread)."""
+        return self.working_limit - self.retained.nbytes() - self.working_kv_bytes()
+
+    def _make_room(self, nbytes: int, spare: str | None, foreground: bool) -> bool:
+        """Room in the working share for `nbytes` more: drop retained KV (least recently kept
+        first, never `spare`'s), then the document piece in flight, then — for foreground
+        work — running background sequences, newest first. Drops nothing and returns False
+        when all of that would not be enough (running requests' rows are never taken)."""
+        if self.working_limit is None or nbytes <= 0 or nbytes <= self._room():
+            return True
+        spared = self.retained.peek(spare) if spare is not None else None
+        piece = self.documents.kv_in_flight()
+        warm = [s for s in self._holding if s.background] if foreground else []
+        can_free = (
+            self.retained.nbytes() - (kv_bytes(spared.kv) if spared is not None else 0)
+            + (kv_bytes(piece) if piece is not None else 0)
+            + sum(self._charge_of(s) for s in warm)
+        )
+        if nbytes > self._room() + can_free:
+            return False
+        while nbytes > self._room() and self.retained.evict_oldest(spare):
+            pass
+        if nbytes > self._room() and piece is not None:
+            self.documents.drop_in_flight()
+        for bg in reversed(warm):
+            if nbytes <= self._room():
+                break
+            self._finish(bg, "cancelled")  # its rows stay committed; its KV is kept, then dropped below
+            while nbytes > self._room() and self.retained.evict_oldest(spare):
+                pass
+        return nbytes <= self._room()
 
     def _document_index(self, key: str) -> DocumentIndex | None:
         """The n-gram index of `key`'s stored pieces (rebuilt when they changed)."""
@@ -449,13 +640,13 @@ class Scheduler:
     def _document_step(self) -> None:
         self._note("piece", "", True)
         try:
+            rows = self.documents.next_rows()  # a new piece's KV is charged before it is allocated
+            if rows and not self._make_room(self._rows_bytes(rows), None, False):
+                return  # (cannot happen: nothing else runs, and a piece fits the share alone)
             done = self.documents.step()
         except Exception:  # background work must never take the engine down
             log.exception("document piece prefill failed; dropping the pending passes")
-            self.documents = DocumentWork(
-                self.runner.model, self.chunk_store, self.documents.header,
-                chunk_tokens=self.warm_chunk_tokens or DOCUMENT_PIECE_CHUNK,
-            )
+            self.documents = self._document_work(self.runner.model, self.documents.header)
             return
         self.counters.warm_prefilled_tokens += done.tokens
         self.counters.warm_seconds += done.seconds
@@ -498,22 +689,50 @@ class Scheduler:
             self._finish(seq, reason)
             return
         logits = out.logits[0]  # [V]
-        forks = [self._fork(seq, i, sampler) for i, sampler in enumerate(seq.fork_samplers, 1)]
+        forks = self._forks(seq)
         self._accept(seq, seq.sampler.sample(logits, seq.allowed_first))
         for fork in forks:
             self._guard(fork, lambda f: self._accept(f, f.sampler.sample(logits, f.allowed_first)))
 
-    def _fork(self, seq: Sequence, index: int, sampler) -> Sequence:
+    def _forks(self, seq: Sequence) -> list[Sequence]:
+        """`seq`'s alternatives, forked after its prefill while the KV budget holds them: the
+        first that does not fit (or fails) ends the forking — fewer alternatives, said in
+        the log; the request itself (the greedy one) runs in any case."""
+        forks: list[Sequence] = []
+        for index, sampler in enumerate(seq.fork_samplers, 1):
+            try:
+                fork = self._fork(seq, index, sampler)
+            except Exception:
+                log.exception("forking request %d failed", seq.request_id)
+                fork = None
+            if fork is None:
+                left = len(seq.fork_samplers) - index + 1
+                self.counters.kv_skipped_forks += left
+                log.info("request %d: %d of %d alternatives forked (the KV budget holds no more now)",
+                         seq.request_id, index - 1, len(seq.fork_samplers))
+                break
+            forks.append(fork)
+        return forks
+
+    def _fork(self, seq: Sequence, index: int, sampler) -> Sequence | None:
         """Fork `index` of `seq` right after its prefill: a decode-only sequence with its own
         copy of the prompt's KV rows (nothing is prefilled again) and its own sampler and
         sink. It stores nothing (no radix commit, no retained KV: `cache=False`) and counts
-        only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`)."""
+        only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`).
+        None when the KV budget cannot hold its KV now."""
+        rows = self.runner.fork_capacity(seq)
+        if self.working_limit is not None and self._rows_bytes(rows) > self._room():
+            rows = min(rows, seq.n_valid + max(seq.max_tokens, 0) + 1)  # exactly what it may use
+        if not self._make_room(self._rows_bytes(rows), None, True):
+            return None
+        kv = self.runner.fork_kv(seq, rows)
         fork = Sequence(
             request_id=seq.request_id, key=seq.key, sink=seq.sink.fork(index), sampler=sampler,
             max_tokens=seq.max_tokens, cache=False, submitted=seq.submitted, parent=seq,
         )
         fork.start(Prompt(seq.tokens[: seq.n_valid], seq.allowed_first))
-        fork.kv, fork.n_valid, fork.t_admit = self.runner.fork_kv(seq), seq.n_valid, seq.t_admit
+        fork.kv, fork.n_valid, fork.t_admit = kv, seq.n_valid, seq.t_admit
+        self._holding[fork] = None
         return fork
 
     def _commit(self, seq: Sequence) -> None:
@@ -544,7 +763,7 @@ class Scheduler:
         batch: list[Sequence] = []
         for seq in list(self._decoding):
             reason = seq.sink.before_step()
-            if reason is None and seq.n_valid >= seq.kv.capacity and not self.runner.grow(seq):
+            if reason is None and seq.n_valid >= seq.kv.capacity and not self._grow(seq):
                 reason = "length"
             if reason is not None:
                 self._finish(seq, reason)
@@ -577,9 +796,25 @@ class Scheduler:
             token = picks[b] if picks is not None else seq.sampler.sample(logits[b])
             self._guard(seq, lambda s, t=token: self._accept(s, t))
 
+    def _grow(self, seq: Sequence) -> bool:
+        """A larger KV for a sequence that filled its own: twice the rows, or — when the KV
+        budget cannot hold that now — the rows it may still use; False (it ends "length")
+        when it is at the context length or the budget holds neither."""
+        cap = seq.kv.capacity
+        rows = min(self.context_length, cap * 2)
+        if self.working_limit is not None and self._rows_bytes(rows) > self._room():
+            rows = min(rows, seq.n_prompt + max(seq.max_tokens, 0) + 1)
+        if rows <= cap:
+            return False
+        if not self._make_room(self._rows_bytes(rows), None, not seq.background):  # the old KV stays until copied
+            self.counters.kv_grow_refused += 1
+            log.info("request %d: its KV of %d rows cannot grow within the KV budget now; it ends", seq.request_id, cap)
+            return False
+        return self.runner.grow(seq, rows)
+
     # ------------------------------------------------------------ finish
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
-        for group in (self._prefilling, self._decoding):
+        for group in (self._waiting, self._prefilling, self._decoding):
             if seq in group:
                 group.remove(seq)
         if seq.pinned is not None:
@@ -591,6 +826,7 @@ class Scheduler:
         if seq.cache and error is None and seq.kv is not None and seq.n_valid > 0:
             self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid]))
         seq.kv = None
+        self._holding.pop(seq, None)  # its working KV is given back (or now counted as retained)
         c = self.counters
         c.decode_steps += seq.decode_steps
         c.verify_steps += seq.verify_steps
