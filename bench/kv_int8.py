@@ -3,6 +3,7 @@
 the bytes"). Decides which op the int8 path of `engine.model.transformer` uses.
 
     .venv/bin/python bench/kv_int8.py [--keys 512 2048 4096] [--reps 30] [--rounds 3]
+    .venv/bin/python bench/kv_int8.py --decode [--window 2048] [--steps 24] [--rounds 3]
 
 Every variant runs one decode step's attention over all layers of a model shape (135M:
 30 layers, 9 q / 3 kv heads; 0.5B: 24 layers, 14 q / 2 kv heads; head_dim 64), the new
@@ -26,7 +27,13 @@ does. Variants, interleaved in rounds (medians), all in one run:
   V as `w8pack`.
 
 Prints ms per decode step (all layers' attention, writing included) and the ratio to bf16.
-Benchmark code, outside the serving path.
+
+`--decode`: the whole model's decode step (`Transformer.forward` of one token) at a
+`--window`-token context, KV in the model dtype (bf16) vs int8 (`kv_dtype="int8"`, what the
+engine runs), weights bf16 and int4, 135M (the embedded model) and the 0.5B shape (random
+weights, `bench.model_shapes`). The context rows are random (speed does not depend on
+them), written through the KV's own `write`; configurations interleaved in rounds, the
+median step per configuration, all in one run. Benchmark code, outside the serving path.
 """
 
 from __future__ import annotations
@@ -179,13 +186,70 @@ def _time(fn, reps: int) -> list[float]:
     return out
 
 
+def decode_table(window: int, steps: int, rounds: int, shapes: list[str], formats: list[str]) -> int:
+    """Model-level decode ms/token at `window` context tokens, bf16 vs int8 KV (see --decode)."""
+    from bench import model_shapes  # noqa: PLC0415
+
+    configs = []  # (shape, weights, model)
+    for shape in shapes:
+        weights = model_shapes.random_weights(model_shapes.qwen2_config(shape)) if shape != "135m" else None
+        for fmt in formats:
+            quant = None if fmt == "bf16" else fmt
+            configs.append((shape, fmt, model_shapes.build(shape, quant, weights=weights).model))
+        del weights
+    kvs = {}
+    g = torch.Generator().manual_seed(0)
+    for shape, fmt, model in configs:
+        c = model.config
+        for kv_dtype in ("model", "int8"):
+            model.set_kv_dtype(kv_dtype)
+            kv = model.new_kv(window + steps * rounds + 8)
+            rows = (c.n_layers, c.n_kv_heads, window, c.head_dim)
+            kv.write(0, torch.randn(rows, generator=g).to(model.dtype), torch.randn(rows, generator=g).to(model.dtype))
+            kvs[shape, fmt, kv_dtype] = kv
+    times: dict[tuple, list[float]] = {k: [] for k in kvs}
+    pos = dict.fromkeys(kvs, window)
+    tok = torch.tensor([17])
+    with torch.inference_mode():
+        for r in range(rounds + 1):  # round 0 warms up and is dropped
+            for shape, fmt, model in configs:
+                for kv_dtype in ("model", "int8"):
+                    key = (shape, fmt, kv_dtype)
+                    model.set_kv_dtype(kv_dtype)
+                    for _ in range(steps):
+                        t0 = time.perf_counter()
+                        model.forward(tok, kvs[key], pos[key])
+                        times[key].append((time.perf_counter() - t0) * 1e3)
+                        pos[key] += 1
+            if r == 0:
+                times = {k: [] for k in times}
+                pos = dict.fromkeys(kvs, window)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; decode ms/token (median of {steps} x {rounds} "
+          f"steps) at {window} context tokens")
+    print(f"{'shape':6} {'weights':7} {'bf16 KV':>9} {'int8 KV':>9} {'int8/bf16':>9} {'KV MB/step bf16 -> int8':>24}")
+    for shape, fmt, model in configs:
+        a = statistics.median(times[shape, fmt, "model"])
+        b = statistics.median(times[shape, fmt, "int8"])
+        c = model.config
+        dense_mb = 2 * c.n_layers * c.n_kv_heads * window * c.head_dim * 2 / 1e6
+        int8_mb = 2 * c.n_layers * c.n_kv_heads * window * (c.head_dim + 2) / 1e6
+        print(f"{shape:6} {fmt:7} {a:9.2f} {b:9.2f} {b / a:9.2f} {dense_mb:11.1f} -> {int8_mb:.1f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, nargs="+", default=[512, 2048, 4096])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode", action="store_true", help="the whole model's decode step, bf16 vs int8 KV")
+    ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int8", "int4"])
     args = ap.parse_args(argv)
+    if args.decode:
+        return decode_table(args.window, args.steps, args.rounds, args.shapes, args.formats)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per decode step (all layers' attention)")
     names = list(Case.VARIANTS)
     print(f"{'shape':6} {'S':>5} " + " ".join(f"{n:>16}" for n in names))

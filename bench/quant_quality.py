@@ -2,6 +2,7 @@
 speed, in one run (docs/model.md "Formats").
 
     .venv/bin/python bench/quant_quality.py [--windows 8] [--window 256] [--rounds 3] [--json]
+    .venv/bin/python bench/quant_quality.py --kv [--windows 6] [--kv-window 2048] [--kv-decode 64]
 
 Quality: greedy top-1 agreement and mean KL(reference || format) of the next-token
 distribution at every position of `--windows` windows of real code (CPython stdlib, read
@@ -10,7 +11,16 @@ auto, both on the bare model and with the shipped adapter merged (what `efim ser
 Speed: decode ms/token after a 128-token prompt and prefill tokens/s of 512 tokens in
 256-row chunks, formats interleaved over `--rounds` rounds (medians), plus the
 `Int4Linear` crossover: fused int4 GEMV vs dequantise-then-GEMM by row count on the
-model's shapes. Benchmark code, outside the serving path.
+model's shapes.
+
+`--kv`: the int8 KV cache against the model-dtype KV on the same model (docs/model.md
+"int8 KV cache"), per weight format (bf16 and int4, the shipped adapter merged: what
+`efim serve` runs), over `--windows` windows of `--kv-window` tokens of real code: the
+window is prefilled in 256-row chunks (every prefill row's next-token distribution is
+compared: those rows attend over dequantised int8 rows) and its last `--kv-decode` tokens
+are then fed one at a time, teacher-forced (those rows run the int8 decode attention).
+Greedy top-1 agreement and mean KL(model-dtype KV || int8 KV), per part.
+Benchmark code, outside the serving path.
 """
 
 from __future__ import annotations
@@ -67,6 +77,47 @@ def quality(models: dict, ids_list: list[list[int]]) -> dict[str, dict[str, floa
                 s["top1"] += (ref.argmax(-1) == got.argmax(-1)).sum().item()
                 s["n"] += len(ids)
     return {q: {"top1": s["top1"] / s["n"], "kl": s["kl"] / s["n"], "positions": s["n"]} for q, s in sums.items()}
+
+
+def _kv_logits(model, ids: list[int], n_decode: int, chunk: int = 256):
+    """Float32 logits of every position of `ids` with this model's current kv_dtype:
+    rows before the last `n_decode` by chunked prefill, the rest by one-token steps."""
+    import torch
+
+    x = torch.tensor(ids)
+    n = len(ids)
+    cut = n - n_decode
+    kv = model.new_kv(n)
+    out = []
+    for start in range(0, cut, chunk):
+        end = min(cut, start + chunk)
+        out.append(model.forward(x[start:end], kv, start, "all"))
+    for pos in range(cut, n):
+        out.append(model.forward(x[pos : pos + 1], kv, pos, "all"))
+    return torch.cat(out), cut
+
+
+def kv_quality(model, ids_list: list[list[int]], n_decode: int) -> dict[str, dict[str, float]]:
+    """int8 KV vs the model-dtype KV: top-1 agreement and mean KL over prefill rows and
+    over decoded rows, summed over windows."""
+    import torch
+
+    sums = {part: {"kl": 0.0, "top1": 0.0, "n": 0} for part in ("prefill", "decode")}
+    with torch.inference_mode():
+        for ids in ids_list:
+            model.set_kv_dtype("model")
+            ref, cut = _kv_logits(model, ids, n_decode)
+            model.set_kv_dtype("int8")
+            got, _ = _kv_logits(model, ids, n_decode)
+            model.set_kv_dtype("model")
+            lp, lq = torch.log_softmax(ref, -1), torch.log_softmax(got, -1)
+            kl = (lp.exp() * (lp - lq)).sum(-1)  # [T]
+            top1 = ref.argmax(-1) == got.argmax(-1)  # [T]
+            for part, rows in (("prefill", slice(0, cut)), ("decode", slice(cut, None))):
+                sums[part]["kl"] += kl[rows].sum().item()
+                sums[part]["top1"] += top1[rows].sum().item()
+                sums[part]["n"] += kl[rows].numel()
+    return {p: {"top1": s["top1"] / s["n"], "kl": s["kl"] / s["n"], "positions": s["n"]} for p, s in sums.items()}
 
 
 def speed(models: dict, prompt, prefill, rounds: int) -> dict[str, dict[str, float]]:
@@ -128,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: quality, bare, adapter, speed, crossover")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--kv", action="store_true", help="int8 KV vs model-dtype KV instead of the weight formats")
+    ap.add_argument("--kv-window", type=int, default=2048)
+    ap.add_argument("--kv-decode", type=int, default=64)
+    ap.add_argument("--kv-formats", default="none,int4", help="weight formats of the --kv comparison")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     skip = set(args.skip.split(","))
@@ -135,6 +190,24 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.loading import load_model_for_engine
+
+    if args.kv:
+        report = {"threads": torch.get_num_threads(), "window": args.kv_window, "decode": args.kv_decode}
+        for q in args.kv_formats.split(","):
+            loaded = load_model_for_engine(args.model, dtype="bf16", quant=q, adapter="auto").loaded
+            ids_list = windows(loaded.tokenizer, args.windows, args.kv_window)
+            report[q] = kv_quality(loaded.model, ids_list, args.kv_decode)
+            report[q]["windows"] = len(ids_list)
+            del loaded
+        if args.json:
+            print(json.dumps(report, indent=1))
+            return 0
+        print(f"int8 KV vs bf16 KV, {args.kv_window}-token windows of stdlib code, last {args.kv_decode} decoded one at a time")
+        for q in args.kv_formats.split(","):
+            for part, v in report[q].items():
+                if isinstance(v, dict):
+                    print(f"weights {q:5} {part:8} top1 {v['top1']:.4f}  KL {v['kl']:.5f}  ({v['positions']} positions, {report[q]['windows']} windows)")
+        return 0
 
     report: dict = {"threads": torch.get_num_threads()}
     for adapter in ("none", "auto"):
