@@ -296,9 +296,9 @@ class Scheduler:
         spans) and the document piece in flight (a best-effort read from any thread)."""
         try:
             held = sum(self._charge_of(s) for s in list(self._holding))
-        except RuntimeError:  # changed under the read
+            piece = self.documents.kv_in_flight()
+        except (RuntimeError, AttributeError):  # changed under the read
             return 0
-        piece = self.documents.kv_in_flight()
         return held + (kv_bytes(piece) if piece is not None else 0)
 
     def _charge_of(self, seq: Sequence) -> int:
@@ -531,6 +531,10 @@ class Scheduler:
                 self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
                 continue
             if not started:
+                if not self._holding and self.documents.kv_in_flight() is None:  # nothing will free room: never wait forever
+                    log.error("request %d: the KV budget cannot hold it even alone", seq.request_id)
+                    self._finish(seq, "error", "the KV budget cannot hold this request")
+                    continue
                 return
 
     def _allocate(self, seq: Sequence) -> bool:
@@ -538,24 +542,32 @@ class Scheduler:
         changed) when the working share cannot make room now."""
         ids = seq.tokens[: seq.n_prompt]
         prev = self.retained.peek(seq.key) if seq.cache else None
-        have = common_prefix_len(prev.ids, ids) if prev is not None else 0
         match = self.cache.match(ids) if seq.cache else None
-        reuse = min(max(have, match.n_tokens if match else 0), len(ids) - 1)
-        if seq.blend is not None and not seq.blend.wanted(reuse):
-            seq.blend = None
-        capacity, reuses_prev = self._capacity(seq, prev)
-        need = 0 if reuses_prev else self._rows_bytes(capacity)
-        spare = seq.key if prev is not None else None
-        foreground = not seq.background
-        if seq.blend is not None:
-            blend = self._blend_rows(seq, reuse, seq.blend) * self.row_bytes
-            if not self._make_room(need + blend, spare, foreground):
-                if not self._make_room(need, spare, foreground):
-                    return False
-                log.debug("request %d: its CacheBlend pass does not fit the KV budget now; prefilled plainly", seq.request_id)
+        while True:
+            have = common_prefix_len(prev.ids, ids) if prev is not None else 0
+            reuse = min(max(have, match.n_tokens if match else 0), len(ids) - 1)
+            if seq.blend is not None and not seq.blend.wanted(reuse):
                 seq.blend = None
-        elif not self._make_room(need, spare, foreground):
-            return False
+            capacity, reuses_prev = self._capacity(seq, prev)
+            need = 0 if reuses_prev else self._rows_bytes(capacity)
+            spare = seq.key if prev is not None else None
+            foreground = not seq.background
+            blend = self._blend_rows(seq, reuse, seq.blend) * self.row_bytes if seq.blend is not None else 0
+            if blend and self._make_room(need + blend, spare, foreground):
+                pass
+            elif self._make_room(need, spare, foreground):
+                if blend:
+                    log.debug("request %d: its CacheBlend pass does not fit the KV budget now; prefilled plainly",
+                              seq.request_id)
+                    seq.blend = None
+            elif prev is None or reuses_prev:
+                return False
+            else:
+                prev = None  # the document's previous KV, kept beside a new one, is what does not fit: drop it
+                continue
+            if prev is None or self.retained.peek(seq.key) is prev:
+                break
+            prev = None  # a warm-up dropped to make room replaced it in the retained store: plan again without it
         self._waiting.remove(seq)
         seq.t_admit = time.perf_counter()
         if prev is not None:

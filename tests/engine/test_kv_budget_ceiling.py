@@ -307,3 +307,33 @@ def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory)
 def test_working_share_must_leave_room_for_both(tiny_model_factory, share):
     with pytest.raises(ValueError, match="working_share"):
         load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, working_share=share)
+
+
+def test_a_documents_previous_kv_that_does_not_fit_beside_the_new_one_is_dropped(tiny_model_factory):
+    """The document's retained KV is too small to reuse for its next, larger window, and
+    the two together exceed the working share: the old one is dropped (its prompt rows are
+    in the radix cache) and the request runs, instead of waiting for room nothing frees."""
+    text = stdlib_sources(("difflib.py",))[0]
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, chunk_tokens=64,
+                      check_integrity=True)
+    try:
+        ceiling = Ceiling(eng)
+        rows, at = eng.scheduler.rows_alone, len(text) // 2
+        small, large = 200, 200
+        while eng.count_tokens(text[at - small:at]) < 180:
+            small += 20
+        while eng.count_tokens(text[at - large:at]) < rows - 100:
+            large += 20
+        first = eng.submit(InfillRequest(key="d", prefix=text[at - small:at], suffix="", max_tokens=4)).result(60)
+        eng.wait_idle()
+        prev = eng.scheduler.retained.peek("d")
+        assert prev is not None and prev.kv.capacity == 256  # kept, too small for the next window
+        second = eng.submit(InfillRequest(key="d", prefix=text[at - large:at], suffix="", max_tokens=4)).result(60)
+        eng.wait_idle()
+        eng.check_integrity().result(60)
+        assert first.finish_reason != "error" and second.finish_reason != "error", second.error
+        assert (prev.kv.capacity + second.stats.prompt_tokens + 5) * eng.scheduler.row_bytes > eng.scheduler.working_limit
+        assert second.stats.generated_tokens > 0 and eng.scheduler.counters.kv_cut_windows == 0
+        ceiling.check(BUDGET)
+    finally:
+        eng.close()
