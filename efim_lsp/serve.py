@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", choices=("none", "int8", "int4", "auto"), help="engine weight format: none (bf16/fp32), int8, int4, auto (a GGUF keeps its own class); docs/model.md")
     p.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp32", "int8"), help="KV cache format: auto (the model dtype) or int8 (per token-head scales: about half the bytes, so --kv-budget holds ~2x the tokens; docs/model.md \"int8 KV cache\")")
-    p.add_argument("--kv-budget", help="memory for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 3/4 radix-cached pool, 1/4 per-document workspaces")
+    p.add_argument("--kv-budget", help="ceiling for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 1/2 radix-cached pool, 1/2 the running requests' working KV and the per-document KV kept between keystrokes")
     p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts warm (default on)")
     p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')
     p.add_argument("--threads", type=int, help="torch threads for the engine")
