@@ -185,8 +185,15 @@ class Scheduler:
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
         # document piece in flight and the retained KV together (module docstring).
         self.working_limit = working_budget_bytes
-        self.row_bytes = kv_bytes(model.new_kv(1))  # one row of a sequence KV
-        self.rows_alone = self.context_length if working_budget_bytes is None else working_budget_bytes // self.row_bytes
+        one = model.new_kv(1)  # a KV format may round capacities up (int8 KV: to 16 rows)
+        self.row_align = one.capacity
+        self.row_bytes = kv_bytes(one) // one.capacity  # one row of a sequence KV
+        cfg = model.config  # a row of K/V in the compute dtype (CacheBlend's copied spans are at most that)
+        self.dense_row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * model.dtype.itemsize
+        if working_budget_bytes is None:
+            self.rows_alone = self.context_length
+        else:  # the most rows one sequence may have: what the working share holds, in whole allocations
+            self.rows_alone = working_budget_bytes // self.row_bytes // self.row_align * self.row_align
         if self.rows_alone < 2:
             raise ValueError(
                 f"the KV budget's working share ({working_budget_bytes} B) holds {self.rows_alone} rows of "
@@ -307,7 +314,7 @@ class Scheduler:
         kv, blend = seq.kv, seq.blend
         held = kv_bytes(kv) if kv is not None else 0
         if blend is not None:
-            held += self._blend_rows(seq, seq.n_valid, blend) * self.row_bytes
+            held += self._blend_rows(seq, seq.n_valid, blend) * self.dense_row_bytes
         return held
 
     @staticmethod
@@ -552,7 +559,7 @@ class Scheduler:
             need = 0 if reuses_prev else self._rows_bytes(capacity)
             spare = seq.key if prev is not None else None
             foreground = not seq.background
-            blend = self._blend_rows(seq, reuse, seq.blend) * self.row_bytes if seq.blend is not None else 0
+            blend = self._blend_rows(seq, reuse, seq.blend) * self.dense_row_bytes if seq.blend is not None else 0
             if blend and self._make_room(need + blend, spare, foreground):
                 pass
             elif self._make_room(need, spare, foreground):
@@ -604,7 +611,9 @@ class Scheduler:
         return exact, False
 
     def _rows_bytes(self, rows: int | None) -> int:
-        return (rows or 0) * self.row_bytes
+        """Bytes of a new sequence KV of `rows` rows (as allocated: rounded up to the format's alignment)."""
+        align = self.row_align
+        return -(-(rows or 0) // align) * align * self.row_bytes
 
     def _room(self) -> int:
         """Bytes of the working share not charged (engine thread)."""

@@ -24,6 +24,12 @@ from tiny_models import stdlib_sources
 BUDGET = 1 << 20  # 1 MiB: a few thousand tokens of the tiny model
 
 
+def pool_bytes(cache) -> int:
+    """The pool's allocated bytes, from its tensors (an int8 pool's scales included)."""
+    names = ("k8", "k_scale", "v8", "v_scale") if getattr(cache, "int8", False) else ("k", "v")
+    return sum(getattr(cache, name).nbytes for name in names)
+
+
 class Ceiling:
     """Samples the engine's KV bytes on the engine thread, at every model forward and
     decode step: (pool allocated, pool in use, retained, working, running sequences,
@@ -54,7 +60,7 @@ class Ceiling:
         piece = s.documents.kv_in_flight()
         working += kv_bytes(piece) if piece is not None else 0
         used, _free = cache.usage()
-        self.samples.append((cache.k.nbytes + cache.v.nbytes, used, s.retained.nbytes(), working, len(running),
+        self.samples.append((pool_bytes(cache), used, s.retained.nbytes(), working, len(running),
                              sum(not q.background for q in running)))
 
     def max_total(self) -> int:
@@ -79,7 +85,7 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
                       idle_grace=0.0, chunk_tokens=64)
     try:
         ceiling = Ceiling(eng)
-        pool_bytes = eng.cache.k.nbytes + eng.cache.v.nbytes  # preallocated once: the pool never grows
+        pool = pool_bytes(eng.cache)  # preallocated once: the pool never grows
         samples: list[tuple[int, int, int, int]] = []  # (stats used, pool + retained allocated, chunk slots, working)
         stop = threading.Event()
 
@@ -87,7 +93,7 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
             while not stop.is_set():
                 s = eng.scheduler
                 st = eng.stats()
-                allocated = eng.cache.k.nbytes + eng.cache.v.nbytes + s.retained.nbytes()
+                allocated = pool + s.retained.nbytes()
                 samples.append((st.cache_bytes_used, allocated, s.chunk_store.stats().tokens, st.working_kv_bytes))
                 time.sleep(0.002)
 
@@ -120,7 +126,7 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
         max_allocated = max(s[1] for s in samples)
         max_chunk_slots = max(s[2] for s in samples)
         store, c = eng.scheduler.chunk_store, eng.scheduler.counters
-        print(f"\nbudget {BUDGET} B (pool {pool_bytes} B = {eng.cache.n_slots} slots, working share "
+        print(f"\nbudget {BUDGET} B (pool {pool} B = {eng.cache.n_slots} slots, working share "
               f"{eng.scheduler.working_limit} B = {eng.scheduler.rows_alone} rows, retained cap {eng.scheduler.retained.budget_bytes} B); "
               f"{len(ceiling.samples)} engine-thread samples: pool + retained + working max {ceiling.max_total()} B, "
               f"in use max {ceiling.max_used()} B, working max {ceiling.max_working()} B; "
@@ -141,34 +147,36 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
         eng.close()
 
 
-def test_a_window_larger_than_the_budget_is_cut_and_answered(tiny_model_factory):
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_window_larger_than_the_budget_is_cut_and_answered(tiny_model_factory, kv_dtype):
     """One request whose window's KV alone exceeds the whole budget (a 3,800-character
     window used to take 768 KiB of working KV beside 764 KiB stored under 1 MiB; this one
     is twice that): its window is cut to what the working share holds, it is answered, and
     the ceiling holds at every step."""
     text = stdlib_sources(("textwrap.py",))[0]
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, chunk_tokens=64,
-                      check_integrity=True)
+    budget = BUDGET if kv_dtype is None else BUDGET // 4  # int8 rows are 240 B here, fp32 ones 768 B
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, chunk_tokens=64,
+                      check_integrity=True, kv_dtype=kv_dtype)
     try:
         ceiling = Ceiling(eng)
         at = len(text) // 2
         request = InfillRequest(key="one", prefix=text[at - 6000:at], suffix=text[at:at + 1600], max_tokens=4)
         whole = eng.count_tokens(request.prefix) + eng.count_tokens(request.suffix)
-        assert (whole + request.max_tokens) * eng.scheduler.row_bytes > BUDGET  # alone more than the budget
+        assert (whole + request.max_tokens) * eng.scheduler.row_bytes > budget  # alone more than the budget
         done = eng.submit(request).result(120)
         again = eng.submit(InfillRequest(key="one", prefix=request.prefix, suffix=request.suffix, max_tokens=4,
                                          cache=False)).result(120)
         eng.wait_idle()
         eng.check_integrity().result(60)
         c = eng.scheduler.counters
-        print(f"\nwindow {whole} tokens, working share {eng.scheduler.rows_alone} rows: prompt cut to "
+        print(f"\n{kv_dtype or 'dense'} KV: window {whole} tokens, working share {eng.scheduler.rows_alone} rows: prompt cut to "
               f"{done.stats.prompt_tokens} tokens; pool + retained + working max {ceiling.max_total()} B "
-              f"(working max {ceiling.max_working()} B) of {BUDGET} B over {len(ceiling.samples)} samples")
+              f"(working max {ceiling.max_working()} B) of {budget} B over {len(ceiling.samples)} samples")
         assert done.finish_reason in ("length", "stop", "eos") and done.stats.generated_tokens > 0
         assert done.stats.prompt_tokens + request.max_tokens + 1 <= eng.scheduler.rows_alone < whole
         assert again.text == done.text  # the cut depends on the budget only, not on what was cached
         assert c.kv_cut_windows == 2
-        ceiling.check(BUDGET)
+        ceiling.check(budget)
     finally:
         eng.close()
 
@@ -268,13 +276,15 @@ def test_warm_ups_give_way_to_a_request_under_pressure(tiny_model_factory):
         eng.close()
 
 
-def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory):
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory, kv_dtype):
     """Three requests of different documents, each needing more than half the working
     share, arrive together: they run one after another (never two at once), all are
     answered, none is cut, the ceiling holds."""
     sources = stdlib_sources(("textwrap.py", "shlex.py", "difflib.py"))
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, chunk_tokens=64,
-                      check_integrity=True)
+    budget = BUDGET if kv_dtype is None else BUDGET // 4  # int8 rows are 240 B here, fp32 ones 768 B
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, chunk_tokens=64,
+                      check_integrity=True, kv_dtype=kv_dtype)
     try:
         ceiling = Ceiling(eng)
         rows = eng.scheduler.rows_alone
@@ -283,6 +293,7 @@ def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory)
             at, chars = len(text) // 2, 400
             while eng.count_tokens(text[at - chars:at]) <= rows // 2:  # not two at once
                 chars += 50
+                assert chars < at
             prefix = text[at - chars:at]
             assert eng.count_tokens(prefix) + 4 + 16 < rows  # but one alone
             reqs.append(InfillRequest(key=f"d{i}", prefix=prefix, suffix="", max_tokens=4))
@@ -291,14 +302,14 @@ def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory)
         eng.wait_idle()
         eng.check_integrity().result(60)
         most_fg = max(s[5] for s in ceiling.samples)
-        print(f"\n{[d.stats.prompt_tokens for d in done]} prompt tokens in a share of {rows} rows: "
+        print(f"\n{kv_dtype or 'dense'} KV: {[d.stats.prompt_tokens for d in done]} prompt tokens in a share of {rows} rows: "
               f"at most {most_fg} request(s) held KV at once; pool + retained + working max {ceiling.max_total()} B "
-              f"of {BUDGET} B; queue ms {[round(d.stats.queue_ms, 1) for d in done]}")
+              f"of {budget} B; queue ms {[round(d.stats.queue_ms, 1) for d in done]}")
         assert all(d.finish_reason != "error" and d.stats.generated_tokens > 0 for d in done)
         assert all(2 * (d.stats.prompt_tokens + 5) > rows for d in done)
         assert eng.scheduler.counters.kv_cut_windows == 0
         assert most_fg == 1
-        ceiling.check(BUDGET)
+        ceiling.check(budget)
     finally:
         eng.close()
 
