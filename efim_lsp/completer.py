@@ -33,7 +33,7 @@ from efim_lsp.engine_slot import EngineSlot
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
-from efim_lsp.suggest import CursorContext, Mode, choose_mode, distinct_alternatives, shape
+from efim_lsp.suggest import CursorContext, Mode, choose_mode, distinct_alternatives, fresh_line, shape
 from efim_lsp.typing_through import TypingThrough
 from efim_lsp.window import TokenMeter
 
@@ -314,7 +314,10 @@ class Completer:
         # A request that cannot finish within `timeoutMs` of its arrival (a machine busy with
         # several documents' prefills) ends then with what it has; its rows stay cached.
         deadline = arrival + settings.timeout_ms / 1000 if settings.timeout_ms else None
-        request = msgspec.structs.replace(request, stop=("\n",) if mode == "line" else (), deadline=deadline)
+        # An empty line inside a block that goes on: a blank answer would show nothing.
+        request = msgspec.structs.replace(
+            request, stop=("\n",) if mode == "line" else (), deadline=deadline, fresh_line=fresh_line(ctx)
+        )
         try:
             handle = engine.submit(request)
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses

@@ -106,6 +106,35 @@ def block_floor(ctx: CursorContext) -> int:
     return 0
 
 
+_CONTINUATION_ENDS = BLOCK_OPENERS + (",", "\\")
+# A blank line before these is the convention (PEP 8), not a missing line of code.
+_STARTS_AFTER_BLANK = re.compile(r"(async\s+def|def|class)\b|@")
+
+
+def fresh_line(ctx: CursorContext) -> bool:
+    """The fresh-line rule's test (`InfillRequest.fresh_line`): the cursor line is empty
+    (only whitespace on it) and the block around it goes on, so a blank answer would be
+    no suggestion where code is due. The block goes on when the last non-blank line above
+    opens a block or continues a statement (ends with `:`, a bracket, `,` or `\\`); or
+    when the cursor is inside a block (its scope: the typed indentation, else the line
+    above's) and the first non-blank line below is indented at least that deep and is
+    not a `def` / `class` / decorator (a blank line before those is the convention), or
+    the text ends inside the block. Top-level lines (scope 0) are not a block: between
+    top-level statements a blank line is as likely as code."""
+    if ctx.line_before.strip() or ctx.line_after.strip():
+        return False
+    previous = ctx.previous_line.rstrip()
+    if previous.endswith(_CONTINUATION_ENDS):
+        return True
+    scope = indent_width(ctx.line_before) if ctx.line_before else indent_width(previous)
+    if scope == 0:
+        return False
+    below = next((line for line in ctx.next_lines if line.strip()), None)
+    if below is None:
+        return True  # the text ends inside the block
+    return indent_width(below) >= scope and not _STARTS_AFTER_BLANK.match(below.strip())
+
+
 class Shaped(NamedTuple):
     text: str  # what to insert ("" = nothing worth showing)
     final: bool  # True when more generated tokens could not change `text` (stop decoding)

@@ -69,6 +69,11 @@ class ContextChunk(msgspec.Struct, frozen=True):
 # `speculate` setting): measured with `efim bench speculation` (docs/design.md).
 DEFAULT_SPECULATE = 6
 
+# The fresh-line rule's confidence guard (`InfillRequest.fresh_line_guard`): the rule lets
+# the model answer a blank line once its own probability of doing so reaches this. Chosen
+# by measurement (docs/training.md, "Fresh lines").
+DEFAULT_FRESH_LINE_GUARD = 1.0
+
 
 class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One completion at a cursor.
@@ -124,6 +129,13 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # Prompt-lookup speculation (engine.speculation): most draft tokens verified per decode
     # step of a greedy request (0: off). Same output as plain greedy decoding, fewer steps.
     speculate: int = DEFAULT_SPECULATE
+    # The fresh-line rule (engine.sampler.FreshLine), set by the caller when the cursor line is
+    # empty and its block goes on (efim_lsp.suggest.fresh_line): while the generated text is
+    # whitespace-only, tokens that would end it (a line break, an end token) are refused, so
+    # the answer is not a blank line, unless the model's own probability of a blank answer
+    # reaches `fresh_line_guard` (in (0, 1]). Applies to every fork (alternatives).
+    fresh_line: bool = False
+    fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD
 
 
 # Most continuations one request may ask for (`InfillRequest.n`).
@@ -303,4 +315,5 @@ __all__ = [
     "FinishReason",
     "MAX_ALTERNATIVES",
     "DEFAULT_SPECULATE",
+    "DEFAULT_FRESH_LINE_GUARD",
 ]

@@ -33,7 +33,7 @@ from engine.document_kv import DocumentPass
 from engine.handle import LocalHandle
 from engine.loading import load_model_for_engine
 from engine.prompting import PromptBuilder, RequestSink
-from engine.sampler import Sampler
+from engine.sampler import FreshLine, Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.templates import FimTemplate, detect_template
@@ -283,8 +283,10 @@ class LocalEngine:
         keeping what the warm-up computed)."""
         if not isinstance(request, InfillRequest):
             raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
-        sampler = Sampler(request.temperature, request.top_p, request.seed)  # ValueError for bad params
-        fork_samplers = () if request.background else _fork_samplers(request)
+        fresh = self.prompts.fresh_line(self.end_ids) if request.fresh_line and not request.background else None
+        guard = request.fresh_line_guard
+        sampler = Sampler(request.temperature, request.top_p, request.seed, fresh_line=fresh, guard=guard)  # ValueError for bad params
+        fork_samplers = () if request.background else _fork_samplers(request, fresh)
         self._check_thread()
         if self.state == "failed":
             raise EngineError(f"the engine stopped after repeated crashes (last: {self.last_crash})")
@@ -435,14 +437,16 @@ def _speculate(request: InfillRequest) -> int:
     return request.speculate
 
 
-def _fork_samplers(request: InfillRequest) -> tuple[Sampler, ...]:
+def _fork_samplers(request: InfillRequest, fresh_line: FreshLine | None = None) -> tuple[Sampler, ...]:
     """The samplers of a request's alternatives: fork i (1..n-1) seeded with (seed or 0) + i,
-    so the same request gets the same alternatives. ValueError for a bad `n` or parameters."""
+    so the same request gets the same alternatives; each under the request's fresh-line rule.
+    ValueError for a bad `n` or parameters."""
     if not 1 <= request.n <= MAX_ALTERNATIVES:
         raise ValueError(f"n must be in 1..{MAX_ALTERNATIVES}; got {request.n}")
     base = request.seed if request.seed is not None else 0
     return tuple(
-        Sampler(request.alternatives_temperature, request.alternatives_top_p, base + i) for i in range(1, request.n)
+        Sampler(request.alternatives_temperature, request.alternatives_top_p, base + i, fresh_line=fresh_line, guard=request.fresh_line_guard)
+        for i in range(1, request.n)
     )
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 from typing import Callable, Iterable, NamedTuple
 
 import msgspec
+import torch
 
 from engine.api import Completion, FinishReason, InfillRequest, RequestStats, StreamEvent
 from engine.blend import blend_request
 from engine.handle import LocalHandle
-from engine.sampler import StopRules
+from engine.sampler import FreshLine, StopRules
 from engine.sequence import Prompt
 from engine.templates import FimTemplate
 from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
@@ -38,12 +39,27 @@ class PromptBuilder:
         self.template = template
         self.tokenizer = tokenizer
         self.fragment_trained = fragment_trained  # healing off by default: the model saw word fragments
+        self._fresh_line: FreshLine | None = None
 
     def end_ids(self, model_eos: Iterable[int]) -> frozenset[int]:
         """Tokens that end a completion: the model's EOS, the template's sentinels and
         stops, and any special token (code never contains one, and a model that emits
         `<|endoftext|>` where its config names `<|im_end|>` as EOS is done too)."""
         return frozenset(model_eos) | self.template.stop_ids | self.tokenizer.vocab.special_ids
+
+    def fresh_line(self, end_ids: Iterable[int]) -> FreshLine:
+        """The fresh-line rule's token classes for this tokenizer (computed once, then shared:
+        the tensors are only read). `ends`: tokens whose text holds a line break, and
+        `end_ids`; `blank`: the other tokens whose text is non-empty whitespace."""
+        if self._fresh_line is None:
+            table = self.tokenizer.vocab.token_bytes
+            ends = torch.tensor([b"\n" in b or b"\r" in b for b in table], dtype=torch.bool)  # [V]
+            blank = torch.tensor([bool(b) and not b.strip() and not e for b, e in zip(table, ends.tolist())], dtype=torch.bool)
+            ids = torch.tensor([i for i in end_ids if 0 <= i < len(table)], dtype=torch.int64)
+            ends[ids] = True
+            blank[ids] = False
+            self._fresh_line = FreshLine(ends, blank)
+        return self._fresh_line
 
     def encode(self, req: InfillRequest) -> Encoded:
         """The whole prompt, uncut: rendered segments tokenized one by one (healed unless the

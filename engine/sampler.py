@@ -2,7 +2,8 @@
 
 - `Sampler`: greedy (argmax) by default; temperature + top-p (nucleus) with a seeded
   `torch.Generator` so a seeded request is reproducible. An optional `allowed` id set
-  restricts the choice (token healing's first-token constraint).
+  restricts the choice (token healing's first-token constraint). A `FreshLine` mask makes it
+  refuse to end an answer that is still whitespace-only (the fresh-line rule, below).
 - `StopRules`: EOS / template end tokens, max tokens, deadline, and stop strings.
   Stop strings may span token boundaries; text that could still become a stop string
   is held back, so streamed text never contains any part of a stop string.
@@ -15,32 +16,110 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from engine.api import FinishReason
+from engine.api import DEFAULT_FRESH_LINE_GUARD, FinishReason
+
+
+class FreshLine(NamedTuple):
+    """Per-vocabulary token classes of the fresh-line rule, built once per tokenizer by the
+    text layer (`engine.prompting.PromptBuilder.fresh_line`).
+
+    The rule: on an empty cursor line inside a block that goes on, an answer that ends
+    while it is still whitespace-only shows nothing, so while the generated text is
+    whitespace-only the sampler refuses the tokens that would end it."""
+
+    ends: torch.Tensor  # [V] bool: a line break in the token's text, or an end token
+    blank: torch.Tensor  # [V] bool: whitespace only, no line break (the answer stays blank)
+
+    def sized(self, n: int) -> "FreshLine":
+        """The masks for a logits row of `n` entries (a model's head may be padded past the
+        tokenizer: those ids are neither)."""
+        if self.ends.shape[0] == n:
+            return self
+        if self.ends.shape[0] > n:
+            return FreshLine(self.ends[:n], self.blank[:n])
+        pad = torch.zeros(n - self.ends.shape[0], dtype=torch.bool)
+        return FreshLine(torch.cat([self.ends, pad]), torch.cat([self.blank, pad]))
 
 
 class Sampler:
-    """Chooses one token from a logits row. Not thread-safe (one per request)."""
+    """Chooses one token from a logits row. Not thread-safe (one per request).
 
-    def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> None:
+    With `fresh_line`, the first tokens are chosen under the fresh-line rule (`FreshLine`):
+    tokens in `ends` are refused while every token so far was `blank`; the first other
+    token lifts the rule for good. The guard: along the path taken, the model's own
+    probability of a blank answer (sum over constrained steps of P(path so far) x P(an
+    `ends` token), softmax at temperature 1) is accumulated; once it reaches `guard` the
+    rule is lifted and the model chooses freely (a line the model is that sure is blank
+    stays blank). While the rule is on, `greedy` is False, so the scheduler's batched
+    argmax and prompt-lookup speculation (both greedy-only) send the sequence through
+    `sample`; afterwards a greedy sampler is greedy again."""
+
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        *,
+        fresh_line: FreshLine | None = None,
+        guard: float = DEFAULT_FRESH_LINE_GUARD,
+    ) -> None:
         if temperature < 0 or not (0.0 < top_p <= 1.0):
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {temperature}, {top_p}")
+        if not 0.0 < guard <= 1.0:
+            raise ValueError(f"the fresh-line guard must be in (0, 1]; got {guard}")
         self.temperature = temperature
         self.top_p = top_p
-        self.greedy = temperature == 0.0
+        self._greedy = temperature == 0.0
         self._gen: torch.Generator | None = None
-        if not self.greedy:
+        if not self._greedy:
             self._gen = torch.Generator()
             self._gen.manual_seed(seed if seed is not None else torch.seed() & 0x7FFF_FFFF)
+        self._fresh = fresh_line  # None once lifted
+        self.guard = guard
+        self.blank_p = 0.0  # the model's probability of a blank answer, along the path taken
+        self._path_p = 1.0  # probability of the whitespace-only path taken so far
+        self.fresh_line_applied = False  # the rule refused the model's top choice at least once
+
+    @property
+    def greedy(self) -> bool:
+        """Argmax of the raw logits is this sampler's choice (false while the fresh-line rule is on)."""
+        return self._greedy and self._fresh is None
+
+    @property
+    def constrained(self) -> bool:
+        """The fresh-line rule is still on (the answer is whitespace-only so far)."""
+        return self._fresh is not None
 
     def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
         """`logits`: [V] float. `allowed`: [n] int64 ids (None = any). Returns a token id."""
+        if self._fresh is not None:
+            return self._sample_fresh(logits, allowed)
         if allowed is not None:
             sub = logits.index_select(0, allowed)  # [n]
             return int(allowed[self._choose(sub)])
         return int(self._choose(logits))
 
+    def _sample_fresh(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> int:
+        masks = self._fresh.sized(logits.shape[0])
+        ends, blank = masks.ends, masks.blank  # [V] bool each
+        if allowed is not None:  # healing's first-token set: the rule works inside it
+            logits = logits.index_select(0, allowed)  # [n]
+            ends, blank = ends.index_select(0, allowed), blank.index_select(0, allowed)
+        probs = torch.softmax(logits.float(), dim=-1)  # [n]: the model's own distribution
+        self.blank_p += self._path_p * float(probs[ends].sum())
+        if self.blank_p >= self.guard or bool(ends.all()):
+            self._fresh = None  # sure enough of a blank line (or nothing else allowed)
+            pick = self._choose(logits)
+        else:
+            pick = self._choose(logits.masked_fill(ends, float("-inf")))
+            self.fresh_line_applied |= bool(ends[int(torch.argmax(logits))])  # the top choice was refused
+            self._path_p *= float(probs[pick])
+            if not bool(blank[pick]):
+                self._fresh = None  # the answer has text: the rule is done
+        return int(allowed[pick]) if allowed is not None else int(pick)
+
     def _choose(self, logits: torch.Tensor) -> int:  # logits [n]
-        if self.greedy:
+        if self._greedy:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)  # [n]
         if self.top_p < 1.0:
@@ -138,4 +217,4 @@ class StopRules:
         return self._release_all()
 
 
-__all__ = ["Sampler", "StopRules", "StopCheck", "greedy_batch"]
+__all__ = ["Sampler", "FreshLine", "StopRules", "StopCheck", "greedy_batch"]

@@ -1,0 +1,120 @@
+"""The fresh-line rule: a whitespace-only answer cannot end while the rule is on
+(engine.sampler.FreshLine / Sampler), and nothing changes when it is off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.api import InfillRequest
+from engine.local import load_engine
+from engine.sampler import FreshLine, Sampler
+
+# A 6-token vocabulary: 0 "\n", 1 "    ", 2 "x", 3 " = 1", 4 "\n\n", 5 an end token.
+ENDS = torch.tensor([True, False, False, False, True, True])
+BLANK = torch.tensor([False, True, False, False, False, False])
+MASKS = FreshLine(ENDS, BLANK)
+
+
+def _row(*weights: float) -> torch.Tensor:
+    return torch.log(torch.tensor(weights))
+
+
+def test_greedy_refuses_ends_while_blank_then_is_plain_greedy():
+    s = Sampler(fresh_line=MASKS)
+    assert not s.greedy and s.constrained  # the scheduler's argmax shortcut must not bypass it
+    wants_newline = _row(0.6, 0.2, 0.1, 0.05, 0.04, 0.01)
+    assert s.sample(wants_newline) == 1  # "    ": still blank, the rule stays on
+    assert s.constrained and s.fresh_line_applied
+    assert s.sample(_row(0.5, 0.1, 0.3, 0.05, 0.04, 0.01)) == 2  # "x": text, the rule is lifted
+    assert not s.constrained and s.greedy
+    assert s.sample(wants_newline) == 0  # plain greedy afterwards
+
+
+def test_sampled_choices_never_end_a_blank_answer():
+    logits = _row(0.4, 0.2, 0.1, 0.1, 0.1, 0.1)
+    for seed in range(40):
+        s = Sampler(1.0, 0.9, seed, fresh_line=MASKS)
+        for _ in range(6):
+            if not s.constrained:
+                break
+            assert not bool(ENDS[s.sample(logits)])
+
+
+def test_without_the_rule_nothing_changes():
+    logits = _row(0.6, 0.2, 0.1, 0.05, 0.04, 0.01)
+    assert Sampler().greedy and Sampler().sample(logits) == 0
+    plain, ruled = Sampler(1.0, 0.95, 3), Sampler(1.0, 0.95, 3, fresh_line=None)
+    assert [plain.sample(logits) for _ in range(30)] == [ruled.sample(logits) for _ in range(30)]
+
+
+def test_healing_allowed_set_is_intersected():
+    s = Sampler(fresh_line=MASKS)
+    logits = _row(0.7, 0.1, 0.05, 0.1, 0.04, 0.01)
+    assert s.sample(logits, allowed=torch.tensor([0, 3, 4])) == 3  # "\n" refused inside the healed set
+    # An allowed set holding only end tokens: the rule gives way rather than fail.
+    s = Sampler(fresh_line=MASKS)
+    assert s.sample(logits, allowed=torch.tensor([0, 4])) == 0 and not s.constrained
+
+
+def test_guard_lets_a_confident_blank_line_through():
+    sure = _row(0.97, 0.01, 0.01, 0.005, 0.004, 0.001)
+    assert Sampler(fresh_line=MASKS, guard=0.9).sample(sure) == 0  # P(blank) 0.975 >= 0.9
+    assert Sampler(fresh_line=MASKS, guard=1.0).sample(sure) == 1
+    # Accumulated along the path: 0.5 now, then P("    ") 0.3 x 0.9 later = 0.77 >= 0.7.
+    s = Sampler(fresh_line=MASKS, guard=0.7)
+    assert s.sample(_row(0.5, 0.3, 0.1, 0.05, 0.04, 0.01)) == 1
+    assert s.sample(_row(0.9, 0.05, 0.03, 0.01, 0.005, 0.005)) == 0
+    with pytest.raises(ValueError):
+        Sampler(fresh_line=MASKS, guard=0.0)
+
+
+def test_masks_sized_to_a_padded_head():
+    m = MASKS.sized(8)
+    assert m.ends.tolist()[6:] == [False, False] and m.ends.shape[0] == 8
+    s = Sampler(fresh_line=MASKS)
+    logits = torch.cat([_row(0.6, 0.2, 0.1, 0.05, 0.04, 0.01), torch.full((2,), -1e9)])
+    assert s.sample(logits) == 1
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_factory):
+    eng = load_engine(str(tiny_model_factory("llama")), threads=1)
+    yield eng
+    eng.close()
+
+
+def test_prompt_builder_classes(engine):
+    fl = engine.prompts.fresh_line(engine.end_ids)
+    table = engine.prompts.tokenizer.vocab.token_bytes
+    for i in range(len(table)):
+        if b"\n" in table[i] or b"\r" in table[i] or i in engine.end_ids:
+            assert fl.ends[i] and not fl.blank[i]
+        elif table[i] and not table[i].strip():
+            assert fl.blank[i]
+        else:
+            assert not fl.blank[i] and not fl.ends[i]
+    assert fl.ends.any() and fl.blank.any()
+
+
+PREFIX = "def f(x):\n    if x:\n"
+SUFFIX = "\n        return x\n    return 0\n"
+
+
+def _req(**kw) -> InfillRequest:
+    base = dict(key="k", prefix=PREFIX, suffix=SUFFIX, format="fim", context="off", max_tokens=12, cache=False)
+    return InfillRequest(**{**base, **kw})
+
+
+def test_engine_answers_are_never_blank_under_the_rule(engine):
+    """A random tiny model: with the rule, every request's (and every alternative's) text has
+    something other than whitespace before any line break; greedy output without the rule is
+    what plain greedy decoding gives (the rule's flag off changes nothing)."""
+    for seed in range(4):
+        done = engine.submit(_req(fresh_line=True, n=3, seed=seed, temperature=0.0 if seed % 2 else 0.8)).result(timeout=60)
+        for text in (done.text, *done.alternatives):
+            first = text.split("\n", 1)[0]
+            assert first.strip() or done.finish_reason == "length", (text, done.finish_reason)
+    plain = engine.submit(_req()).result(timeout=60)
+    off = engine.submit(_req(fresh_line=False, speculate=0)).result(timeout=60)
+    assert plain.text == off.text
