@@ -835,6 +835,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ finish
     def _finish(self, seq: Sequence, reason: FinishReason, error: str | None = None) -> None:
+        if seq not in self._holding and seq.kv is None:
+            # Never given KV (it ended while waiting for room): no work was done on its prompt,
+            # so it reports none, like a request that ended in the inbox (reuse ratios stay true).
+            seq.n_prompt = 0
         for group in (self._waiting, self._prefilling, self._decoding):
             if seq in group:
                 group.remove(seq)
