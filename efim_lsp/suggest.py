@@ -51,6 +51,7 @@ class CursorContext(NamedTuple):
     line_after: str  # the cursor line, right of the cursor (no line break)
     next_lines: tuple[str, ...]  # the lines below the cursor line
     previous_line: str  # the last non-blank line above the cursor line ("" if none)
+    in_string: bool = False  # an empty cursor line inside a triple-quoted string (a docstring); False on other lines
 
     @classmethod
     def at(cls, text: str, cursor: int) -> "CursorContext":
@@ -65,7 +66,10 @@ class CursorContext(NamedTuple):
             if line.strip():
                 previous = line
                 break
-        return cls(text[line_start:cursor], text[cursor:line_end], next_lines, previous)
+        before, after = text[line_start:cursor], text[cursor:line_end]
+        # Only an empty line asks (the fresh-line rule): typing mid-line never pays for the scan.
+        in_string = not before.strip() and not after.strip() and _inside_triple_quotes(text, line_start)
+        return cls(before, after, next_lines, previous, in_string)
 
     @property
     def next_code_line(self) -> str:
@@ -74,6 +78,23 @@ class CursorContext(NamedTuple):
             if line.strip():
                 return line.strip()
         return ""
+
+
+_TRIPLE_QUOTE = re.compile(r"\"\"\"|'''")
+
+
+def _inside_triple_quotes(text: str, end: int) -> bool:
+    """Whether `text[:end]` leaves a triple-quoted string open: the delimiters are paired
+    from the start (a delimiter inside the other kind's string is text). A heuristic — a
+    triple quote inside a one-line string or a comment miscounts — but one regex pass (a
+    100 kB prefix in about a millisecond) needs no parser."""
+    open_quote = None
+    for m in _TRIPLE_QUOTE.finditer(text, 0, end):
+        if open_quote is None:
+            open_quote = m.group()
+        elif m.group() == open_quote:
+            open_quote = None
+    return open_quote is not None
 
 
 def choose_mode(ctx: CursorContext, multiline: Multiline = "auto") -> Mode:
@@ -120,8 +141,9 @@ def fresh_line(ctx: CursorContext) -> bool:
     above's) and the first non-blank line below is indented at least that deep and is
     not a `def` / `class` / decorator (a blank line before those is the convention), or
     the text ends inside the block. Top-level lines (scope 0) are not a block: between
-    top-level statements a blank line is as likely as code."""
-    if ctx.line_before.strip() or ctx.line_after.strip():
+    top-level statements a blank line is as likely as code. Inside a triple-quoted string
+    (a docstring's paragraphs) it is never set."""
+    if ctx.line_before.strip() or ctx.line_after.strip() or ctx.in_string:
         return False
     previous = ctx.previous_line.rstrip()
     if previous.endswith(_CONTINUATION_ENDS):

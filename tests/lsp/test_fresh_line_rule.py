@@ -23,6 +23,7 @@ def _at(doc: str) -> bool:
         "def f(x):\n    if x:\n        y = 1\n|",  # the text ends inside the block
         "x = call(a,\n|\n)\n",  # a statement goes on
         "def f(x):\n    for i in x:\n        pass\n        |\n",  # typed indentation, nothing below
+        'def f(x):\n    """Doc."""\n|\n    return x\n',  # after a closed docstring
     ],
 )
 def test_set_on_empty_lines_of_continuing_blocks(doc):
@@ -40,6 +41,8 @@ def test_set_on_empty_lines_of_continuing_blocks(doc):
         "class A:\n    x = 1\n|\n    def g(self):\n        pass\n",  # before a def: the blank line is the convention
         "class A:\n    x = 1\n|\n    @property\n    def g(self):\n        pass\n",  # before a decorator
         "def f(x):\n    if x:\n        y = 1\n|\n    return y\n",  # the inner block ended
+        'def f(x):\n    """Doc.\n|\n    More doc.\n    """\n',  # a docstring's paragraphs
+        "def f(x):\n    '''Doc.\n    \"\"\"\n|\n    More doc.\n    '''\n",  # the other quote inside is text
     ],
 )
 def test_not_set_elsewhere(doc):
