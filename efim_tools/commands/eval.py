@@ -1,4 +1,5 @@
-"""`efim eval humaneval-infilling|lines`: infilling quality (greedy pass@1; line exact match).
+"""`efim eval humaneval-infilling|lines|blank-lines`: infilling quality (greedy pass@1; line exact
+match; the fresh-line rule on true-blank lines).
 
 Parses arguments and calls `efim_tools.evaluation` (torch loads only when the command runs)."""
 
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -32,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     h.add_argument("--increment", choices=("auto", "cut", "none"), default="auto", help="auto: cut the middle into an increment for efim only")
     h.add_argument("--timeout", type=float, default=10.0, help="sandbox wall-clock seconds per program")
     h.add_argument("--verbose-results", action="store_true", help="also list every task's result (with --json)")
+    h.add_argument("--fresh-line", choices=("off", "rule", "both"), default="off",
+                   help="the fresh-line rule: off, set where the language server would set it (rule), or both (one row each, same tasks)")
+    h.add_argument("--fresh-line-guard", type=float, nargs="+", default=None, metavar="P",
+                   help="the rule's confidence guard(s), each in (0, 1]: one row per value (default: the engine's)")
     _common(h)
     h.set_defaults(func=run_humaneval)
     t = targets.add_parser("table", help="the comparison table: base prefix-only, each adapter under FIM and EFIM (healing off/on)")
@@ -49,6 +53,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     lines = targets.add_parser("lines", help="line completion exact match / edit similarity on held-out stdlib modules")
     _common(lines)
     lines.set_defaults(func=run_lines)
+    blank = targets.add_parser("blank-lines", help="true-blank cases (real blank lines of held-out modules, plain FIM): how many the fresh-line rule makes non-blank")
+    blank.add_argument("--fresh-line-guard", type=float, nargs="+", default=None, metavar="P", help="the rule's confidence guard(s): one row per value")
+    _common(blank)
+    blank.set_defaults(func=run_blank_lines)
+    sh = targets.add_parser("shape", help="suggestions accepted at emptied statement lines of held-out modules: unparseable files, duplicated next lines")
+    sh.add_argument("--modes", nargs="+", choices=("auto", "line"), default=["auto", "line"], help="auto: the server's line/block choice; line: one line forced")
+    sh.add_argument("--show", type=int, default=0, help="print this many shown suggestions that break the file or duplicate the next line")
+    _common(sh)
+    sh.set_defaults(func=run_shape)
 
 
 def _infiller(args: argparse.Namespace):
@@ -69,21 +82,54 @@ def _infiller(args: argparse.Namespace):
     return TransformersInfiller(load_eval_model(args.model, args.adapter))
 
 
+def _guards(args: argparse.Namespace) -> list[float]:
+    from engine.api import DEFAULT_FRESH_LINE_GUARD  # noqa: PLC0415
+
+    guards = args.fresh_line_guard or [DEFAULT_FRESH_LINE_GUARD]
+    bad = [g for g in guards if not 0.0 < g <= 1.0]
+    if bad:
+        raise ValueError(f"--fresh-line-guard values must be in (0, 1]; got {bad}")
+    return guards
+
+
 def run_humaneval(args: argparse.Namespace) -> int:
     from efim_tools.evaluation import humaneval  # noqa: PLC0415
     from efim_tools.evaluation.sandbox import Limits  # noqa: PLC0415
 
+    guards = _guards(args)
     tasks = humaneval.select(humaneval.load_tasks(args.split, args.data), args.limit, args.seed)
     infiller = _infiller(args)
     limits = Limits(wall_seconds=args.timeout, cpu_seconds=max(1, int(args.timeout)))
-    res = humaneval.evaluate(infiller, tasks, args.split, args.format, heal=args.heal == "on", increment=args.increment, seed=args.seed, limits=limits)
-    if args.json:
-        doc = {"split": res.split, "format": res.format, "n": res.n, "pass_at_1": res.pass_at_1}
-        if args.verbose_results:
-            doc.update(model=_name(infiller), heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
-        print(json.dumps(doc))
-    else:
-        print(f"{_name(infiller)} {res.split} {res.format} heal={'on' if res.heal else 'off'}: pass@1 {res.pass_at_1:.3f} (n={res.n}, {res.seconds:.0f} s)")
+    variants = ([("off", guards[0])] if args.fresh_line in ("off", "both") else []) + (
+        [("rule", g) for g in guards] if args.fresh_line in ("rule", "both") else [])
+    for mode, guard in variants:
+        res = humaneval.evaluate(infiller, tasks, args.split, args.format, heal=args.heal == "on", increment=args.increment, seed=args.seed, limits=limits,
+                                 fresh_line=mode, fresh_line_guard=guard)
+        rule = "off" if mode == "off" else f"rule (guard {guard:g}, set on {res.fresh_line}/{res.n})"
+        if args.json:
+            doc = {"split": res.split, "format": res.format, "n": res.n, "pass_at_1": res.pass_at_1, "blank": res.blank, "blank_rate": res.blank_rate,
+                   "fresh_line": mode, "fresh_line_guard": guard if mode == "rule" else None, "fresh_line_set": res.fresh_line}
+            if args.verbose_results:
+                doc.update(model=_name(infiller), heal=res.heal, seconds=round(res.seconds, 1), results=[r._asdict() for r in res.results])
+            print(json.dumps(doc), flush=True)
+        else:
+            print(f"{_name(infiller)} {res.split} {res.format} heal={'on' if res.heal else 'off'} fresh-line {rule}: pass@1 {res.pass_at_1:.3f}, "
+                  f"blank answers {res.blank_rate:.1%} ({res.blank}/{res.n}) ({res.seconds:.0f} s)", flush=True)
+    return 0
+
+
+def run_blank_lines(args: argparse.Namespace) -> int:
+    from efim_tools.evaluation.linecompletion import blank_line_cases, evaluate_blank_lines  # noqa: PLC0415
+
+    guards = _guards(args)
+    cases = blank_line_cases(n=args.limit or 100, seed=args.seed)
+    infiller = _infiller(args)
+    for sc in evaluate_blank_lines(infiller, cases, guards):
+        if args.json:
+            print(json.dumps({"task": "blank-lines", **sc._asdict(), "made_rate": sc.made_rate}), flush=True)
+        else:
+            print(f"{_name(infiller)} blank-lines fim guard {sc.guard:g}: rule set on {sc.fired}/{sc.n}; answers with text: {sc.non_blank_off} off, "
+                  f"{sc.non_blank_on} on; made non-blank {sc.made_non_blank}/{sc.n} = {sc.made_rate:.1%} ({sc.seconds:.0f} s)", flush=True)
     return 0
 
 
@@ -109,6 +155,32 @@ def run_table(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     rows = run_table(args.model, args.adapters, base=not args.skip_base, split=args.split, limit=args.limit, line_limit=args.line_limit, data=args.data, seed=args.seed, out_jsonl=args.jsonl)
     print(markdown(rows))
+    return 0
+
+
+def run_shape(args: argparse.Namespace) -> int:
+    from efim_tools.evaluation.shape import evaluate_shape, next_code_line, parses, shape_cases  # noqa: PLC0415
+
+    if args.backend != "engine":
+        raise ValueError("efim eval shape runs through the product engine: pass --backend engine")
+    cases = shape_cases(n=args.limit or 200, seed=args.seed)
+    infiller = _infiller(args)
+    shown = []
+
+    def keep(mode, case, text):
+        accepted = case.before + case.indent + text + case.after
+        if len(shown) < args.show and (not parses(accepted) or text.split("\n")[-1].strip() == next_code_line(case.after)):
+            shown.append((mode, case, text))
+
+    for sc in evaluate_shape(infiller.engine, cases, tuple(args.modes), on_case=keep):
+        k = max(sc.shown, 1)
+        if args.json:
+            print(json.dumps({"task": "shape", **sc._asdict()}), flush=True)
+        else:
+            print(f"{_name(infiller)} shape mode={sc.mode}: shown {sc.shown}/{sc.n} (multi-line {sc.multi_line}, fresh-line rule on {sc.fresh_line}); "
+                  f"unparseable {sc.unparseable} ({sc.unparseable / k:.1%}), duplicates the next line {sc.duplicate} ({sc.duplicate / k:.1%}) ({sc.seconds:.0f} s)", flush=True)
+    for mode, case, text in shown:
+        print(f"--- {mode} {case.module}:{case.line_no} (was {case.original!r})\n{case.indent}{text}\n--- next: {next_code_line(case.after)!r}")
     return 0
 
 

@@ -9,6 +9,12 @@ per task) and the part before the cut becomes the increment `inc`; the model gen
 the rest. `increment="cut"` gives the other formats the same `inc` (FIM: inside the
 prefix segment; prefix-only: its own segment) so layouts can be compared on identical
 information; `"none"` is standard infilling.
+
+The fresh-line rule (`fresh_line="rule"`): each task is asked with `fresh_line` set where the
+language server would set it — `efim_lsp.suggest.fresh_line` on the document an editor
+holds with the middle's line empty (`prompt + increment + "\n" + suffix` for the
+line-aligned splits). A *blank answer* is a generated middle with no letter or digit in it
+(`EvalResult.blank`).
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ import time
 from pathlib import Path
 from typing import Iterable, Literal, NamedTuple
 
+from efim_lsp.suggest import CursorContext
+from efim_lsp.suggest import fresh_line as fresh_line_rule
 from efim_tools.evaluation.infill import Format, Infiller
 from efim_tools.evaluation.sandbox import Limits, run_program
+from engine.api import DEFAULT_FRESH_LINE_GUARD
 
 log = logging.getLogger(__name__)
 
 Split = Literal["single-line", "multi-line", "random-span-light"]
+FreshLineMode = Literal["off", "rule"]
 SPLIT_FILES = {
     "single-line": "HumanEval-SingleLineInfilling.jsonl.gz",
     "multi-line": "HumanEval-MultiLineInfilling.jsonl.gz",
@@ -51,6 +61,7 @@ class TaskResult(NamedTuple):
     increment: str
     completion: str  # the full generated middle (increment included)
     seconds: float
+    fresh_line: bool = False  # asked under the fresh-line rule (the server's test said so)
 
 
 class EvalResult(NamedTuple):
@@ -61,6 +72,12 @@ class EvalResult(NamedTuple):
     heal: bool
     results: list[TaskResult]
     seconds: float
+    blank: int = 0  # generated middles (the increment excluded) without a letter or digit
+    fresh_line: int = 0  # tasks asked under the fresh-line rule
+
+    @property
+    def blank_rate(self) -> float:
+        return self.blank / self.n if self.n else 0.0
 
 
 def split_path(split: Split, data: Path | None = None) -> Path:
@@ -115,11 +132,26 @@ def _dedented(line: str) -> bool:
     return bool(line.strip()) and not line[0].isspace()
 
 
-def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal: bool, with_increment: bool, seed: int, limits: Limits) -> TaskResult:
+def is_blank(text: str) -> bool:
+    """No letter or digit: an answer the editor shows as nothing (or as punctuation only)."""
+    return not any(ch.isalnum() for ch in text)
+
+
+def fresh_line_applies(task: Task, increment: str, split: Split) -> bool:
+    """The language server's fresh-line test on the document an editor would hold: the
+    middle's line empty up to `increment` (line-aligned splits: its own line)."""
+    aligned = split != "random-span-light" and task.prompt.endswith("\n") and task.middle.endswith("\n")
+    text = task.prompt + increment + ("\n" if aligned else "") + task.suffix
+    return fresh_line_rule(CursorContext.at(text, len(task.prompt) + len(increment)))
+
+
+def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal: bool, with_increment: bool, seed: int, limits: Limits,
+             fresh_line: FreshLineMode = "off", fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> TaskResult:
     start = time.monotonic()
     cut = increment_cut(task, seed) if with_increment else 0
     inc = task.middle[:cut]
     single = split == "single-line"
+    fresh = fresh_line == "rule" and fresh_line_applies(task, inc, split)
     try:
         infill = infiller.complete(
             task.prompt,
@@ -130,31 +162,38 @@ def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal:
             max_tokens=48 if single else 192,
             single_line=single,
             stop_line=_dedented if (fmt == "prefix" and not single) else None,
+            fresh_line=fresh,
+            fresh_line_guard=fresh_line_guard,
         )
         middle = inc + infill.text
     except Exception as exc:  # noqa: BLE001 — one bad sample must not stop the run
         log.warning("%s: generation failed: %s", task.task_id, exc)
-        return TaskResult(task.task_id, False, "error", inc, "", time.monotonic() - start)
+        return TaskResult(task.task_id, False, "error", inc, "", time.monotonic() - start, fresh)
     if task.middle.endswith("\n") and not middle.endswith("\n") and split != "random-span-light":
         middle += "\n"  # line-aligned splits: the suffix starts a new line
     result = run_program(program(task, middle), limits)
-    return TaskResult(task.task_id, result.passed, result.status, inc, middle, time.monotonic() - start)
+    return TaskResult(task.task_id, result.passed, result.status, inc, middle, time.monotonic() - start, fresh)
 
 
-def evaluate(infiller: Infiller, tasks: Iterable[Task], split: Split, fmt: Format, *, heal: bool = False, increment: str = "auto", seed: int = 0, limits: Limits = Limits(), on_result=None) -> EvalResult:
-    """Greedy pass@1 over `tasks`. `increment`: "auto" (cut for efim only), "cut", "none"."""
+def evaluate(infiller: Infiller, tasks: Iterable[Task], split: Split, fmt: Format, *, heal: bool = False, increment: str = "auto", seed: int = 0, limits: Limits = Limits(), on_result=None,
+             fresh_line: FreshLineMode = "off", fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> EvalResult:
+    """Greedy pass@1 over `tasks`. `increment`: "auto" (cut for efim only), "cut", "none".
+    `fresh_line`: "rule" asks under the fresh-line rule where the server would."""
     if increment not in ("auto", "cut", "none"):
         raise ValueError(f"increment must be auto, cut or none, not {increment!r}")
     with_inc = increment == "cut" or (increment == "auto" and fmt == "efim")
     start = time.monotonic()
     results = []
     for task in tasks:
-        r = run_task(infiller, task, split, fmt, heal=heal, with_increment=with_inc, seed=seed, limits=limits)
+        r = run_task(infiller, task, split, fmt, heal=heal, with_increment=with_inc, seed=seed, limits=limits,
+                     fresh_line=fresh_line, fresh_line_guard=fresh_line_guard)
         results.append(r)
         if on_result is not None:
             on_result(r)
     n = len(results)
-    return EvalResult(split, fmt, n, sum(r.passed for r in results) / n if n else 0.0, heal, results, time.monotonic() - start)
+    blank = sum(is_blank(r.completion[len(r.increment):]) for r in results)
+    return EvalResult(split, fmt, n, sum(r.passed for r in results) / n if n else 0.0, heal, results, time.monotonic() - start,
+                      blank, sum(r.fresh_line for r in results))
 
 
-__all__ = ["Task", "TaskResult", "EvalResult", "load_tasks", "select", "increment_cut", "program", "evaluate", "run_task", "split_path", "SPLIT_FILES", "DEFAULT_DATA"]
+__all__ = ["Task", "TaskResult", "EvalResult", "load_tasks", "select", "increment_cut", "program", "evaluate", "run_task", "is_blank", "fresh_line_applies", "split_path", "SPLIT_FILES", "DEFAULT_DATA"]

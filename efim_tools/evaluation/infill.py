@@ -13,6 +13,10 @@ Layouts (each text segment tokenized on its own):
 
 Token healing (`heal=True`, the prompt's last text ends inside an identifier): serving's
 rule — the last token is dropped and the first generated token must start with its bytes.
+
+The fresh-line rule (`fresh_line=True`; the caller decides when, as the language server
+does with `efim_lsp.suggest.fresh_line`): serving's `engine.sampler.Sampler` with the
+tokenizer's `FreshLine` classes chooses the tokens, so a whitespace-only answer cannot end.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from typing import Literal, NamedTuple, Protocol
 
 import torch
 
-from engine.api import InfillRequest
+from engine.api import DEFAULT_FRESH_LINE_GUARD, InfillRequest
 from engine.prompting import PromptBuilder
+from engine.sampler import Sampler
 from engine.templates import detect_template
 from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
 
@@ -44,7 +49,7 @@ class Infiller(Protocol):
 
     name: str
 
-    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill: ...
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None, fresh_line: bool = False, fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> Infill: ...
 
 
 class TransformersInfiller:
@@ -68,7 +73,7 @@ class TransformersInfiller:
         return self.prompts.encode(request)
 
     @torch.inference_mode()
-    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill:
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None, fresh_line: bool = False, fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> Infill:
         """Greedy continuation after `increment`. `single_line` stops at the first newline
         after some text (leading blank lines are dropped);
         `stop_line(line) -> bool` (multi-line mode) stops before a finished line it rejects."""
@@ -84,12 +89,11 @@ class TransformersInfiller:
         cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
         generated: list[int] = []
         body, finish = "", "length"  # body: the text after the increment (healing's bytes skipped)
+        fresh = self.prompts.fresh_line(self.eos) if fresh_line else None
+        sampler = Sampler(fresh_line=fresh, guard=fresh_line_guard)  # greedy
         for step in range(max_tokens):
-            if allowed is not None and step == 0 and allowed.numel():
-                masked = torch.full_like(logits, float("-inf"))
-                masked[allowed] = logits[allowed]
-                logits = masked
-            next_id = int(torch.argmax(logits))
+            first_allowed = allowed if (allowed is not None and step == 0 and allowed.numel()) else None
+            next_id = sampler.sample(logits, first_allowed)
             if next_id in self.eos:
                 finish = "eos"
                 break
@@ -137,12 +141,13 @@ class EngineInfiller:
         self.name = name
         self._n = 0
 
-    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None) -> Infill:
+    def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None, fresh_line: bool = False, fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> Infill:
         from engine.api import InfillRequest  # noqa: PLC0415
 
         self._n += 1
         req = InfillRequest(key=f"eval-{self._n}", prefix=prefix, suffix=suffix, increment=increment, format=fmt, context="off",
-                            max_tokens=max_tokens, stop=("\n",) if single_line else (), heal=heal, temperature=0.0)
+                            max_tokens=max_tokens, stop=("\n",) if single_line else (), heal=heal, temperature=0.0,
+                            fresh_line=fresh_line, fresh_line_guard=fresh_line_guard)
         done = self.engine.submit(req).result(timeout=600)
         if done.finish_reason == "error":
             raise RuntimeError(done.error or "engine error")
