@@ -66,3 +66,25 @@ def test_default_model_with_adapter_completes_a_fim_prompt_with_code(fim_on_remo
 def test_default_model_with_adapter_writes_most_removed_lines_under_fim(fim_on_removed_lines):
     cases, written = fim_on_removed_lines
     assert sum(any(ch.isalnum() for ch in t) for t in written) >= len(cases) // 2, written
+
+
+@pytest.fixture(scope="module")
+def fim_on_removed_lines_with_the_rule(completer) -> tuple[list, list[bool], list[str]]:
+    """The same removed lines asked as the language server asks on a fresh line: the
+    fresh-line rule set where `efim_lsp.suggest.fresh_line` says so (the document an
+    editor holds: the removed line empty)."""
+    from efim_lsp.suggest import CursorContext, fresh_line
+    from efim_tools.evaluation.linecompletion import line_cases
+
+    cases = line_cases(n=12, seed=0)
+    flags = [fresh_line(CursorContext.at(c.prefix + "\n" + c.suffix, len(c.prefix))) for c in cases]
+    written = [completer.complete(c.prefix, c.suffix, "", "fim", max_tokens=32, single_line=True, fresh_line=f).text for c, f in zip(cases, flags)]
+    return cases, flags, written
+
+
+@pytest.mark.slow
+@pytest.mark.default_model
+def test_default_model_with_adapter_writes_most_removed_lines_under_fim_with_the_fresh_line_rule(fim_on_removed_lines_with_the_rule):
+    """The xfail above through the server's fresh-line rule: most removed lines get code."""
+    cases, flags, written = fim_on_removed_lines_with_the_rule
+    assert sum(any(ch.isalnum() for ch in t) for t in written) >= len(cases) // 2, (flags, written)
