@@ -33,7 +33,8 @@ Prints ms per decode step (all layers' attention, writing included) and the rati
 engine runs), weights bf16 and int4, 135M (the embedded model) and the 0.5B shape (random
 weights, `bench.model_shapes`). The context rows are random (speed does not depend on
 them), written through the KV's own `write`; configurations interleaved in rounds, the
-median step per configuration, all in one run. Benchmark code, outside the serving path.
+median step per configuration, all in one run. `--prefill` adds the prefill tok/s of the
+window (256-row chunks) per configuration. Benchmark code, outside the serving path.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def _time(fn, reps: int) -> list[float]:
     return out
 
 
-def decode_table(window: int, steps: int, rounds: int, shapes: list[str], formats: list[str]) -> int:
+def decode_table(window: int, steps: int, rounds: int, shapes: list[str], formats: list[str], prefill: bool) -> int:
     """Model-level decode ms/token at `window` context tokens, bf16 vs int8 KV (see --decode)."""
     from bench import model_shapes  # noqa: PLC0415
 
@@ -234,6 +235,20 @@ def decode_table(window: int, steps: int, rounds: int, shapes: list[str], format
         dense_mb = 2 * c.n_layers * c.n_kv_heads * window * c.head_dim * 2 / 1e6
         int8_mb = 2 * c.n_layers * c.n_kv_heads * window * (c.head_dim + 2) / 1e6
         print(f"{shape:6} {fmt:7} {a:9.2f} {b:9.2f} {b / a:9.2f} {dense_mb:11.1f} -> {int8_mb:.1f}")
+    if prefill:
+        # Prefill of the window in 256-row chunks (each chunk attends over dequantised int8
+        # rows): one prefill per configuration, interleaved, after the decode table.
+        from bench import speed_probes  # noqa: PLC0415
+
+        ids = torch.randint(100, 20000, (window,), generator=g)
+        print(f"prefill of {window} tokens in 256-row chunks, tok/s:")
+        for shape, fmt, model in configs:
+            tok_s = {}
+            for kv_dtype in ("model", "int8"):
+                model.set_kv_dtype(kv_dtype)
+                tok_s[kv_dtype] = speed_probes.engine_prefill_tok_s(model, ids, 256)
+            model.set_kv_dtype("model")
+            print(f"{shape:6} {fmt:7} {tok_s['model']:9.0f} {tok_s['int8']:9.0f} {tok_s['int8'] / tok_s['model']:9.2f}")
     return 0
 
 
@@ -245,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode", action="store_true", help="the whole model's decode step, bf16 vs int8 KV")
     ap.add_argument("--window", type=int, default=2048)
+    ap.add_argument("--prefill", action="store_true", help="with --decode: also prefill tok/s of the window, bf16 vs int8 KV")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--formats", nargs="+", default=["bf16", "int4"], choices=["bf16", "int8", "int4"])
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.decode:
-        return decode_table(args.window, args.steps, args.rounds, args.shapes, args.formats)
+        return decode_table(args.window, args.steps, args.rounds, args.shapes, args.formats, args.prefill)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms per decode step (all layers' attention)")
     names = list(Case.VARIANTS)
     print(f"{'shape':6} {'S':>5} " + " ".join(f"{n:>16}" for n in names))
