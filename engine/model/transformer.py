@@ -100,7 +100,7 @@ class Int8SequenceKV(NamedTuple):
 
     k8: torch.Tensor  # [L, H_kv, cap, D] int8
     k_scale: torch.Tensor  # [L, H_kv, cap] compute dtype
-    vt8: torch.Tensor  # [L, H_kv, D, cap] int8
+    vt8: torch.Tensor  # [L, H_kv, D, cap rounded up to 16] int8 (the padding is never written)
     v_scale: torch.Tensor  # [L, H_kv, cap] compute dtype
 
     quantized = True
@@ -114,7 +114,11 @@ class Int8SequenceKV(NamedTuple):
         return self.k_scale.dtype
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self)
+        """Bytes of its `capacity` rows: int8 K and V plus their scales (V^T's padding to a
+        multiple of 16 rows, < 16 rows per sequence, is left out so that bytes are
+        proportional to rows, as the KV budget's accounting assumes)."""
+        l, h, cap, d = self.k8.shape
+        return 2 * l * h * cap * (d + self.k_scale.element_size())
 
     def read(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows lo..hi-1 of every layer, dequantised: new tensors [L, H_kv, n, D]."""
@@ -171,7 +175,7 @@ class Int8SequenceKV(NamedTuple):
         folded into the probabilities, and P' x V^T_h by the same op with unit scales. The
         V^T operand must be contiguous, so P' spans the whole capacity with zeros past n
         (rows past n are read, never used: int8 holds no NaN). bench/kv_int8.py chose this op."""
-        h_kv, d, cap = self.k8.shape[1], self.k8.shape[3], self.k8.shape[2]
+        h_kv, d, cap = self.k8.shape[1], self.k8.shape[3], self.vt8.shape[3]  # cap: V^T's padded rows
         if d % _W8_ALIGN or cap % _W8_ALIGN:  # the op's kernel cannot take these: dequantise (correct, slower)
             return kernels.reference.attention(q, *self.layer_kv(i, n), None, None, scale)
         g = q.shape[0] // h_kv
@@ -445,15 +449,15 @@ class Transformer:
         c = self.config
         shape = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
         if self.kv_dtype == "int8":
-            # The int8 op's bf16 kernel needs its reduction length (here the capacity, for
-            # P' x V^T) to be a multiple of 16: it crashes the process otherwise (torch 2.13).
-            capacity = -(-capacity // _W8_ALIGN) * _W8_ALIGN
-            shape = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
+            # The int8 op's bf16 kernel needs its reduction length (for P' x V^T: V^T's row
+            # length) to be a multiple of 16; it crashes the process otherwise (torch 2.13).
+            # So V^T's rows are padded; the capacity stays what was asked for.
+            padded = -(-capacity // _W8_ALIGN) * _W8_ALIGN
             scales = shape[:3]
             return Int8SequenceKV(
                 torch.zeros(shape, dtype=torch.int8, device=self.device),
                 torch.zeros(scales, dtype=self.dtype, device=self.device),
-                torch.zeros((c.n_layers, c.n_kv_heads, c.head_dim, capacity), dtype=torch.int8, device=self.device),
+                torch.zeros((c.n_layers, c.n_kv_heads, c.head_dim, padded), dtype=torch.int8, device=self.device),
                 torch.zeros(scales, dtype=self.dtype, device=self.device),
             )
         return SequenceKV(

@@ -117,7 +117,7 @@ def test_rows_and_scales_survive_copies(tiny_model_dir):
     # read -> write round trip keeps the same int8 rows (requantising a dequantised row is exact)
     k, v = kv.read(0, 24)
     again = model.new_kv(24)
-    assert again.capacity == 32  # int8 capacities are multiples of 16 (the int8 op's kernel needs it)
+    assert again.capacity == 24 and again.vt8.shape[-1] == 32  # V^T padded to 16 rows (the int8 op's kernel needs it)
     again.write(0, k, v)
     assert torch.equal(again.k8[:, :, :24], kv.k8[:, :, :24]) and torch.equal(again.vt8[..., :24], kv.vt8[..., :24])
     assert torch.allclose(again.k_scale[:, :, :24], kv.k_scale[:, :, :24], rtol=1e-6, atol=0)
@@ -173,6 +173,7 @@ def test_pool_bytes_per_slot_halve_with_int8(tiny_model_dir):
     model.set_kv_dtype("int8")
     kv8 = model.new_kv(128)
     assert kv8.nbytes() == kv16.nbytes() * (d + 2) // (2 * d)
+    assert model.new_kv(1).nbytes() * 128 == kv8.nbytes()  # proportional to rows (the KV budget's accounting)
     # The default model's shape (30 layers, 3 kv heads, head_dim 64): twice the tokens, nearly.
     shape = dict(n_layers=30, n_kv_heads=3, head_dim=64, dtype=torch.bfloat16, budget_bytes=64 << 20)
     assert RadixCache(**shape, kv_dtype="int8").n_slots >= 1.93 * RadixCache(**shape).n_slots
