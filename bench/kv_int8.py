@@ -8,7 +8,8 @@ the bytes"). Decides which op the int8 path of `engine.model.transformer` uses.
 Every variant runs one decode step's attention over all layers of a model shape (135M:
 30 layers, 9 q / 3 kv heads; 0.5B: 24 layers, 14 q / 2 kv heads; head_dim 64), the new
 token's K/V row written (quantised where the cache is int8) before it attends, as the model
-does. Variants, interleaved in rounds (medians), all in one run:
+does. Variants alternate call by call (rotating order; medians of `--rounds` x `--reps`
+calls each), all in one run:
 
 - `bf16`: today's path: copy the row, `kernels.reference.attention` (SDPA, q heads of a kv
   head as rows: one call per layer).
@@ -32,8 +33,8 @@ Prints ms per decode step (all layers' attention, writing included) and the rati
 `--window`-token context, KV in the model dtype (bf16) vs int8 (`kv_dtype="int8"`, what the
 engine runs), weights bf16 and int4, 135M (the embedded model) and the 0.5B shape (random
 weights, `bench.model_shapes`). The context rows are random (speed does not depend on
-them), written through the KV's own `write`; configurations interleaved in rounds, the
-median step per configuration, all in one run. `--prefill` adds the prefill tok/s of the
+them), written through the KV's own `write`; the two KV formats alternate step by step on
+each model, models in rounds, the median step per configuration, all in one run. `--prefill` adds the prefill tok/s of the
 window (256-row chunks) per configuration. Benchmark code, outside the serving path.
 """
 
@@ -175,18 +176,6 @@ class Case:
         return out
 
 
-def _time(fn, reps: int) -> list[float]:
-    """ms of each of `reps` calls (after one warm-up): the caller takes the median, which a
-    neighbour's burst on the shared cores moves less than a mean."""
-    fn()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
 def decode_table(window: int, steps: int, rounds: int, shapes: list[str], formats: list[str], prefill: bool) -> int:
     """Model-level decode ms/token at `window` context tokens, bf16 vs int8 KV (see --decode)."""
     from bench import model_shapes  # noqa: PLC0415
@@ -214,14 +203,16 @@ def decode_table(window: int, steps: int, rounds: int, shapes: list[str], format
     with torch.inference_mode():
         for r in range(rounds + 1):  # round 0 warms up and is dropped
             for shape, fmt, model in configs:
-                for kv_dtype in ("model", "int8"):
+                # The two KV formats alternate step by step on the same model (its weights
+                # stay as warm in the caches for both; a burst of load hits both alike).
+                for j in range(2 * steps):
+                    kv_dtype = ("model", "int8")[j % 2]
                     key = (shape, fmt, kv_dtype)
                     model.set_kv_dtype(kv_dtype)
-                    for _ in range(steps):
-                        t0 = time.perf_counter()
-                        model.forward(tok, kvs[key], pos[key])
-                        times[key].append((time.perf_counter() - t0) * 1e3)
-                        pos[key] += 1
+                    t0 = time.perf_counter()
+                    model.forward(tok, kvs[key], pos[key])
+                    times[key].append((time.perf_counter() - t0) * 1e3)
+                    pos[key] += 1
             if r == 0:
                 times = {k: [] for k in times}
                 pos = dict.fromkeys(kvs, window)
@@ -278,9 +269,17 @@ def main(argv: list[str] | None = None) -> int:
                 case = Case(shape, s)
                 err = case.check()
                 times: dict[str, list[float]] = {n: [] for n in names}
-                for _ in range(args.rounds):
-                    for n in names:
-                        times[n].extend(_time(getattr(case, Case.VARIANTS[n]), args.reps))
+                fns = {n: getattr(case, Case.VARIANTS[n]) for n in names}
+                for fn in fns.values():
+                    fn()  # warm-up
+                for rep_i in range(args.rounds * args.reps):
+                    # One call of every variant per repetition, the order rotated: a
+                    # neighbour's burst on the shared cores lands on all of them alike.
+                    order = names[rep_i % len(names):] + names[: rep_i % len(names)]
+                    for n in order:
+                        t0 = time.perf_counter()
+                        fns[n]()
+                        times[n].append((time.perf_counter() - t0) * 1e3)
                 med = {n: statistics.median(t) for n, t in times.items()}
                 cells = [f"{med[n]:7.2f} ({med[n] / med['bf16']:4.2f}x)" for n in names]
                 print(f"{shape:6} {s:5d} " + " ".join(f"{c:>16}" for c in cells))
