@@ -293,3 +293,13 @@ def test_engine_refuses_a_bad_kv_dtype(tiny_model_factory):
         load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="8M", kv_dtype="int4", kv_disk=False)
     with pytest.raises(EngineError, match="dtype=bf16"):
         load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="8M", kv_dtype="bf16", kv_disk=False)
+
+
+def test_int8_kv_is_refused_off_the_cpu(tiny_model_dir):
+    """The decode op is a CPU op and the GPU kernels read dense rows: a model on another
+    device refuses int8 KV (LocalEngine turns it into an EngineError at load)."""
+    model = _model(tiny_model_dir, "fp32")
+    model.device = torch.device("cuda")  # only the check reads it; nothing is moved
+    with pytest.raises(ValueError, match="CPU only"):
+        model.set_kv_dtype("int8")
+    model.set_kv_dtype("auto")  # the dense KV is fine anywhere
