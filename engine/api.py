@@ -70,9 +70,12 @@ class ContextChunk(msgspec.Struct, frozen=True):
 DEFAULT_SPECULATE = 6
 
 # The fresh-line rule's confidence guard (`InfillRequest.fresh_line_guard`): the rule lets
-# the model answer a blank line once its own probability of doing so reaches this. Chosen
-# by measurement (docs/training.md, "Fresh lines").
-DEFAULT_FRESH_LINE_GUARD = 1.0
+# the model answer a blank line once its own probability of doing so reaches this.
+# Measured (docs/training.md, "Fresh lines"; default model, 300 HumanEval single-line tasks,
+# 300 true-blank held-out lines): 0.9 gave the same answers as no guard (1.0) on both sets;
+# 0.8 cost 1.7 points of pass@1 for one true-blank line kept blank, 0.6 cost 7 points. 0.9
+# keeps a line blank where the model is all but sure, at no measured cost.
+DEFAULT_FRESH_LINE_GUARD = 0.9
 
 
 class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -77,8 +77,12 @@ def _infiller(args: argparse.Namespace):
     if args.backend == "engine":
         import tempfile  # noqa: PLC0415
 
+        import atexit  # noqa: PLC0415
+
         folder = export_merged(args.model, args.adapter, Path(tempfile.mkdtemp(prefix="efim-eval-merged-")))
-        return EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
+        infiller = EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
+        atexit.register(infiller.close)  # the engine thread ends before the interpreter does (else: 'terminate called ...')
+        return infiller
     return TransformersInfiller(load_eval_model(args.model, args.adapter))
 
 

@@ -111,7 +111,7 @@ def test_engine_answers_are_never_blank_under_the_rule(engine):
     something other than whitespace before any line break; greedy output without the rule is
     what plain greedy decoding gives (the rule's flag off changes nothing)."""
     for seed in range(4):
-        done = engine.submit(_req(fresh_line=True, n=3, seed=seed, temperature=0.0 if seed % 2 else 0.8)).result(timeout=60)
+        done = engine.submit(_req(fresh_line=True, fresh_line_guard=1.0, n=3, seed=seed, temperature=0.0 if seed % 2 else 0.8)).result(timeout=60)
         for text in (done.text, *done.alternatives):
             first = text.split("\n", 1)[0]
             assert first.strip() or done.finish_reason == "length", (text, done.finish_reason)
