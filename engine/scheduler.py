@@ -185,7 +185,7 @@ class Scheduler:
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
         # document piece in flight and the retained KV together (module docstring).
         self.working_limit = working_budget_bytes
-        one = model.new_kv(1)  # a KV format may round capacities up (int8 KV: to 16 rows)
+        one = model.new_kv(1)  # the allocation unit of a KV format (1 row for both formats today)
         self.row_align = one.capacity
         self.row_bytes = kv_bytes(one) // one.capacity  # one row of a sequence KV
         cfg = model.config  # a row of K/V in the compute dtype (CacheBlend's copied spans are at most that)
