@@ -12,6 +12,8 @@ Rules:
   text right of the cursor already closes it, ends the suggestion there; a
   single line that ends with the text right of the cursor drops that overlap.
 - Trailing whitespace is stripped (every line, and trailing blank lines).
+- Indentation: on an empty line already indented to a level the code around uses, 1-3
+  spaces the model adds before its first line (landing between levels) are dropped.
 The caller never sends an empty item: `shape(...).text == ""` means "no suggestion".
 
 Plain string functions; no LSP, no engine.
@@ -162,12 +164,15 @@ class Shaped(NamedTuple):
     final: bool  # True when more generated tokens could not change `text` (stop decoding)
 
 
-def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True) -> Shaped:
+def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, snap_indent: bool = True) -> Shaped:
     """Cut a generation into the suggestion to show.
 
     `done=False` while tokens still stream in: rules that need a whole line wait
     for it, and `Shaped.final` says whether decoding can stop already.
+    `snap_indent=False` leaves the first line's leading spaces as generated (measurements).
     """
+    if snap_indent:
+        generated = _snap_indent(generated, ctx)
     lines = _LINE_BREAK.split(generated)
     final = False
     if mode == "line":
@@ -194,6 +199,28 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True) 
     if not text.strip():
         return Shaped("", final)
     return Shaped(text, final)
+
+
+def _snap_indent(generated: str, ctx: CursorContext) -> str:
+    """Drop 1-3 leading spaces the model put before its first line on an empty line whose
+    typed indentation is already a level the code around uses (the previous or next
+    line's) when they land the line between levels: a tokenization artefact (` if`, ` x`
+    after the indentation token) that leaves Python unparseable (`efim eval shape`). Kept
+    after a block opener (a deeper level) and with tabs."""
+    typed = ctx.line_before
+    if not typed or typed.strip() or ctx.line_after.strip() or "\t" in typed:
+        return generated
+    lead = len(generated) - len(generated.lstrip(" "))
+    if not 1 <= lead <= 3 or generated[lead:lead + 1] in ("", "\t", "\n", "\r"):
+        return generated
+    if ctx.previous_line.rstrip().endswith(BLOCK_OPENERS):
+        return generated
+    below = next((line for line in ctx.next_lines if line.strip()), None)
+    levels = {indent_width(ctx.previous_line)} | ({indent_width(below)} if below is not None else set())
+    width = indent_width(typed)
+    if width in levels and width + lead not in levels:
+        return generated[lead:]
+    return generated
 
 
 def distinct_alternatives(first: str, generated: Iterable[str], ctx: CursorContext, mode: Mode) -> tuple[str, ...]:

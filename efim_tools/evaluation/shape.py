@@ -13,6 +13,9 @@ generation. The suggestion is accepted (inserted at the cursor) and counted:
 - duplicate: the suggestion's last line equals (stripped) the next non-blank line below
   the cursor line;
 - empty: no suggestion shown (`shape(...).text == ""`).
+
+Each generation is shaped twice, without and with `shape`'s indentation snap, so the two
+rows of a mode compare the post-processing on the same generations.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class ShapeCase(NamedTuple):
 
 class ShapeScore(NamedTuple):
     mode: str  # "auto" (the server's choice) or "line" (one line forced)
+    snap: bool  # shape()'s indentation snap on
     n: int
     shown: int
     unparseable: int  # of the shown suggestions
@@ -69,11 +73,22 @@ def shape_cases(files: list[SourceFile] | None = None, n: int = 200, seed: int =
             indent = line[: len(line) - len(line.lstrip())]
             if len(indent) != node.col_offset or not line.strip() or line.strip().startswith(("@", "#")):
                 continue  # a statement after `;`, or a decorated definition's line
+            if not _whole_first_line(node, line):
+                continue  # the first line of a statement that goes on over several lines
             seen.add(node.lineno)
             candidates.append((f, node.lineno, starts[node.lineno - 1], indent, line))
     rng.shuffle(candidates)
     return [ShapeCase(f.name, no, f.text[:off], indent, f.text[off + len(line) :], line[len(indent) :])
             for f, no, off, indent, line in candidates[:n]]
+
+
+def _whole_first_line(node: ast.stmt, line: str) -> bool:
+    """The statement's first line stands alone: a one-line simple statement, or a compound
+    statement's header ending with `:` on its line (a trailing comment aside)."""
+    if hasattr(node, "body"):
+        code = line.split("#", 1)[0] if "'" not in line and '"' not in line else line
+        return code.rstrip().endswith(":") and node.body[0].lineno > node.lineno
+    return node.end_lineno == node.lineno
 
 
 def _window(case: ShapeCase, prefix_chars: int, suffix_chars: int) -> tuple[str, str]:
@@ -105,13 +120,16 @@ def next_code_line(after: str) -> str:
 def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("auto", "line"), *, max_tokens: int = 64,
                    prefix_chars: int = 1500, suffix_chars: int = 600, on_case=None) -> list[ShapeScore]:
     """Ask `engine` (an `engine.api.Engine`) at every case in every mode; count as the
-    module docstring says. `on_case(mode, case, text)` sees each shown suggestion."""
+    module docstring says, for each generation shaped without and with `shape`'s
+    indentation snap (one row each: before/after from the same generations).
+    `on_case(mode, case, text)` sees each shown suggestion (with the snap)."""
     from engine.api import InfillRequest  # noqa: PLC0415
 
     scores = []
     for mode_name in modes:
         start = time.monotonic()
-        shown = bad = dup = multi = fresh_n = 0
+        counts = {snap: [0, 0, 0, 0] for snap in (False, True)}  # shown, unparseable, duplicate, multi-line
+        fresh_n = 0
         for i, case in enumerate(cases):
             text = case.before + case.indent + case.after
             cursor = len(case.before) + len(case.indent)
@@ -125,18 +143,19 @@ def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("au
             done = engine.submit(req).result(timeout=600)
             if done.finish_reason == "error":
                 raise RuntimeError(done.error or "engine error")
-            suggestion = shape(done.text, ctx, mode, done=True).text
-            if not suggestion:
-                continue
-            shown += 1
-            multi += "\n" in suggestion
-            accepted = case.before + case.indent + suggestion + case.after
-            bad += not parses(accepted)
             target = next_code_line(case.after)
-            dup += bool(target) and suggestion.split("\n")[-1].strip() == target
-            if on_case is not None:
-                on_case(mode_name, case, suggestion)
-        scores.append(ShapeScore(mode_name, len(cases), shown, bad, dup, multi, fresh_n, time.monotonic() - start))
+            for snap, c in counts.items():
+                suggestion = shape(done.text, ctx, mode, done=True, snap_indent=snap).text
+                if not suggestion:
+                    continue
+                c[0] += 1
+                c[1] += not parses(case.before + case.indent + suggestion + case.after)
+                c[2] += bool(target) and suggestion.split("\n")[-1].strip() == target
+                c[3] += "\n" in suggestion
+                if snap and on_case is not None:
+                    on_case(mode_name, case, suggestion)
+        seconds = time.monotonic() - start
+        scores += [ShapeScore(mode_name, snap, len(cases), *c, fresh_n, seconds) for snap, c in counts.items()]
     return scores
 
 

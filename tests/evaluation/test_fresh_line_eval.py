@@ -82,15 +82,19 @@ def test_shape_counts_unparseable_and_duplicated_suggestions():
     def original(request):
         return by_prefix[request.prefix[-200:]].original
 
-    (perfect,) = evaluate_shape(_EchoEngine(original), cases, ("line",))
-    assert perfect.shown > 0 and perfect.unparseable == 0
-    (broken,) = evaluate_shape(_EchoEngine(lambda r: "x = (("), cases, ("line",))
+    before, after = evaluate_shape(_EchoEngine(original), cases, ("line",))
+    assert not before.snap and after.snap
+    assert after.shown == 30 and after.unparseable == 0
+    _, broken = evaluate_shape(_EchoEngine(lambda r: "x = (("), cases, ("line",))
     assert broken.unparseable == broken.shown == 30
+    # One space too many after the indentation: unparseable as generated, fixed by the snap.
+    off, on = evaluate_shape(_EchoEngine(lambda r: " " + original(r)), cases, ("line",))
+    assert off.unparseable > 10 and on.unparseable < off.unparseable // 2
 
     def repeat(request):
         c = by_prefix[request.prefix[-200:]]
         return "pass\n" + c.indent + next_code_line(c.after)
 
-    (dup,) = evaluate_shape(_EchoEngine(repeat), cases, ("auto",))
+    _, dup = evaluate_shape(_EchoEngine(repeat), cases, ("auto",))
     assert dup.shown == 30 and dup.duplicate == 0  # shape() cuts a block where it repeats the next line
     assert 0 < dup.fresh_line < dup.n  # statement starts at top level are not fresh lines
