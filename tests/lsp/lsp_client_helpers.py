@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import json
 from concurrent.futures import Future
 
@@ -23,6 +25,24 @@ async def initialize(client: LanguageClient, spec: str, options: dict | None = N
         )
     )
     return result
+
+
+@contextlib.contextmanager
+def one_write(client: LanguageClient):
+    """Messages sent inside the block reach the server in one write to its stdin: a burst
+    arrives as one piece whatever the machine's load (a client descheduled mid-burst would
+    let the server answer an early request before the next keystroke arrives)."""
+    writer = client.protocol.writer
+    parts: list[bytes] = []
+    write = writer.write
+    writer.write = parts.append
+    try:
+        yield
+    finally:
+        del writer.write  # the class's own method again
+        done = write(b"".join(parts))
+        if inspect.isawaitable(done):
+            asyncio.ensure_future(done)
 
 
 def plain(obj):
