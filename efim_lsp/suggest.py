@@ -204,20 +204,26 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, 
 def _snap_indent(generated: str, ctx: CursorContext) -> str:
     """Drop 1-3 leading spaces the model put before its first line on an empty line whose
     typed indentation is already a level the code around uses (the previous or next
-    line's) when they land the line between levels: a tokenization artefact (` if`, ` x`
-    after the indentation token) that leaves Python unparseable (`efim eval shape`). Kept
-    after a block opener (a deeper level) and with tabs."""
+    line's, or under a block opener a deeper one) when they land the line between levels:
+    a tokenization artefact (` if`, ` x` after the indentation token) that leaves Python
+    unparseable (`efim eval shape`). Kept under an opener while the typed indentation has
+    not reached the body's level, and with tabs."""
     typed = ctx.line_before
     if not typed or typed.strip() or ctx.line_after.strip() or "\t" in typed:
         return generated
     lead = len(generated) - len(generated.lstrip(" "))
     if not 1 <= lead <= 3 or generated[lead:lead + 1] in ("", "\t", "\n", "\r"):
         return generated
-    if ctx.previous_line.rstrip().endswith(BLOCK_OPENERS):
-        return generated
-    below = next((line for line in ctx.next_lines if line.strip()), None)
-    levels = {indent_width(ctx.previous_line)} | ({indent_width(below)} if below is not None else set())
     width = indent_width(typed)
+    above = indent_width(ctx.previous_line)
+    levels = {above}
+    if ctx.previous_line.rstrip().endswith(BLOCK_OPENERS):
+        if width <= above:
+            return generated  # the body's level is not typed yet: the spaces may be it
+        levels.add(width)  # the typed indentation is the body's level
+    below = next((line for line in ctx.next_lines if line.strip()), None)
+    if below is not None:
+        levels.add(indent_width(below))
     if width in levels and width + lead not in levels:
         return generated[lead:]
     return generated

@@ -23,3 +23,8 @@ def test_deeper_levels_tabs_and_unindented_lines_are_kept():
     assert _shape("def f(x):\n    y = 1\n    |\n      z = 2\n", "  w = 3") == "  w = 3"  # a level the code below uses
     assert _shape("def f(x):\n\ty = 1\n\t|\n", " z") == " z"  # tabs
     assert _shape("x = 1\n|\n", " y = 2") == " y = 2"  # nothing typed
+
+
+def test_under_an_opener_the_typed_body_level_counts():
+    assert _shape("def f(x):\n    if x:\n        |\n    return x\n", " y = 1") == "y = 1"
+    assert _shape("def f(x):\n    if x:\n    |\n    return x\n", " y = 1") == " y = 1"
