@@ -118,3 +118,13 @@ def test_engine_answers_are_never_blank_under_the_rule(engine):
     plain = engine.submit(_req()).result(timeout=60)
     off = engine.submit(_req(fresh_line=False, speculate=0)).result(timeout=60)
     assert plain.text == off.text
+
+
+def test_speculation_after_the_rule_lifts_gives_plain_greedy_output(engine):
+    """Prompt-lookup speculation starts once the rule has lifted (the sampler is greedy
+    again) and verifies with argmax: same text as decoding without speculation."""
+    for prefix in (PREFIX, PREFIX + "        y = x\n", "class A:\n    def f(self):\n"):
+        kw = dict(prefix=prefix, fresh_line=True, fresh_line_guard=1.0, max_tokens=24)
+        spec = engine.submit(_req(speculate=6, **kw)).result(timeout=60)
+        plain = engine.submit(_req(speculate=0, **kw)).result(timeout=60)
+        assert spec.text == plain.text
