@@ -101,10 +101,14 @@ class Sampler:
 
     def _sample_fresh(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> int:
         masks = self._fresh.sized(logits.shape[0])
+        if masks.ends.device != logits.device:  # a model on an accelerator: the masks follow, once
+            masks = FreshLine(masks.ends.to(logits.device), masks.blank.to(logits.device))
+        self._fresh = masks
         ends, blank = masks.ends, masks.blank  # [V] bool each
         if allowed is not None:  # healing's first-token set: the rule works inside it
-            logits = logits.index_select(0, allowed)  # [n]
-            ends, blank = ends.index_select(0, allowed), blank.index_select(0, allowed)
+            index = allowed.to(logits.device)
+            logits = logits.index_select(0, index)  # [n]
+            ends, blank = ends.index_select(0, index), blank.index_select(0, index)
         probs = torch.softmax(logits.float(), dim=-1)  # [n]: the model's own distribution
         self.blank_p += self._path_p * float(probs[ends].sum())
         if self.blank_p >= self.guard or bool(ends.all()):
