@@ -389,6 +389,7 @@ class RemoteEngine:
             "modelMismatch": self._mismatch,
             # Reuse is what the server reported: requests whose answer carried cached-token counts.
             "reuseReported": c.reuse_reported,
+            "resent": c.resent,  # requests sent again after a kept-alive connection closed unanswered
             "clientTtftMs": summary(c.client_ttft),
             "serverPromptMs": summary(c.server_prompt_ms),
             "remoteOverheadMs": summary(c.overhead_ms),
@@ -476,7 +477,8 @@ class RemoteEngine:
                 ids, req, model=self.remote_model, slot=self._slot_for(req.key),
                 stop=list(dict.fromkeys(req.stop + self._stop_texts)), remaining_ms=remaining,
             )
-            async with self._client.stream("POST", self.dialect.completion_url(), json=body) as resp:
+            resp = await self._open_stream(body)
+            try:
                 if resp.status_code >= 400:
                     raise HttpStatus(resp.status_code, await error_body(resp))
                 async for payload in sse_payloads(resp.aiter_lines()):
@@ -507,6 +509,8 @@ class RemoteEngine:
                 # Otherwise read to the end: usage may come after the last text (OpenAI's final chunk).
                 if finish is None:
                     raise GarbageAnswer("the stream ended without its final chunk")
+            finally:
+                await resp.aclose()
             self.link.ok()
         except asyncio.CancelledError:
             finish = call.stopped or "cancelled"
@@ -551,6 +555,21 @@ class RemoteEngine:
         alternatives = tuple(extra.get(i, "") for i in range(1, req.n)) if req.n > 1 and finish != "error" else ()
         alt_finish = tuple(extra_finish.get(i, finish or "stop") for i in range(1, req.n)) if alternatives else ()
         self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)
+
+    async def _open_stream(self, body: dict) -> httpx.Response:
+        """POST a completion; the response once its headers are in (the caller closes it).
+
+        A kept-alive connection that the server or a proxy closed while it sat idle in the
+        pool fails before any byte of an answer arrives ("Server disconnected without sending
+        a response", a reset): that request never reached the model, so it goes once more on
+        a new connection instead of being reported as an outage. A second failure is real."""
+        url = self.dialect.completion_url()
+        try:
+            return await self._client.send(self._client.build_request("POST", url, json=body), stream=True)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+            log.info("the backend closed a connection before answering (%s); sending again on a new one", describe(exc))
+            self.counters.resent += 1
+            return await self._client.send(self._client.build_request("POST", url, json=body), stream=True)
 
     def _finish(self, call: _Call, text: str, reason: FinishReason, stats: RequestStats, error: str | None = None,
                 alternatives: tuple[str, ...] = (), alternatives_finish: tuple[FinishReason, ...] = ()) -> None:

@@ -22,6 +22,7 @@ class Ledger:
         self.requests = self.completed = self.cancelled = 0
         self.prompt_tokens = self.reused_tokens = self.prefilled_tokens = self.generated_tokens = 0
         self.reuse_reported = 0  # requests whose answer said how many prompt tokens were cached
+        self.resent = 0  # requests sent again because a kept-alive connection closed before answering
         self.warm_requests = self.warm_completed = self.warm_cancelled = self.warm_prefilled_tokens = 0
         self.client_ttft: deque[float] = deque(maxlen=_SERIES)
         self.server_prompt_ms: deque[float] = deque(maxlen=_SERIES)

@@ -13,6 +13,9 @@ llama.cpp (tests/remote/test_llama_server.py runs the real one).
     hang      accepts and never answers (until the client goes away)
     noend     pieces and then a clean end without the final chunk
 
+`close_unanswered = N` (any mode): the next N completion requests are read and their connection
+closed with no answer, as a server or proxy closes an idle kept-alive connection.
+
 `requests` records (path, headers, json body) of every request; `stop()` closes the socket so
 the port refuses connections (server down); `start()` again on the same port (back up).
 TLS: pass `ssl_context` (a server-side `ssl.SSLContext`).
@@ -105,6 +108,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _complete(self, body: dict, *, openai: bool) -> None:
         fs = self.server.owner
         mode = fs.mode
+        if fs.close_unanswered > 0:
+            fs.close_unanswered -= 1
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if mode.startswith("http"):
             status = int(mode[4:])
             return self._json(status, {"error": {"code": status, "message": f"injected HTTP {status}", "type": "server_error"}})
@@ -190,6 +198,7 @@ class FaultServer:
         self.model_name = model_name
         self.requests: list[tuple[str, dict, object]] = []
         self.disconnects = 0
+        self.close_unanswered = 0
         self.cached: list[int] = []  # what each completion reported as cached
         self.connections: set = set()
         self.hanging = threading.Event()

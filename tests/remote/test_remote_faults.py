@@ -142,6 +142,26 @@ def test_down_mid_stream_is_an_error_then_reconnects(tiny_model_dir):
             assert engine.submit(_req()).result(10).text == "return a + b"
 
 
+def test_a_connection_closed_before_answering_is_sent_again_once(tiny_model_dir):
+    """A kept-alive connection that was closed while idle fails before any answer: the request
+    goes again on a new connection, with no fault told; a second such close is a real one."""
+    with FaultServer() as server:
+        engine, faults = _engine(server.url, tiny_model_dir)
+        with engine:
+            assert engine.submit(_req()).result(10).text == "return a + b"
+            server.close_unanswered = 1
+            before = len(server.completions())
+            done = engine.submit(_req(increment="r")).result(10)
+            assert done.finish_reason == "eos" and done.text == "return a + b" and done.error is None
+            assert len(server.completions()) == before + 2  # the request, then the same one again
+            assert server.completions()[-1] == server.completions()[-2]
+            assert faults.seen == [] and engine.health()["state"] == "connected" and engine.health()["resent"] == 1
+            server.close_unanswered = 2
+            done = engine.submit(_req(increment="re")).result(10)
+            assert done.finish_reason == "error" and "dropped the connection" in done.error
+            assert faults.kinds("unreachable") and engine.health()["resent"] == 2
+
+
 @pytest.mark.parametrize("mode,status", [("http500", 500), ("http400", 400)])
 def test_http_errors_carry_the_servers_message_once(tiny_model_dir, mode, status):
     with FaultServer(mode=mode) as server:
