@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import sysconfig
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,17 @@ def stdlib_sources(names: tuple[str, ...] = _TRAINING_FILES) -> list[str]:
     """Text of a few CPython stdlib modules (read at run time; never committed)."""
     root = Path(sysconfig.get_paths()["stdlib"])
     return [(root / name).read_text(encoding="utf-8") for name in names if (root / name).is_file()]
+
+
+def settle(eng, timeout: float = 120.0) -> None:
+    """Wait until a local engine has no foreground or background work left, then check the
+    pool's and the chunk store's integrity (engine tests, between steps)."""
+    end = time.monotonic() + timeout
+    while eng.scheduler.background_pending() or not eng.scheduler.idle():
+        assert time.monotonic() < end, "background work did not finish"
+        time.sleep(0.01)
+    eng.cache.check_integrity()
+    eng.scheduler.chunk_store.check_integrity()
 
 
 @functools.lru_cache(maxsize=4)

@@ -206,17 +206,6 @@ def _engine_run(eng, **kw):
     return eng.submit(InfillRequest(**kw)).result(120)
 
 
-def _settle(eng, timeout: float = 120.0):
-    import time
-
-    end = time.monotonic() + timeout
-    while eng.scheduler.background_pending() or not eng.scheduler.idle():
-        assert time.monotonic() < end, "background work did not finish"
-        time.sleep(0.01)
-    eng.cache.check_integrity()
-    eng.scheduler.chunk_store.check_integrity()
-
-
 def test_engine_with_int8_kv_serves_every_path_and_agrees_with_the_dense_engine(tiny_model_factory, tmp_path):
     """Keystrokes (retained KV, radix gather), alternatives (fork), context chunks as a
     prefix and by CacheBlend, document pieces, growth past a small KV, and the disk tier
@@ -224,7 +213,7 @@ def test_engine_with_int8_kv_serves_every_path_and_agrees_with_the_dense_engine(
     greedy text mostly the dense engine's."""
     from engine.api import ContextChunk
     from engine.local import load_engine
-    from tiny_models import stdlib_sources
+    from tiny_models import settle, stdlib_sources
 
     path = str(tiny_model_factory("llama"))
     src = stdlib_sources(("textwrap.py",))[0]
@@ -255,11 +244,11 @@ def test_engine_with_int8_kv_serves_every_path_and_agrees_with_the_dense_engine(
             assert out.finish_reason != "error", out.error
         # Document pieces (computed in the background into the pool) and a jump assembled from them.
         q8.warm_document("doc2", src[:6000], 3000)
-        _settle(q8)
+        settle(q8)
         assert q8.scheduler.chunk_store.entries_of("doc2")
         jump = _engine_run(q8, key="doc2", prefix=src[2200:3000], suffix=src[3000:3200], document_kv=True)
         assert jump.finish_reason != "error", jump.error
-        _settle(q8)
+        settle(q8)
         q8.scheduler.retained.check_integrity()
         q8.check_integrity().result(30)
     finally:

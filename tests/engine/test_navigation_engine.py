@@ -12,7 +12,7 @@ import pytest
 
 from engine.api import InfillRequest
 from engine.local import load_engine
-from tiny_models import stdlib_sources
+from tiny_models import settle, stdlib_sources
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +30,6 @@ def engine(tiny_model_factory):
     eng.close()
 
 
-def _settle(eng, timeout=120.0):
-    end = time.monotonic() + timeout
-    while eng.scheduler.background_pending() or not eng.scheduler.idle():
-        assert time.monotonic() < end, "background work did not finish"
-        time.sleep(0.01)
-    eng.cache.check_integrity()
-    eng.scheduler.chunk_store.check_integrity()
-
-
 def _window(text, at, before=900, after=300):
     start = text.rfind("\n", 0, max(0, at - before)) + 1
     end = text.find("\n", at + after) + 1 or len(text)
@@ -52,18 +43,18 @@ def _run(eng, **kw):
 
 def test_document_pieces_are_computed_in_the_background_and_forgotten(engine, text):
     engine.warm_document("doc", text, len(text) // 2)
-    _settle(engine)
+    settle(engine)
     entries = engine.scheduler.chunk_store.entries_of("doc")
     assert entries and engine.scheduler.document_tokens() == sum(len(e.ids) for e in entries)
     assert engine.stats().document_tokens > 0 and engine.stats().warm_prefilled_tokens > 0
     engine.warm_document("doc", "", 0)
-    _settle(engine)
+    settle(engine)
     assert engine.scheduler.chunk_store.entries_of("doc") == []
 
 
 def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one(engine, text):
     engine.warm_document("doc", text, len(text) // 2)
-    _settle(engine)
+    settle(engine)
     at = text.index("def _split(")
     prefix, suffix = _window(text, at)
     full = _run(engine, key="full", prefix=prefix, suffix=suffix, cache=False)
@@ -79,7 +70,7 @@ def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one
     p3, s3 = _window(text, text.index("def dedent("))
     plain = _run(engine, key="other", prefix=p3, suffix=s3, document_kv=False)
     assert plain.stats.reused_tokens < 0.1 * plain.stats.prompt_tokens
-    _settle(engine)
+    settle(engine)
 
 
 def test_a_request_starts_within_one_background_chunk(engine, text):
@@ -102,7 +93,7 @@ def test_a_request_starts_within_one_background_chunk(engine, text):
     before_admit = [i for i, t in enumerate(trace[:admit]) if t == ("prefill", "warm", True)]
     assert before_admit and trace.index(("prefill", "fg", False)) > before_admit[-1]
     assert warm.result().finish_reason == "length"  # it finished its prefill afterwards
-    _settle(engine)
+    settle(engine)
 
 
 def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
@@ -119,7 +110,7 @@ def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
     assert warm.result(60).finish_reason == "cancelled"
     assert warm.result().stats.prefilled_tokens >= 3 * 32
     assert real.stats.reused_tokens >= warm.result().stats.prefilled_tokens  # started from the warm-up's rows
-    _settle(engine)
+    settle(engine)
 
 
 def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
@@ -146,7 +137,7 @@ def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
             time.sleep(rng.random() * 0.05)
     for h in handles:
         h.result(120)
-    _settle(engine)
+    settle(engine)
     stats = engine.stats()
     assert stats.cache_bytes_used <= stats.cache_bytes_total
 
@@ -157,7 +148,7 @@ def test_a_file_larger_than_its_share_keeps_the_pieces_around_the_cursor(tiny_mo
         big = text * 6
         cursor = len(big) * 2 // 3
         eng.warm_document("big", big, cursor)
-        _settle(eng)
+        settle(eng)
         store = eng.scheduler.chunk_store
         kept = store.entries_of("big")
         assert 0 < eng.scheduler.document_tokens() <= eng.document_cap_tokens
