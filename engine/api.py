@@ -197,6 +197,7 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int
     dtype: str
     quant: str | None = None
+    kv_dtype: str | None = None  # the KV cache's format: "model" (the compute dtype) or "int8"; None: not the local engine's
     # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
     # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
     suffix_first: bool = False

@@ -275,6 +275,7 @@ class LocalEngine:
             context_length=int(cfg.max_position),
             dtype=_DTYPE_NAMES.get(self.model.dtype, str(self.model.dtype)),
             quant=self.quant,
+            kv_dtype=self.kv_dtype,
             suffix_first=self.template.suffix_first,
         )
 

@@ -15,6 +15,7 @@ def test_serve_with_an_int8_kv_cache_answers(tiny_model_dir):
         server.initialize({"maxTokens": 3})
         stats = server.wait_model()
         assert stats["model"]["state"] == "ready", stats["model"]
+        assert stats["model"]["info"]["kv_dtype"] == "int8"  # efim/stats says which KV format serves
         server.open(URI, TEXT)
         reply = server.request("textDocument/inlineCompletion", inline_params(URI, 4, 4), timeout=120)
         assert "error" not in reply, reply
