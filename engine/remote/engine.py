@@ -563,13 +563,13 @@ class RemoteEngine:
         pool fails before any byte of an answer arrives ("Server disconnected without sending
         a response", a reset): that request never reached the model, so it goes once more on
         a new connection instead of being reported as an outage. A second failure is real."""
-        url = self.dialect.completion_url()
+        request = self._client.build_request("POST", self.dialect.completion_url(), json=body)  # body encoded once
         try:
-            return await self._client.send(self._client.build_request("POST", url, json=body), stream=True)
+            return await self._client.send(request, stream=True)
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             log.info("the backend closed a connection before answering (%s); sending again on a new one", describe(exc))
             self.counters.resent += 1
-            return await self._client.send(self._client.build_request("POST", url, json=body), stream=True)
+            return await self._client.send(request, stream=True)
 
     def _finish(self, call: _Call, text: str, reason: FinishReason, stats: RequestStats, error: str | None = None,
                 alternatives: tuple[str, ...] = (), alternatives_finish: tuple[FinishReason, ...] = ()) -> None:
