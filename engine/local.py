@@ -129,7 +129,6 @@ class LocalEngine:
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
-        self._kv_dtype = self.model.dtype
         self._pool_budget = budget - working_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
         # to `load_engine`), fewer while other processes keep cores busy (engine.cpu_threads).
@@ -179,7 +178,7 @@ class LocalEngine:
             n_layers=cfg.n_layers,
             n_kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim,
-            dtype=self._kv_dtype,
+            dtype=self.model.dtype,  # the compute dtype (an int8 pool keeps its scales in it)
             budget_bytes=self._pool_budget,
             kv_dtype=self.kv_dtype,
         )
