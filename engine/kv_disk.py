@@ -210,8 +210,9 @@ class KVDiskStore:
 
     def save(self, key: str, ids: list[int], k: torch.Tensor, v: torch.Tensor) -> Path | None:
         """Write document `key`'s KV (rows of `ids`, k/v [L, H_kv, n, D]) unless this exact
-        sequence is stored already (then only mark it used); drop the document's older files
-        and keep the directory within budget. None when the store is off or the write failed."""
+        sequence is stored already (then only mark it used); drop the document's files older
+        than this one (two processes saving the same document each keep the other's newer
+        file, so the newest survives) and keep the directory within budget. None when the store is off or the write failed."""
         if self.disabled is not None:
             return None
         ids_t = torch.tensor(ids, dtype=torch.int64)  # [n]
@@ -241,8 +242,9 @@ class KVDiskStore:
                 self._disable(f"cannot write {self.directory}: {exc.strerror or exc}")
                 return None
             raise
-        for old in self.files_of(key):
-            if old != path:
+        files = self.files_of(key)  # newest first
+        if path in files:  # drop the document's older files; a newer one (another process's) stays
+            for old in files[files.index(path) + 1 :]:
                 _unlink(old)
         self.evict()
         return path

@@ -233,3 +233,15 @@ def test_a_document_keeps_one_file(tmp_path):
     for seed in range(3):
         s.save("doc", *rows(30, seed=seed))
     assert len(list_files(tmp_path)) == 1 and s.load(list_files(tmp_path)[0].path).ids == rows(30, seed=2)[0]
+
+
+def test_a_newer_file_another_process_wrote_survives_a_save(tmp_path):
+    """Two processes saving one document: each drops only files older than its own, so the
+    newest file survives whatever the interleaving (both deleting each other's left none)."""
+    mine, theirs = store(tmp_path), store(tmp_path)
+    newer = theirs.save("doc", *rows(30, seed=2))
+    later = time.time() + 60
+    os.utime(newer, (later, later))  # written after the save below begins
+    older = mine.save("doc", *rows(30, seed=1))
+    assert newer.exists() and mine.files_of("doc")[0] == newer
+    assert older.exists() and len(list_files(tmp_path)) == 2  # not older than itself: the next save drops it
