@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", default="256:512", help="min:max tokens per training window")
     p.add_argument("--line-starts", type=float, default=0.5, help="share of middles starting at a line start or after its indentation")
     p.add_argument("--suffix-informed", type=float, default=0.0, metavar="P", help="share of middles that are a line introducing a name the suffix uses (teaches reading the suffix)")
+    p.add_argument("--blank-middles", type=float, default=1.0, metavar="P", help="share of middles whose first line is blank that are kept; the rest start at the next line with code (blank middles teach blank answers on fresh lines)")
     p.add_argument("--layout", choices=("psm", "spm"), default="psm", help="psm: <fim_prefix> P <fim_suffix> S <fim_middle> (the EFIM paper's layout); spm: <spm_suffix> S <spm_prefix> P, the middle continuing the prefix")
-    p.add_argument("--init-from", default="", help="new run only: start from this earlier run's checkpoint adapter")
+    p.add_argument("--init-from", default="", help="new run only: start from an earlier run's checkpoint adapter, an adapter folder, or 'shipped' (the packaged adapter)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-budget", type=float, default=0.0, help="stop (with a checkpoint) after this many seconds; 0 = run to --steps")
     p.add_argument("--save-every", type=int, default=10, help="optimizer steps between checkpoints")
@@ -69,8 +70,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--line-starts must be in [0, 1]")
     if not 0 <= args.suffix_informed <= 1:
         raise ValueError("--suffix-informed must be in [0, 1]")
-    if args.init_from and not (Path(args.init_from) / "checkpoint" / "state.json").is_file():
-        raise ValueError(f"--init-from {args.init_from}: no checkpoint there (expected checkpoint/state.json)")
+    if not 0 <= args.blank_middles <= 1:
+        raise ValueError("--blank-middles must be in [0, 1]")
+    if args.init_from == "shipped":
+        from engine.adapters import SHIPPED_ADAPTER  # noqa: PLC0415
+
+        args.init_from = str(SHIPPED_ADAPTER)
+    if args.init_from and not any((Path(args.init_from) / f).is_file() for f in ("checkpoint/state.json", "adapter_config.json")):
+        raise ValueError(f"--init-from {args.init_from}: neither a run (checkpoint/state.json) nor an adapter folder (adapter_config.json)")
     if args.time_budget < 0 or args.steps <= 0 or args.accum <= 0:
         raise ValueError("--time-budget must be >= 0, --steps and --accum positive")
     if not 1 <= args.workers <= args.accum:
@@ -100,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         efim_rate=efim_rate,
         workers=args.workers,
         suffix_informed_prob=args.suffix_informed,
+        blank_middle_keep=args.blank_middles,
         layout=args.layout,
     )
     result = train(config)

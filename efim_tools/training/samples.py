@@ -41,7 +41,7 @@ from efim_tools.training.fragment import encode_text, fragment_encode
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from efim_tools.training.data import Corpus, SourceFile
+    from efim_tools.training.data import Corpus
 
 SampleKind = Literal["fim", "efim", "plain"]
 Layout = Literal["psm", "spm"]
@@ -142,6 +142,11 @@ class SampleConfig(NamedTuple):
     # variable, an assignment, a def): lines the suffix pins down, so the model learns to
     # read it. A window without such a line falls back to the draw above.
     suffix_informed_prob: float = 0.0
+    # Share of middles kept whose first line is blank (a blank line, or the rest of a line
+    # that is only whitespace): the rest move to the next line with code. Blank middles
+    # teach the answer "nothing" at a line start, which on a fresh line the editor shows
+    # as no suggestion (issue 18). 1.0 keeps them all (runs from before the option).
+    blank_middle_keep: float = 1.0
     layout: Layout = "psm"
 
     def validate(self) -> SampleConfig:
@@ -153,6 +158,8 @@ class SampleConfig(NamedTuple):
             raise ValueError("line_start_prob must be in [0, 1]")
         if not 0 <= self.suffix_informed_prob <= 1:
             raise ValueError("suffix_informed_prob must be in [0, 1]")
+        if not 0 <= self.blank_middle_keep <= 1:
+            raise ValueError("blank_middle_keep must be in [0, 1]")
         if self.layout not in SENTINELS:
             raise ValueError(f"layout must be one of {sorted(SENTINELS)}, got {self.layout!r}")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
@@ -219,6 +226,26 @@ def suffix_informed_lines(window: str) -> list[int]:
     return picked
 
 
+def _line_rest(window: str, start: int) -> str:
+    """`window` from `start` to the end of its line (without the line break)."""
+    eol = window.find("\n", start)
+    return window[start : eol if eol >= 0 else len(window)]
+
+
+def _next_code_line(window: str, start: int, *, at_indent: bool) -> int:
+    """The start (or first non-blank character) of the first line after `start`'s line that
+    holds more than whitespace; `start` itself when there is none."""
+    pos = window.find("\n", start)
+    while 0 <= pos < len(window) - 2:
+        line = pos + 1
+        text = _line_rest(window, line)
+        if text.strip():
+            body = line + len(text) - len(text.lstrip(" \t"))
+            return min(body if at_indent else line, len(window) - 2)
+        pos = window.find("\n", line)
+    return start
+
+
 def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tuple[int, int]:
     """[start, end) of a middle: begins at a random character (or, with `line_start_prob`,
     at a line start or after its indentation; with `suffix_informed_prob`, at a line the
@@ -237,6 +264,9 @@ def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tupl
         body = line + len(text) - len(text.lstrip(" \t"))  # first non-blank character
         at_indent = rng.random() < 0.5 and body < line + len(text)  # a blank line has none
         start = min(body if at_indent else line, len(window) - 2)
+    # No extra draw when the option is off: earlier runs keep their stream.
+    if config.blank_middle_keep < 1 and not _line_rest(window, start).strip() and rng.random() >= config.blank_middle_keep:
+        start = _next_code_line(window, start, at_indent=rng.random() < 0.5)
     n_lines = 1 if informed else rng.choices(range(1, len(config.middle_line_weights) + 1), weights=config.middle_line_weights)[0]
     end = line_start = start
     for _ in range(n_lines):
@@ -247,6 +277,8 @@ def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tupl
         line_start, end = end, nl + 1
     if rng.random() < config.mid_line_end_prob and end - 1 > max(start, line_start) + 1:
         end = rng.randrange(max(start, line_start) + 1, end - 1)  # stop inside the last line
+    if config.blank_middle_keep < 1 and not window[start:end].strip() and rng.random() >= config.blank_middle_keep:
+        end = max(end, start + len(_line_rest(window, start)))  # a cut inside indentation: take the line's code too
     return start, max(end, start + 1)
 
 

@@ -64,6 +64,7 @@ class TrainConfig(NamedTuple):
     fim_rate: float = 0.45  # sample mix: FIM, EFIM, and plain left-to-right for the rest
     efim_rate: float = 0.35
     suffix_informed_prob: float = 0.0  # middles that introduce a name the suffix uses
+    blank_middle_keep: float = 1.0  # share of middles starting on a blank line that are kept
     layout: str = "psm"  # "psm" (<fim_*>, prefix first) or "spm" (<spm_*>, suffix first)
     workers: int = 1  # data-parallel processes (this invocation's, like threads)
 
@@ -154,19 +155,26 @@ def _load_checkpoint(out: Path, model, optimizer) -> TrainState:
 
 
 def _warm_start(source: Path, model, config: TrainConfig) -> None:
-    """Seed a new run with the adapter of an earlier run's checkpoint (same rank and
-    fragment setting); the optimizer, schedule and data stream start fresh."""
+    """Seed a new run with an earlier adapter (same rank, fragment setting, layout and model):
+    a run folder's checkpoint adapter, or an adapter folder (`efim-lora/1`, such as the
+    shipped one). The optimizer, schedule and data stream start fresh."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
     earlier = stored_config(source)
-    if earlier is None:
-        raise ValueError(f"--init-from {source}: no checkpoint/state.json there")
-    if (earlier.rank, earlier.fragment, earlier.model) != (config.rank, config.fragment, config.model):
-        raise ValueError(
-            f"--init-from {source}: rank/fragment/model {earlier.rank}/{earlier.fragment}/{earlier.model} "
-            f"differ from this run's {config.rank}/{config.fragment}/{config.model}"
-        )
-    lora_mod.load_adapter_tensors(model, load_file(str(source / "checkpoint" / "adapter.safetensors")))
+    if earlier is not None:
+        facts = (earlier.rank, earlier.fragment, earlier.layout, earlier.model)
+        weights = source / "checkpoint" / "adapter.safetensors"
+    elif (source / lora_mod.CONFIG_FILE).is_file():
+        adapter = json.loads((source / lora_mod.CONFIG_FILE).read_text(encoding="utf-8"))
+        trained = adapter.get("training", {}).get("config", {})
+        facts = (adapter.get("r"), adapter.get("fragment_trained"), adapter.get("layout", "psm"), trained.get("model", "default"))
+        weights = source / lora_mod.WEIGHTS_FILE
+    else:
+        raise ValueError(f"--init-from {source}: neither a run (checkpoint/state.json) nor an adapter folder ({lora_mod.CONFIG_FILE})")
+    ours = (config.rank, config.fragment, config.layout, config.model)
+    if facts != ours:
+        raise ValueError(f"--init-from {source}: rank/fragment/layout/model {'/'.join(map(str, facts))} differ from this run's {'/'.join(map(str, ours))}")
+    lora_mod.load_adapter_tensors(model, load_file(str(weights)))
     log.info("warm start from %s", source)
 
 
@@ -249,6 +257,7 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         fim_rate=config.fim_rate,
         efim_rate=config.efim_rate,
         suffix_informed_prob=config.suffix_informed_prob,
+        blank_middle_keep=config.blank_middle_keep,
         layout=config.layout,
     )
     corpus = Corpus(training_files())
@@ -330,13 +339,19 @@ def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config
 
 
 def _earlier_rounds(config: TrainConfig) -> list[dict[str, Any]]:
-    """The chain of runs this one was warm-started from, oldest first (from their checkpoints)."""
+    """The chain of runs this one was warm-started from, oldest first (from their checkpoints,
+    or from the training record of an adapter folder)."""
     rounds: list[dict[str, Any]] = []
     source, seen = config.init_from, set()
     while source and source not in seen:
         seen.add(source)
         path = Path(source) / "checkpoint" / "state.json"
         if not path.is_file():
+            adapter = Path(source) / lora_mod.CONFIG_FILE
+            if adapter.is_file():
+                training = json.loads(adapter.read_text(encoding="utf-8")).get("training", {})
+                own = {"run": training.get("config", {}).get("out", source), "steps": training.get("steps", 0), "tokens_seen": training.get("tokens_seen", 0), "seconds": training.get("seconds", 0.0)}
+                rounds[:0] = [*training.get("earlier_rounds", []), own]
             break
         doc = json.loads(path.read_text())
         st = doc["state"]

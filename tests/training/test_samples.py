@@ -197,3 +197,31 @@ def test_suffix_informed_middles_are_lines_the_suffix_pins_down():
     assert 0 <= start < end <= len("x = 1\ny = 2\n")
     with pytest.raises(ValueError, match="suffix_informed_prob"):
         SampleConfig(suffix_informed_prob=-0.1).validate()
+
+
+def test_blank_middles_move_to_the_next_line_with_code():
+    """With `blank_middle_keep` 0, no middle starts on a blank line or is whitespace only
+    (they teach the blank answer on a fresh line); at 1.0 the stream is the old one."""
+    window = "".join(f"    def f{n}(x):\n\n        return x + {n}\n    \n" for n in range(30))
+
+    def middles(keep: float, prob: float = 1.0) -> list[tuple[int, int]]:
+        cfg = SampleConfig(line_start_prob=prob, blank_middle_keep=keep)
+        return [choose_middle(window, random.Random(i), cfg) for i in range(400)]
+
+    def blank_first_line(start: int) -> bool:
+        end = window.find("\n", start)
+        return not window[start : end if end >= 0 else len(window)].strip()
+
+    kept, dropped = middles(1.0), middles(0.0)
+    assert sum(blank_first_line(s) for s, _ in kept) > 40  # short lines, so a character falls in them less often
+    assert not any(blank_first_line(s) or not window[s:e].strip() for s, e in dropped)
+    line_starts = {0} | {i + 1 for i, ch in enumerate(window) if ch == "\n"}
+    assert all(s in line_starts or window[s - 1] == " " for s, _ in dropped)  # still where a cursor sits
+    # A share in between keeps about that share of the blank ones.
+    some = sum(blank_first_line(s) for s, _ in middles(0.5))
+    assert 0.3 * sum(blank_first_line(s) for s, _ in kept) < some < 0.7 * sum(blank_first_line(s) for s, _ in kept)
+    # Off (1.0) draws nothing extra: the stream of a run from before the option is unchanged.
+    old = [choose_middle(window, random.Random(i), SampleConfig(line_start_prob=1.0)) for i in range(400)]
+    assert kept == old
+    with pytest.raises(ValueError, match="blank_middle_keep"):
+        SampleConfig(blank_middle_keep=1.5).validate()

@@ -90,8 +90,30 @@ def test_warm_start_seeds_a_new_run_with_an_earlier_adapter(tiny_model_factory, 
     assert training["total_tokens_seen"] == res.state.tokens + first_tokens > 0
 
     # A mismatched run is refused before anything is trained.
-    with pytest.raises(ValueError, match="rank/fragment/model"):
+    with pytest.raises(ValueError, match="rank/fragment/layout/model"):
         train(base._replace(out=str(tmp_path / "third"), init_from=str(first), rank=4))
+
+
+def test_warm_start_from_an_adapter_folder(tiny_model_factory, tmp_path):
+    """A new round can start from an exported adapter (the shipped one has no run folder):
+    its weights seed the run and its training record becomes the earlier round."""
+    from safetensors.torch import load_file
+
+    model_dir = tiny_model_factory("llama", fim_tokens=False)
+    base = TrainConfig(model=str(model_dir), steps=1, accum=1, min_window=24, max_window=48, warmup=1, threads=1, layout="spm")
+    first = train(base._replace(out=str(tmp_path / "first")))
+    exported = read_adapter(first.adapter_dir)
+    res = train(base._replace(out=str(tmp_path / "second"), init_from=str(first.adapter_dir), time_budget=1e-9))
+    seeded = load_file(str(tmp_path / "second" / "checkpoint" / "adapter.safetensors"))
+    assert seeded.keys() == exported.tensors.keys()
+    assert all(torch.equal(seeded[k], exported.tensors[k].float()) for k in seeded)  # the bf16 export, widened
+    training = read_adapter(res.adapter_dir).config["training"]
+    assert [r["tokens_seen"] for r in training["earlier_rounds"]] == [first.state.tokens]
+    # The layout must match too: an spm adapter cannot seed a psm run.
+    with pytest.raises(ValueError, match="layout"):
+        train(base._replace(out=str(tmp_path / "third"), init_from=str(first.adapter_dir), layout="psm"))
+    with pytest.raises(ValueError, match="neither a run"):
+        train(base._replace(out=str(tmp_path / "fourth"), init_from=str(tmp_path)))
 
 
 def test_runs_stored_before_line_start_bias_keep_uniform_middles(tmp_path):
