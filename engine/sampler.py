@@ -29,6 +29,22 @@ class FreshLine(NamedTuple):
 
     ends: torch.Tensor  # [V] bool: a line break in the token's text, or an end token
     blank: torch.Tensor  # [V] bool: whitespace only, no line break (the answer stays blank)
+    # Every token's bytes: under token healing the first token's classes are judged on what
+    # it adds after the healed bytes (`healed`), not on its whole text.
+    token_bytes: Sequence[bytes] = ()
+
+    def healed(self, allowed: torch.Tensor) -> "FreshLine":
+        """The classes of healing's first-token set `allowed` ([n] ids, all starting with the
+        dropped token's bytes, which is among them): a token is judged on the bytes after
+        that common start — "\n        " after a healed "\n" is blank, "\n\n" ends the
+        line. The dropped token itself adds nothing and keeps the answer blank."""
+        ids = allowed.tolist()
+        table = self.token_bytes
+        head = min(len(table[i]) for i in ids)
+        rest = [table[i][head:] for i in ids]
+        ends = torch.tensor([b"\n" in r or b"\r" in r for r in rest], dtype=torch.bool)  # [n]
+        blank = torch.tensor([not r.strip() and not e for r, e in zip(rest, ends.tolist())], dtype=torch.bool)  # [n]
+        return FreshLine(ends, blank)
 
     def sized(self, n: int) -> "FreshLine":
         """The masks for a logits row of `n` entries (a model's head may be padded past the
@@ -36,9 +52,9 @@ class FreshLine(NamedTuple):
         if self.ends.shape[0] == n:
             return self
         if self.ends.shape[0] > n:
-            return FreshLine(self.ends[:n], self.blank[:n])
+            return FreshLine(self.ends[:n], self.blank[:n], self.token_bytes)
         pad = torch.zeros(n - self.ends.shape[0], dtype=torch.bool)
-        return FreshLine(torch.cat([self.ends, pad]), torch.cat([self.blank, pad]))
+        return FreshLine(torch.cat([self.ends, pad]), torch.cat([self.blank, pad]), self.token_bytes)
 
 
 class Sampler:
@@ -102,13 +118,17 @@ class Sampler:
     def _sample_fresh(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> int:
         masks = self._fresh.sized(logits.shape[0])
         if masks.ends.device != logits.device:  # a model on an accelerator: the masks follow, once
-            masks = FreshLine(masks.ends.to(logits.device), masks.blank.to(logits.device))
+            masks = FreshLine(masks.ends.to(logits.device), masks.blank.to(logits.device), masks.token_bytes)
         self._fresh = masks
         ends, blank = masks.ends, masks.blank  # [V] bool each
         if allowed is not None:  # healing's first-token set: the rule works inside it
             index = allowed.to(logits.device)
             logits = logits.index_select(0, index)  # [n]
-            ends, blank = ends.index_select(0, index), blank.index_select(0, index)
+            if masks.token_bytes:  # judged on what each token adds after the healed bytes
+                first = masks.healed(allowed)
+                ends, blank = first.ends.to(logits.device), first.blank.to(logits.device)
+            else:
+                ends, blank = ends.index_select(0, index), blank.index_select(0, index)
         probs = torch.softmax(logits.float(), dim=-1)  # [n]: the model's own distribution
         self.blank_p += self._path_p * float(probs[ends].sum())
         if self.blank_p >= self.guard or bool(ends.all()):

@@ -6,11 +6,14 @@
   (docs/design.md, "Prefix stability").
   Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
   tokenized as plain text, never as the special token.
-- Token healing: when the last text segment ends inside an identifier ("retu") and
-  the model was not trained on fragment boundaries, its last token is dropped and the
-  first generated token is restricted to vocabulary entries whose bytes start with the
-  dropped token's bytes (`VocabIndex.allowed`, a sorted-bytes index built once per
-  tokenizer; a lookup is two bisections).
+- Token healing: when the last text segment ends inside an identifier ("retu") or at a
+  line start (a line break, then at most indentation: "):\n" — ordinary text tokenizes
+  the line break together with the next line's indentation, "\n        ", so a lone
+  "\n" token at the end of a prompt is a split the model rarely saw and it answers a
+  blank line) and healing is on, its last token is dropped and the first generated token
+  is restricted to vocabulary entries whose bytes start with the dropped token's bytes
+  (`VocabIndex.allowed`, a sorted-bytes index built once per tokenizer; a lookup is two
+  bisections).
 - `StreamDecoder` turns generated ids into text incrementally, holding back the bytes
   of a UTF-8 character split across tokens.
 
@@ -166,6 +169,12 @@ def ends_inside_identifier(text: str) -> bool:
     return bool(text) and (text[-1].isalnum() or text[-1] == "_")
 
 
+def ends_at_line_start(text: str) -> bool:
+    """True when `text` ends with a line break followed by nothing but spaces and tabs:
+    the next token of ordinary text would carry the line break and the indentation."""
+    return "\n" in text and not text[text.rindex("\n") + 1 :].strip(" \t")
+
+
 class SegmentTokenizer:
     """Tokenizes prompt segments independently. A small LRU remembers the ids of recent
     texts, so an unchanged prefix or suffix costs a dict lookup; `encode`/`encode_text`
@@ -228,7 +237,8 @@ class SegmentTokenizer:
 
     def encode(self, segments: Sequence[Segment], *, heal: bool = False) -> Encoded:
         """Concatenated ids of `segments`. With `heal`, if the last segment is text that
-        ends inside an identifier, its last token is dropped and returned in `healing`."""
+        ends inside an identifier or at a line start, its last token is dropped and
+        returned in `healing`."""
         ids: list[int] = []
         spans: list[SegmentSpan] = []
         healing = None
@@ -237,7 +247,7 @@ class SegmentTokenizer:
             if isinstance(seg.value, str):
                 seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
                 last = n == len(segments) - 1
-                if heal and last and seg_ids and ends_inside_identifier(seg.value):
+                if heal and last and seg_ids and (ends_inside_identifier(seg.value) or ends_at_line_start(seg.value)):
                     removed = seg_ids[-1]
                     rb = self.vocab.token_bytes[removed]
                     healing = Healing(removed, rb, self.vocab.allowed(rb))
@@ -287,4 +297,4 @@ class StreamDecoder:
 
 
 __all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "StreamDecoder",
-           "ends_inside_identifier"]
+           "ends_inside_identifier", "ends_at_line_start"]

@@ -128,7 +128,7 @@ def run_blank_lines(args: argparse.Namespace) -> int:
     guards = _guards(args)
     cases = blank_line_cases(n=args.limit or 100, seed=args.seed)
     infiller = _infiller(args)
-    for sc in evaluate_blank_lines(infiller, cases, guards):
+    for sc in evaluate_blank_lines(infiller, cases, guards, heal=args.heal == "on"):
         if args.json:
             print(json.dumps({"task": "blank-lines", **sc._asdict(), "made_rate": sc.made_rate}), flush=True)
         else:

@@ -160,11 +160,12 @@ def blank_line_cases(files: list[SourceFile] | None = None, n: int = 100, seed: 
     return cases
 
 
-def evaluate_blank_lines(infiller: Infiller, cases: list[BlankCase], guards: list[float], *, max_tokens: int = 24) -> list[BlankScore]:
+def evaluate_blank_lines(infiller: Infiller, cases: list[BlankCase], guards: list[float], *, heal: bool = False, max_tokens: int = 24) -> list[BlankScore]:
     """Plain-FIM answers at true-blank cases without the rule, then with it (once per guard,
-    only where it fires: elsewhere the answer is the same request)."""
+    only where it fires: elsewhere the answer is the same request). `heal`: token healing,
+    which heals the prefix's final line break (the prompt ends at a line start)."""
     def has_text(case: BlankCase, **rule) -> bool:
-        text = infiller.complete(case.prefix, case.suffix, "", "fim", max_tokens=max_tokens, single_line=True, **rule).text
+        text = infiller.complete(case.prefix, case.suffix, "", "fim", heal=heal, max_tokens=max_tokens, single_line=True, **rule).text
         return any(ch.isalnum() for ch in text)
 
     start = time.monotonic()

@@ -57,6 +57,25 @@ def test_healing_allowed_set_is_intersected():
     assert s.sample(logits, allowed=torch.tensor([0, 4])) == 0 and not s.constrained
 
 
+def test_a_healed_line_break_is_judged_on_what_the_token_adds():
+    """Healing dropped a lone "\n" (the prompt ended at a line start): the first token must
+    start with "\n"; under the rule it may not add another line break, and "\n" plus
+    indentation is blank (the rule stays on), not an end."""
+    table = [b"\n", b"    ", b"x", b" = 1", b"\n\n", b"", b"\n        ", b"\nx"]
+    ends = torch.tensor([True, False, False, False, True, True, True, True])
+    blank = torch.tensor([False, True, False, False, False, False, False, False])
+    masks = FreshLine(ends, blank, table)
+    allowed = torch.tensor([0, 4, 6, 7])  # every token starting with b"\n"
+    first = masks.healed(allowed)
+    assert first.ends.tolist() == [False, True, False, False] and first.blank.tolist() == [True, False, True, False]
+    logits = _row(0.02, 0.02, 0.02, 0.02, 0.5, 0.02, 0.3, 0.1)  # the model wants "\n\n" (a blank line)
+    s = Sampler(fresh_line=masks)
+    assert s.sample(logits, allowed=allowed) == 6 and s.constrained  # "\n" + indentation, still blank
+    assert s.sample(_row(0.5, 0.1, 0.3, 0.05, 0.02, 0.01, 0.01, 0.01)) == 2  # then text
+    # Without the token table the whole text is judged: every break-led token would end.
+    assert Sampler(fresh_line=FreshLine(ends, blank)).sample(logits, allowed=allowed) == 4
+
+
 def test_guard_lets_a_confident_blank_line_through():
     sure = _row(0.97, 0.01, 0.01, 0.005, 0.004, 0.001)
     assert Sampler(fresh_line=MASKS, guard=0.9).sample(sure) == 0  # P(blank) 0.975 >= 0.9

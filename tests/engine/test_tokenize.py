@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from engine.templates import Segment, detect_template
 from tiny_models import stdlib_sources, tiny_tokenizer_json
-from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_inside_identifier
+from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_at_line_start, ends_inside_identifier
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +106,25 @@ def test_stream_decoder_holds_split_utf8(seg_tok):
     # and through the tokenizer's own ids
     dec = StreamDecoder(vocab)
     assert "".join(dec.feed(i) for i in seg_tok.encode_text(text)) + dec.flush() == text
+
+
+def test_ends_at_line_start():
+    assert ends_at_line_start("x = 1\n") and ends_at_line_start("if x:\n    ") and ends_at_line_start("a\n\t")
+    assert not ends_at_line_start("x = 1") and not ends_at_line_start("    ") and not ends_at_line_start("a\n  b")
+
+
+@pytest.mark.parametrize("prefix", ["def f(x):\n", "def f(x):\n    y = 1\n    ", "x = 1\n\n"])
+def test_healing_at_a_line_start_lets_the_model_write_break_and_indentation_together(seg_tok, prefix):
+    """A prompt ending at a line start ends with a lone line-break (or indentation) token,
+    a split ordinary text rarely has: healing drops it, so "\n        " can come back as one."""
+    enc = seg_tok.encode([Segment("s", "suffix"), Segment(prefix, "prefix")], heal=True)
+    full = seg_tok.encode_text(prefix)
+    h = enc.healing
+    assert h is not None and h.removed_id == full[-1] and enc.ids[-len(full) + 1 :] == list(full[:-1])
+    assert b"\n" in h.removed_bytes or not h.removed_bytes.strip()
+    bytes_of = seg_tok.vocab.token_bytes
+    assert {i for i, b in enumerate(bytes_of) if b and b.startswith(h.removed_bytes)} == set(h.allowed_ids.tolist())
+    assert seg_tok.encode([Segment(prefix, "prefix")], heal=False).healing is None
 
 
 def test_ends_inside_identifier():
