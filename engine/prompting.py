@@ -30,6 +30,7 @@ from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
 class BuiltPrompt(NamedTuple):
     prompt: Prompt
     healed_bytes: int  # bytes of the prompt's tail that healing removed (the stream re-emits them)
+    healed: bytes = b""  # those bytes (a server that constrains by text, not by id, needs them)
 
 
 class PromptBuilder:
@@ -83,7 +84,7 @@ class PromptBuilder:
         )
         if healing is None:
             return BuiltPrompt(Prompt(ids, blend=blend), 0)
-        return BuiltPrompt(Prompt(ids, healing.allowed_ids, 1, blend=blend), len(healing.removed_bytes))
+        return BuiltPrompt(Prompt(ids, healing.allowed_ids, 1, blend=blend), len(healing.removed_bytes), healing.removed_bytes)
 
 
 # Once fork 0 of a request has ended, an alternative still decoding may generate at most

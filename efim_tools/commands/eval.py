@@ -19,8 +19,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--backend", choices=("transformers", "engine"), default="transformers",
-                   help="generate with transformers' forward (default) or the product engine on a merged copy of the model")
+    p.add_argument("--backend", choices=("transformers", "engine", "llama.cpp"), default="transformers",
+                   help="generate with transformers' forward (default), the product engine on a merged copy of the model, or llama.cpp's llama-server on an exported GGUF through the remote engine")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,6 +74,8 @@ def _infiller(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit must be positive")
+    if args.backend == "llama.cpp":
+        return _llama_cpp_infiller(args)
     if args.backend == "engine":
         import tempfile  # noqa: PLC0415
 
@@ -84,6 +86,31 @@ def _infiller(args: argparse.Namespace):
         atexit.register(infiller.close)  # the engine thread ends before the interpreter does (else: 'terminate called ...')
         return infiller
     return TransformersInfiller(load_eval_model(args.model, args.adapter))
+
+
+def _llama_cpp_infiller(args: argparse.Namespace):
+    """The model with its adapter exported to a q8_0 GGUF and served by llama.cpp's own
+    `llama-server` (efim_tools/peers), asked through the product's `RemoteEngine`: token
+    healing and the fresh-line rule travel as the server's grammar."""
+    import atexit  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from efim_tools.evaluation.infill import EngineInfiller  # noqa: PLC0415
+    from efim_tools.export import export_gguf  # noqa: PLC0415
+    from efim_tools.peers.llama_cpp import SETUP_SCRIPT, LlamaServer, llama_cpp_bin  # noqa: PLC0415
+    from engine.remote import RemoteEngine  # noqa: PLC0415
+
+    if llama_cpp_bin() is None:
+        raise ValueError(f"llama.cpp's llama-server is not built (run `bash {SETUP_SCRIPT}` or set EFIM_LLAMA_CPP_BIN)")
+    folder = Path(tempfile.mkdtemp(prefix="efim-eval-gguf-"))
+    adapter = None if args.adapter == "none" else args.adapter
+    gguf = export_gguf(folder / "model-q8_0.gguf", model=args.model, adapter=adapter, export_type="q8_0").path
+    server = LlamaServer(gguf, slots=1, ctx_per_slot=4096, threads=args.threads or 2).start()
+    engine = RemoteEngine("llama.cpp", server.url, model=str(gguf))
+    infiller = EngineInfiller(gguf, f"{args.model}+{args.adapter} (llama.cpp)", engine=engine)
+    atexit.register(server.stop)
+    atexit.register(engine.close)  # runs first: the engine goes before its server
+    return infiller
 
 
 def _guards(args: argparse.Namespace) -> list[float]:

@@ -131,10 +131,14 @@ class EngineInfiller:
     template detection, per-segment tokenization, healing and stop rules. Differences:
     single-line stops at the first newline even before any text."""
 
-    def __init__(self, model_dir, name: str, threads: int | None = None, dtype: str | None = None):
-        from engine.local import load_engine  # noqa: PLC0415
+    def __init__(self, model_dir, name: str, threads: int | None = None, dtype: str | None = None, *, engine=None):
+        """The local engine on `model_dir`; or, with `engine`, any `engine.api.Engine` (a
+        `RemoteEngine` on a llama.cpp server: the serving path's remote side)."""
+        if engine is None:
+            from engine.local import load_engine  # noqa: PLC0415
 
-        self.engine = load_engine(str(model_dir), threads=threads, dtype=dtype, fragment_trained=False)
+            engine = load_engine(str(model_dir), threads=threads, dtype=dtype, fragment_trained=False)
+        self.engine = engine
         info = self.engine.info()
         if not info.supports_fim:
             raise ValueError(f"the engine found no FIM template in {model_dir} ({info.template})")

@@ -10,12 +10,22 @@ prefix cache matches them token for token.
   `cache_n` reused, `prompt_n` computed, `prompt_ms`). Discovery: `GET /props`
   (`total_slots`, the per-slot `n_ctx`), `POST /tokenize` with `parse_special` to check that
   the server's model has our FIM sentinels with the same ids. Health: `GET /health`.
+  Token healing and the fresh-line rule are sent as a GBNF `grammar` (`grammar`), which
+  constrains the generated text: healing drops the prompt's last token and the answer
+  must start with that token's text (the server may write it merged with what follows,
+  "\n        " after a healed "\n"; the stream skips it, the user has typed it); the
+  fresh-line rule (`InfillRequest.fresh_line`) then asks for spaces and tabs, a character
+  that is not whitespace, then anything — the answer cannot end, nor break the line, while
+  it is blank. The server cannot report the model's own probability of a blank answer, so
+  the rule's guard does not apply there: a line the model is sure is blank gets text anyway.
 - `openai` (vLLM, SGLang, llama.cpp's `/v1`): `POST <base>/completions` (base ending in
   `/v1`, added when missing) with `stream_options: {include_usage, continuous_usage_stats}`
   (usage on every chunk: vLLM; a server that only sends it at the end still reports it
   there); cached tokens from `usage.prompt_tokens_details.cached_tokens` (vLLM needs
   `--enable-prompt-tokens-details`; without it reuse is reported as unknown, not 0).
-  Alternatives with `n`. Discovery and health: `GET <base>/models`.
+  Alternatives with `n`. Discovery and health: `GET <base>/models`. The fresh-line rule is
+  not sent (each server spells constrained decoding its own way: vLLM's structured
+  outputs, SGLang's `regex`); the answer may be blank there.
 
 `parse` never raises for a missing optional field; it raises `GarbageAnswer` for a chunk
 that is not the dialect's shape.
@@ -59,10 +69,44 @@ def _float(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _gbnf_literal(text: str) -> str:
+    """`text` as a GBNF string literal."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\x{ord(ch):02X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def grammar(healed: str = "", fresh_line: bool = False) -> str | None:
+    """The llama.cpp grammar for a request: the healed text first (token healing), then the
+    fresh-line rule's shape or anything; None when neither applies."""
+    if not healed and not fresh_line:
+        return None
+    rest = "[ \\t]* [^ \\t\\r\\n] [^\\x00]*" if fresh_line else "[^\\x00]*"
+    return f"root ::= {_gbnf_literal(healed) + ' ' if healed else ''}{rest}\n"
+
+
+# The fresh-line rule alone: whitespace without a line break, then text. End of generation
+# is allowed only where the grammar may end, i.e. after that text.
+FRESH_LINE_GRAMMAR = grammar(fresh_line=True)
+
+
 class LlamaCppDialect:
     name = "llama.cpp"
     slot_pinning = True
     max_choices = 1  # alternatives: one item (documented)
+    heals = True  # token healing through the grammar
 
     def __init__(self, base: str) -> None:
         self.base = base
@@ -74,7 +118,7 @@ class LlamaCppDialect:
         return self.base + "/health"
 
     def body(self, ids: list[int], req: InfillRequest, *, model: str | None, slot: int | None, stop: list[str],
-             remaining_ms: int | None) -> dict:
+             remaining_ms: int | None, healed: str = "") -> dict:
         body: dict[str, Any] = {
             "prompt": ids,
             "n_predict": 0 if req.background else req.max_tokens,
@@ -92,6 +136,9 @@ class LlamaCppDialect:
             body["id_slot"] = slot
         if remaining_ms is not None and not req.background:
             body["t_max_predict_ms"] = max(1, remaining_ms)  # the server stops decoding at the deadline too
+        rule = None if req.background else grammar(healed, req.fresh_line)
+        if rule is not None:
+            body["grammar"] = rule
         return body
 
     def parse(self, payload: dict) -> Chunk:
@@ -149,6 +196,7 @@ class OpenAIDialect:
     name = "openai"
     slot_pinning = False
     max_choices = 8
+    heals = False  # no common way to constrain the text (documented)
 
     def __init__(self, base: str) -> None:
         self.base = base if base.endswith("/v1") else base + "/v1"
@@ -160,7 +208,7 @@ class OpenAIDialect:
         return self.base + "/models"
 
     def body(self, ids: list[int], req: InfillRequest, *, model: str | None, slot: int | None, stop: list[str],
-             remaining_ms: int | None) -> dict:
+             remaining_ms: int | None, healed: str = "") -> dict:
         body: dict[str, Any] = {
             "model": model or "",
             "prompt": ids,

@@ -23,9 +23,11 @@ Per request:
   stream (llama.cpp and vLLM stop a request whose client went away);
 - deadline (`InfillRequest.deadline`): the stream is closed then and the completion is
   what arrived, finish_reason "deadline"; llama.cpp is also sent `t_max_predict_ms`;
-- token healing is off: the first generated token cannot be restricted on these servers
-  (`logit_bias` would bias every token, not only the first), so the prompt keeps its last
-  token and completions continue from it (docs/deploy.md);
+- token healing: on llama.cpp the prompt's last token is dropped and the answer's text is
+  constrained to start with it (a GBNF grammar, `engine.remote.dialects.grammar`), so the
+  server may write it merged with what follows; the stream skips that text. OpenAI-style
+  servers have no common way to constrain the text (`logit_bias` would bias every token,
+  not only the first): there the prompt keeps its last token (docs/deploy.md);
 - `context: "blend"` is sent as plain prefix context (CacheBlend needs the engine's KV);
   `warm_document`, `forget_context` do nothing; `check_integrity` has no KV to check;
 - a background request (warm-ahead) prefills the prompt on the server (llama.cpp
@@ -431,11 +433,27 @@ class RemoteEngine:
 
     # ------------------------------------------------------------ one request
     def _prompt_ids(self, req: InfillRequest) -> list[int]:
-        """The prompt as the local engine renders it (no healing, no CacheBlend), fitted to the server's context."""
+        return self._prompt(req)[0]
+
+    def _prompt(self, req: InfillRequest) -> tuple[list[int], str]:
+        """The prompt as the local engine renders it (no CacheBlend), fitted to the server's
+        context, and the text token healing removed from its end ("" when none). Healing
+        only where the server can constrain the answer's text (llama.cpp's grammar), and
+        not when a stop string lies in the healed text (the server would stop on it)."""
+        heal = self.dialect.heals and (req.heal if req.heal is not None else not self.prompts.fragment_trained)
         req = msgspec.structs.replace(
-            req, heal=False, document_kv=False, context="prefix" if req.context == "blend" else req.context,
+            req, heal=heal, document_kv=False, context="prefix" if req.context == "blend" else req.context,
         )
-        return self.prompts.build(req, self._context_length).prompt.ids
+        built = self.prompts.build(req, self._context_length)
+        if built.healed:
+            try:
+                healed = built.healed.decode("utf-8")
+            except UnicodeDecodeError:  # a token that starts inside a character: not as text
+                healed = None
+            if healed is not None and not any(s and s in healed for s in (*req.stop, *self._stop_texts)):
+                return built.prompt.ids, healed
+            built = self.prompts.build(msgspec.structs.replace(req, heal=False), self._context_length)
+        return built.prompt.ids, ""
 
     def _slot_for(self, key: str) -> int | None:
         """The document's slot: stable while it stays among the `slots` most recently used documents."""
@@ -466,17 +484,19 @@ class RemoteEngine:
         own_stop = False  # fork 0 matched a stop string here (the server may not have yet)
         error: str | None = None
         ids: list[int] = []
+        healed = ""
         try:
             if not self.link.usable:
                 raise _Refused(f"the backend {self.endpoint.display} is unreachable ({self.link.last_error}); reconnecting")
             if self._mismatch:
                 raise _Refused(self._mismatch)
-            ids = self._prompt_ids(req)
+            ids, healed = self._prompt(req)
             remaining = None if req.deadline is None else int((req.deadline - time.monotonic()) * 1000)
             body = self.dialect.body(
                 ids, req, model=self.remote_model, slot=self._slot_for(req.key),
-                stop=list(dict.fromkeys(req.stop + self._stop_texts)), remaining_ms=remaining,
+                stop=list(dict.fromkeys(req.stop + self._stop_texts)), remaining_ms=remaining, healed=healed,
             )
+            skip = len(healed)  # the answer starts with the healed text, which the user has typed
             resp = await self._open_stream(body)
             try:
                 if resp.status_code >= 400:
@@ -494,6 +514,10 @@ class RemoteEngine:
                         if first is None:
                             first = time.monotonic()
                         generated += 1
+                        if skip:
+                            text, skip = text[skip:], max(0, skip - len(text))
+                            if not text:
+                                continue
                         check = rules.on_token(-1, text)
                         if check.emit:
                             call.handle._push(StreamEvent(kind="token", text=check.emit))
@@ -552,6 +576,8 @@ class RemoteEngine:
                 call.handle._push(StreamEvent(kind="token", text=held))
         text = rules.text
         stats = self.counters.request_stats(call.submitted, call.background, usage, first, generated)
+        if healed:
+            stats = msgspec.structs.replace(stats, healed_tokens=1)
         alternatives = tuple(extra.get(i, "") for i in range(1, req.n)) if req.n > 1 and finish != "error" else ()
         alt_finish = tuple(extra_finish.get(i, finish or "stop") for i in range(1, req.n)) if alternatives else ()
         self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)

@@ -234,3 +234,44 @@ def test_a_background_request_warms_the_window_on_the_server(llama_default, defa
         first = engine.submit(InfillRequest(increment="i", **base)).result(120)
         assert first.stats.reused_tokens >= 0.95 * first.stats.prompt_tokens, first.stats
         assert engine.stats().warm_requests == 1
+
+
+def _fresh_line_cases(n: int) -> list[tuple[str, str]]:
+    """(prefix, suffix) at `n` statement lines of a stdlib module emptied where the language
+    server would set the fresh-line rule: the cursor on the empty line of a block that goes on."""
+    from efim_lsp.suggest import CursorContext, fresh_line
+
+    src = (Path(sysconfig.get_paths()["stdlib"]) / "difflib.py").read_text()
+    lines, cases, offset = src.split("\n"), [], 0
+    for i, line in enumerate(lines):
+        if i > 100 and line.strip() and line.startswith("        ") and len(cases) < n and i % 17 == 0:
+            text = src[:offset] + src[offset + len(line) :]  # the line emptied, its break kept
+            if fresh_line(CursorContext.at(text, offset)):
+                cases.append((text[:offset][-3000:], text[offset:][:1000]))
+        offset += len(line) + 1
+    return cases
+
+
+def test_the_fresh_line_rule_reaches_llama_server_as_a_grammar(exported_fim_gguf):
+    """On an empty line of a block that goes on, the exported FIM model may answer a blank
+    line; with `fresh_line` the request carries the rule's grammar and every answer has text
+    before any line break (the guard does not apply on a server)."""
+    from efim_tools.peers.llama_cpp import LlamaServer
+    from engine.remote import RemoteEngine
+
+    cases = _fresh_line_cases(6)
+    assert len(cases) == 6
+    with LlamaServer(exported_fim_gguf, slots=1, ctx_per_slot=4096, threads=2) as server:
+        with RemoteEngine("llama.cpp", server.url, model=str(exported_fim_gguf)) as engine:
+            answers = {}
+            for rule in (False, True):
+                answers[rule] = [
+                    engine.submit(InfillRequest(key="file:///difflib.py", prefix=p, suffix=s, format="fim", max_tokens=16,
+                                                stop=("\n",), fresh_line=rule)).result(120)
+                    for p, s in cases
+                ]
+            assert all(c.finish_reason != "error" for c in answers[False] + answers[True]), [c.error for c in answers[True]]
+            first_lines = [c.text.split("\n", 1)[0] for c in answers[True]]
+            assert all(line.strip() for line in first_lines), first_lines
+            blank_without = sum(not c.text.strip() for c in answers[False])
+            print(f"\nllama-server fresh lines: blank answers {blank_without}/{len(cases)} without the rule, 0 with it: {first_lines}")

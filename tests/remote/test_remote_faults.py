@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_server import FaultServer  # noqa: E402
 
 from engine.api import EngineError, InfillRequest  # noqa: E402
+from engine.remote.dialects import FRESH_LINE_GRAMMAR, grammar  # noqa: E402
 from engine.remote import RemoteEngine  # noqa: E402
 
 
@@ -43,6 +44,7 @@ def _engine(url: str, model: Path, backend: str = "llama.cpp", **kw) -> tuple[Re
 
 
 def _req(key: str = "file:///a.py", **kw) -> InfillRequest:
+    kw.setdefault("heal", False)  # the fake server's answer does not follow healing's grammar (tested on its own)
     kw.setdefault("prefix", "def add(a, b):\n    ")
     kw.setdefault("suffix", "\n\nprint(add(1, 2))\n")
     return InfillRequest(key=key, **kw)
@@ -336,6 +338,45 @@ def test_an_unset_api_key_variable_is_refused(tiny_model_dir, monkeypatch):
         RemoteEngine("llama.cpp", "http://127.0.0.1:9", model=str(tiny_model_dir), api_key_env="EFIM_NOT_SET")
 
 
+def test_the_fresh_line_rule_is_sent_to_llama_cpp_as_a_grammar(tiny_model_dir):
+    with FaultServer() as server:
+        engine, faults = _engine(server.url, tiny_model_dir)
+        with engine:
+            engine.submit(_req(increment="re")).result(10)
+            assert "grammar" not in server.completions()[-1]
+            engine.submit(_req(increment="", fresh_line=True)).result(10)
+            assert server.completions()[-1]["grammar"] == FRESH_LINE_GRAMMAR
+            engine.submit(_req(increment="", fresh_line=True, background=True)).result(10)  # a warm-up generates nothing
+            assert "grammar" not in server.completions()[-1]
+
+
+def test_token_healing_on_llama_cpp_constrains_the_answer_by_grammar_and_skips_the_healed_text(tiny_model_dir):
+    """Healing on llama.cpp: the prompt loses its last token, the grammar makes the answer
+    start with that token's text, and the stream leaves that text out (the user typed it)."""
+    with FaultServer(pieces=("ret", "urn", " a", " +", " b")) as server:
+        engine, faults = _engine(server.url, tiny_model_dir)
+        with engine:
+            plain_ids = engine._prompt_ids(_req(increment="ret"))
+            done = engine.submit(_req(increment="ret", heal=True)).result(10)
+            body = server.completions()[-1]
+            healed = engine.tokenizer.vocab.token_bytes[plain_ids[-1]].decode()
+            assert "ret".endswith(healed) and body["prompt"] == plain_ids[:-1]
+            assert body["grammar"] == grammar(healed)
+            # the fake answers "return a + b" whatever the prompt: the healed text is dropped from it
+            assert done.text == "return a + b"[len(healed):] and done.stats.healed_tokens == 1
+            # with the fresh-line rule too, the rule's shape follows the healed text
+            # (format "prefix": the prompt ends with the prefix, at a line start)
+            engine.submit(_req(prefix="def f(x):\n", increment="", format="prefix", heal=True, fresh_line=True)).result(10)
+            rule = server.completions()[-1]["grammar"]
+            assert rule.startswith('root ::= "') and rule.endswith(FRESH_LINE_GRAMMAR[len("root ::= "):])
+            # a stop string inside the healed text: no healing (the server would stop on it at once)
+            engine.submit(_req(prefix="def f(x):\n", increment="", format="prefix", heal=True, stop=("\n",))).result(10)
+            last = server.completions()[-1]
+            assert "grammar" not in last and last["prompt"] == engine._prompt_ids(_req(prefix="def f(x):\n", format="prefix"))
+    assert grammar('a"b\\\n\t\x01') == 'root ::= "a\\"b\\\\\\n\\t\\x01" [^\\x00]*\n'
+    assert grammar() is None
+
+
 def test_openai_dialect_request_usage_and_alternatives(tiny_model_dir):
     with FaultServer(model_name="qwen-coder") as server:
         engine, faults = _engine(server.url + "/v1", tiny_model_dir, backend="openai")
@@ -346,6 +387,8 @@ def test_openai_dialect_request_usage_and_alternatives(tiny_model_dir):
             assert body["model"] == "qwen-coder" and body["prompt"] == engine._prompt_ids(_req(increment="re"))
             assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True} and body["n"] == 2
             assert "id_slot" not in body and "cache_prompt" not in body
+            engine.submit(_req(increment="", fresh_line=True)).result(10)
+            assert "grammar" not in server.completions()[-1]  # not sent: no common spelling (documented)
             assert done.text == "return a + b" and done.alternatives == ("return1 a1 +1 b1",)
             again = engine.submit(_req(increment="ret")).result(10)
             assert again.stats.reused_tokens == server.cached[-1] > 0
