@@ -14,6 +14,7 @@ the share where any item did.
     efim bench saved                   # 8 sessions, seed 0
     efim bench saved --sessions 20 --seed 3 --json saved.json
     efim bench saved --alternatives 3
+    efim bench saved --adapters auto runs/r2/adapter   # the shipped adapter against a new round
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", action="append", default=[], help="settings JSON merged into both configurations")
     parser.add_argument("--alternatives", type=int, default=1, choices=(1, 2, 3, 4),
                         help="items per answer (server setting `alternatives`)")
+    parser.add_argument("--adapters", nargs="+", metavar="ADAPTER",
+                        help="the `adapter` settings to compare ('none', 'auto' or a folder; default: none auto)")
     parser.add_argument("--json", type=Path, help="write the comparison as JSON")
 
 
@@ -51,6 +54,8 @@ def run_cli(args: argparse.Namespace) -> int:
             replay += ["--config", extra]
         if args.alternatives > 1:
             replay += ["--config", json.dumps({"alternatives": args.alternatives})]
+        if args.adapters:
+            replay += ["--adapters", *args.adapters]
         if args.limit:
             replay += ["--limit", str(args.limit)]
         if args.json:

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump) or `adapters` "
         "(base: the model without its FIM adapter, adapter: with it — characters saved is the number to read)",
     )
+    p.add_argument(
+        "--adapters", nargs="+", metavar="ADAPTER",
+        help="with --compare adapters: the `adapter` settings to compare ('none', 'auto' or a folder; "
+        "default: none auto), each a configuration named after it",
+    )
     p.add_argument("--users", type=int, default=1, metavar="N", help="traces replayed concurrently on one server (default 1)")
     p.add_argument(
         "--speed", choices=("realtime", "max", "paced"), default=None,
@@ -55,6 +60,17 @@ ADAPTER_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("base", {"adapter": "none"}),
     ("adapter", {"adapter": "auto"}),
 )
+
+
+def _adapter_config(adapter: str) -> tuple[str, dict[str, Any]]:
+    """A configuration for one `--adapters` value, named "base", "adapter" (the shipped one)
+    or the folder's name."""
+    if adapter in ("none", "auto"):
+        return ("base" if adapter == "none" else "adapter", {"adapter": adapter})
+    folder = Path(adapter).expanduser()
+    if not (folder / "adapter_config.json").is_file():
+        raise ValueError(f"--adapters {adapter}: not an adapter folder (no adapter_config.json)")
+    return (folder.resolve().name if folder.name != "adapter" else folder.resolve().parent.name, {"adapter": str(folder.resolve())})
 
 
 def parse_config(values: list[str]) -> dict[str, Any]:
@@ -134,6 +150,9 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
 
     if args.users < 1:
         raise ValueError("--users must be at least 1")
+    if args.adapters and args.compare != "adapters":
+        raise ValueError("--adapters goes with --compare adapters")
+    chosen = ADAPTER_CONFIGS if not args.adapters else tuple(_adapter_config(a) for a in args.adapters)
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be at least 1")
     if args.plot:
@@ -150,7 +169,7 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
     if navigating:  # the configuration's own switches win over --config
         configs = [Config(name, {**extra, **settings}) for name, settings in navigation.NAVIGATION_CONFIGS]
     elif args.compare == "adapters":
-        configs = [Config(name, {**extra, **settings}) for name, settings in ADAPTER_CONFIGS]
+        configs = [Config(name, {**extra, **settings}) for name, settings in chosen]
     elif args.compare:
         configs = [Config(name, {**settings, **extra}) for name, settings in STANDARD_CONFIGS]
     else:

@@ -64,3 +64,20 @@ def test_demo_runs_end_to_end_on_a_tiny_model(tiny_model_dir, capsys):
     for name in ("fim-nocache", "fim", "efim"):
         assert f"\n{name} " in out
     assert "efim replay " in out and "--compare --limit 3" in out
+
+
+def test_adapters_to_compare_are_checked_before_any_replay(tmp_path, capsys):
+    from efim_tools.commands.replay import _adapter_config
+    from efim_tools.training.lora import CONFIG_FILE
+
+    trace_dir = tmp_path / "traces"
+    trace_dir.mkdir()
+    assert cli.main(["replay", str(trace_dir), "--adapters", "auto"]) == 2
+    assert "--compare adapters" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not an adapter folder"):
+        _adapter_config(str(tmp_path))
+    run = tmp_path / "round2" / "adapter"
+    run.mkdir(parents=True)
+    (run / CONFIG_FILE).write_text("{}")
+    assert _adapter_config(str(run)) == ("round2", {"adapter": str(run.resolve())})
+    assert _adapter_config("none") == ("base", {"adapter": "none"}) and _adapter_config("auto")[0] == "adapter"
