@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     h = targets.add_parser("humaneval-infilling", help="HumanEval infilling pass@1 (single-line, multi-line, random-span-light)")
     h.add_argument("--split", choices=("single-line", "multi-line", "random-span-light"), default="single-line")
     h.add_argument("--data", default=None, help="folder (or .jsonl.gz file) of the HumanEval infilling data")
-    h.add_argument("--increment", choices=("auto", "cut", "none"), default="auto", help="auto: cut the middle into an increment for efim only")
+    h.add_argument("--increment", choices=("auto", "cut", "none", "indent"), default="auto", help="auto: cut the middle into an increment for efim only; indent: the middle's leading indentation (an auto-indenting editor's fresh line)")
     h.add_argument("--timeout", type=float, default=10.0, help="sandbox wall-clock seconds per program")
     h.add_argument("--verbose-results", action="store_true", help="also list every task's result (with --json)")
     h.add_argument("--fresh-line", choices=("off", "rule", "both"), default="off",

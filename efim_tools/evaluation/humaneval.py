@@ -146,9 +146,11 @@ def fresh_line_applies(task: Task, increment: str, split: Split) -> bool:
 
 
 def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal: bool, with_increment: bool, seed: int, limits: Limits,
-             fresh_line: FreshLineMode = "off", fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> TaskResult:
+             fresh_line: FreshLineMode = "off", fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD, indent: bool = False) -> TaskResult:
+    """`indent`: the increment is the middle's leading indentation (an auto-indenting editor's
+    fresh line), instead of a seeded cut (`with_increment`) or nothing."""
     start = time.monotonic()
-    cut = increment_cut(task, seed) if with_increment else 0
+    cut = len(task.middle) - len(task.middle.lstrip(" \t")) if indent else increment_cut(task, seed) if with_increment else 0
     inc = task.middle[:cut]
     single = split == "single-line"
     fresh = fresh_line == "rule" and fresh_line_applies(task, inc, split)
@@ -177,16 +179,17 @@ def run_task(infiller: Infiller, task: Task, split: Split, fmt: Format, *, heal:
 
 def evaluate(infiller: Infiller, tasks: Iterable[Task], split: Split, fmt: Format, *, heal: bool = False, increment: str = "auto", seed: int = 0, limits: Limits = Limits(), on_result=None,
              fresh_line: FreshLineMode = "off", fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> EvalResult:
-    """Greedy pass@1 over `tasks`. `increment`: "auto" (cut for efim only), "cut", "none".
+    """Greedy pass@1 over `tasks`. `increment`: "auto" (cut for efim only), "cut", "none",
+    "indent" (the middle's leading indentation, as typed by an auto-indenting editor).
     `fresh_line`: "rule" asks under the fresh-line rule where the server would."""
-    if increment not in ("auto", "cut", "none"):
-        raise ValueError(f"increment must be auto, cut or none, not {increment!r}")
+    if increment not in ("auto", "cut", "none", "indent"):
+        raise ValueError(f"increment must be auto, cut, none or indent, not {increment!r}")
     with_inc = increment == "cut" or (increment == "auto" and fmt == "efim")
     start = time.monotonic()
     results = []
     for task in tasks:
         r = run_task(infiller, task, split, fmt, heal=heal, with_increment=with_inc, seed=seed, limits=limits,
-                     fresh_line=fresh_line, fresh_line_guard=fresh_line_guard)
+                     fresh_line=fresh_line, fresh_line_guard=fresh_line_guard, indent=increment == "indent")
         results.append(r)
         if on_result is not None:
             on_result(r)

@@ -78,6 +78,17 @@ def test_evaluate_scores_an_oracle_at_one(fmt):
     assert all(bool(r.increment) == (fmt == "efim") for r in res.results)
 
 
+def test_indent_increment_is_the_middles_indentation():
+    tasks = humaneval.load_tasks("single-line", FIXTURES)
+    res = humaneval.evaluate(_Oracle(tasks), tasks, "single-line", "efim", increment="indent")
+    assert res.pass_at_1 == 1.0
+    for task, r in zip(tasks, res.results):
+        assert r.increment == task.middle[: len(task.middle) - len(task.middle.lstrip(" \t"))] and not r.increment.strip()
+    assert any(r.increment for r in res.results)
+    with pytest.raises(ValueError, match="indent"):
+        humaneval.evaluate(_Oracle(tasks), tasks, "single-line", "efim", increment="dedent")
+
+
 def test_a_crashing_generation_counts_as_failure():
     tasks = humaneval.load_tasks("multi-line", FIXTURES)
     res = humaneval.evaluate(_Oracle(tasks, broken=True), tasks, "multi-line", "fim")
