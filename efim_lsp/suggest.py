@@ -14,6 +14,11 @@ Rules:
 - Trailing whitespace is stripped (every line, and trailing blank lines).
 - Indentation: on an empty line already indented to a level the code around uses, 1-3
   spaces the model adds before its first line (landing between levels) are dropped.
+- Docstrings: a finished suggestion on an empty line that opens a triple-quoted string and
+  leaves it open (three double quotes, then `Return the address.`) is closed with the same
+  quotes, unless the cursor is inside a triple-quoted string already or the lines below,
+  before the block ends or the next definition starts, hold that delimiter (the string's
+  end may be there): an unclosed one turns the rest of the file into a string.
 The caller never sends an empty item: `shape(...).text == ""` means "no suggestion".
 
 Plain string functions; no LSP, no engine.
@@ -164,12 +169,14 @@ class Shaped(NamedTuple):
     final: bool  # True when more generated tokens could not change `text` (stop decoding)
 
 
-def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, snap_indent: bool = True) -> Shaped:
+def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, snap_indent: bool = True,
+          close_docstring: bool = True) -> Shaped:
     """Cut a generation into the suggestion to show.
 
     `done=False` while tokens still stream in: rules that need a whole line wait
     for it, and `Shaped.final` says whether decoding can stop already.
-    `snap_indent=False` leaves the first line's leading spaces as generated (measurements).
+    `snap_indent=False` leaves the first line's leading spaces as generated, and
+    `close_docstring=False` an open triple-quoted string open (measurements).
     """
     if snap_indent:
         generated = _snap_indent(generated, ctx)
@@ -198,7 +205,32 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, 
     text = "\n".join(line.rstrip() for line in lines).rstrip()
     if not text.strip():
         return Shaped("", final)
+    if close_docstring and (final or done):
+        text = _close_docstring(text, ctx)
     return Shaped(text, final)
+
+
+def _close_docstring(text: str, ctx: CursorContext) -> str:
+    """`text` with the triple quotes it opened and left open closed (see the module
+    docstring); only on an empty cursor line, where `ctx.in_string` is known."""
+    if ctx.line_before.strip() or ctx.line_after.strip() or ctx.in_string:
+        return text
+    open_quote = None
+    for m in _TRIPLE_QUOTE.finditer(text):
+        if open_quote is None:
+            open_quote = m.group()
+        elif m.group() == open_quote:
+            open_quote = None
+    if open_quote is None:
+        return text
+    scope = indent_width(ctx.line_before)
+    for line in ctx.next_lines:  # the string's end may be below, within this block
+        body = line.strip()
+        if body and (indent_width(line) < scope or _STARTS_AFTER_BLANK.match(body)):
+            break  # the block ended, or the next definition: a delimiter there is its own
+        if open_quote in line:
+            return text
+    return text + open_quote
 
 
 def _snap_indent(generated: str, ctx: CursorContext) -> str:

@@ -208,7 +208,7 @@ def run_shape(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"task": "shape", **sc._asdict()}), flush=True)
         else:
-            print(f"{_name(infiller)} shape mode={sc.mode} indent snap={'on' if sc.snap else 'off'}: shown {sc.shown}/{sc.n} (multi-line {sc.multi_line}, fresh-line rule on {sc.fresh_line}); "
+            print(f"{_name(infiller)} shape mode={sc.mode} post-processing={'on' if sc.post else 'off'}: shown {sc.shown}/{sc.n} (multi-line {sc.multi_line}, fresh-line rule on {sc.fresh_line}); "
                   f"unparseable {sc.unparseable} ({sc.unparseable / k:.1%}), duplicates the next line {sc.duplicate} ({sc.duplicate / k:.1%}) ({sc.seconds:.0f} s)", flush=True)
     for mode, case, text in shown:
         print(f"--- {mode} {case.module}:{case.line_no} (was {case.original!r})\n{case.indent}{text}\n--- next: {next_code_line(case.after)!r}")

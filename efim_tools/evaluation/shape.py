@@ -14,8 +14,9 @@ generation. The suggestion is accepted (inserted at the cursor) and counted:
   the cursor line;
 - empty: no suggestion shown (`shape(...).text == ""`).
 
-Each generation is shaped twice, without and with `shape`'s indentation snap, so the two
-rows of a mode compare the post-processing on the same generations.
+Each generation is shaped twice, without and with `shape`'s post-processing (the indentation
+snap and the closing of an open docstring), so the two rows of a mode compare it on the same
+generations.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class ShapeCase(NamedTuple):
 
 class ShapeScore(NamedTuple):
     mode: str  # "auto" (the server's choice) or "line" (one line forced)
-    snap: bool  # shape()'s indentation snap on
+    post: bool  # shape()'s post-processing on (indentation snap, docstring close)
     n: int
     shown: int
     unparseable: int  # of the shown suggestions
@@ -121,14 +122,14 @@ def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("au
                    prefix_chars: int = 1500, suffix_chars: int = 600, on_case=None) -> list[ShapeScore]:
     """Ask `engine` (an `engine.api.Engine`) at every case in every mode; count as the
     module docstring says, for each generation shaped without and with `shape`'s
-    indentation snap (one row each: before/after from the same generations).
-    `on_case(mode, case, text)` sees each shown suggestion (with the snap)."""
+    post-processing (one row each: before/after from the same generations).
+    `on_case(mode, case, text)` sees each shown suggestion (with it)."""
     from engine.api import InfillRequest  # noqa: PLC0415
 
     scores = []
     for mode_name in modes:
         start = time.monotonic()
-        counts = {snap: [0, 0, 0, 0] for snap in (False, True)}  # shown, unparseable, duplicate, multi-line
+        counts = {post: [0, 0, 0, 0] for post in (False, True)}  # shown, unparseable, duplicate, multi-line
         fresh_n = 0
         for i, case in enumerate(cases):
             text = case.before + case.indent + case.after
@@ -144,18 +145,18 @@ def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("au
             if done.finish_reason == "error":
                 raise RuntimeError(done.error or "engine error")
             target = next_code_line(case.after)
-            for snap, c in counts.items():
-                suggestion = shape(done.text, ctx, mode, done=True, snap_indent=snap).text
+            for post, c in counts.items():
+                suggestion = shape(done.text, ctx, mode, done=True, snap_indent=post, close_docstring=post).text
                 if not suggestion:
                     continue
                 c[0] += 1
                 c[1] += not parses(case.before + case.indent + suggestion + case.after)
                 c[2] += bool(target) and suggestion.split("\n")[-1].strip() == target
                 c[3] += "\n" in suggestion
-                if snap and on_case is not None:
+                if post and on_case is not None:
                     on_case(mode_name, case, suggestion)
         seconds = time.monotonic() - start
-        scores += [ShapeScore(mode_name, snap, len(cases), *c, fresh_n, seconds) for snap, c in counts.items()]
+        scores += [ShapeScore(mode_name, post, len(cases), *c, fresh_n, seconds) for post, c in counts.items()]
     return scores
 
 

@@ -83,13 +83,18 @@ def test_shape_counts_unparseable_and_duplicated_suggestions():
         return by_prefix[request.prefix[-200:]].original
 
     before, after = evaluate_shape(_EchoEngine(original), cases, ("line",))
-    assert not before.snap and after.snap
+    assert not before.post and after.post
     assert after.shown == 30 and after.unparseable == 0
     _, broken = evaluate_shape(_EchoEngine(lambda r: "x = (("), cases, ("line",))
     assert broken.unparseable == broken.shown == 30
     # One space too many after the indentation: unparseable as generated, fixed by the snap.
     off, on = evaluate_shape(_EchoEngine(lambda r: " " + original(r)), cases, ("line",))
     assert off.unparseable > 10 and on.unparseable < off.unparseable // 2
+    # A docstring opened and left open: unparseable as generated, closed by the shaping
+    # (where a compound header was emptied, its body below still makes the file unparseable).
+    off, on = evaluate_shape(_EchoEngine(lambda r: '"""Return the thing.'), cases, ("line",))
+    headers = sum(c.original.rstrip().endswith(":") for c in cases)
+    assert off.unparseable == off.shown == 30 and on.unparseable <= headers + 2 < 30
 
     def repeat(request):
         c = by_prefix[request.prefix[-200:]]

@@ -99,3 +99,19 @@ def test_streaming_final_flag():
 def test_crlf_generation_is_split_on_any_line_break():
     ctx = ctx_at("def f(x):|\r\n")
     assert shape("\r\n    return x\r\nprint(1)", ctx, "block").text == "\n    return x"
+
+
+def test_an_open_docstring_is_closed_where_nothing_below_could_close_it():
+    ctx = ctx_at("def f(x):\n    |\n    return x\n")
+    assert shape('"""Return x.\n', ctx, "line").text == '"""Return x."""'
+    assert shape("'''Return x.", ctx, "line", done=True).text == "'''Return x.'''"
+    assert shape('"""Return x."""\n', ctx, "line").text == '"""Return x."""'  # already closed
+    assert shape('"""Return x.', ctx, "line", done=False).text == '"""Return x.'  # still streaming: may close itself
+    assert shape('"""Return x.\n', ctx, "line", close_docstring=False).text == '"""Return x.'
+    # The lines below may hold the end: a docstring being retyped above its body.
+    below = ctx_at('def f(x):\n    |\n    More words.\n    """\n    return x\n')
+    assert shape('"""Return x.\n', below, "line").text == '"""Return x.'
+    # Inside a string already, and on a line with text before the cursor: left alone.
+    inside = ctx_at('def f(x):\n    """Doc.\n\n    |\n')
+    assert shape('"""\n', inside, "line").text == '"""'
+    assert shape('"Return x.\n', ctx_at('def f(x):\n    s = """|\n'), "line").text == '"Return x.'
