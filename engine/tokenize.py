@@ -6,14 +6,18 @@
   (docs/design.md, "Prefix stability").
   Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
   tokenized as plain text, never as the special token.
-- Token healing: when the last text segment ends inside an identifier ("retu") or at a
-  line start (a line break, then at most indentation: "):\n" — ordinary text tokenizes
-  the line break together with the next line's indentation, "\n        ", so a lone
-  "\n" token at the end of a prompt is a split the model rarely saw and it answers a
-  blank line) and healing is on, its last token is dropped and the first generated token
-  is restricted to vocabulary entries whose bytes start with the dropped token's bytes
-  (`VocabIndex.allowed`, a sorted-bytes index built once per tokenizer; a lookup is two
-  bisections).
+- Token healing: when healing is on and the last text segment ends inside an identifier
+  ("retu"), at a line start ("):\n") or with a space or tab ("return ", indentation),
+  its last token is dropped and the first generated token is restricted to vocabulary
+  entries whose bytes start with the dropped token's bytes (`VocabIndex.allowed`, a
+  sorted-bytes index built once per tokenizer; a lookup is two bisections). Ordinary text
+  writes a line break together with the next line's indentation ("\n        ") and a space
+  in front of the next word (" return"), so a prompt ending with a lone "\n" or a space
+  token is a split the model rarely saw (after a lone "\n" it mostly answers a blank
+  line). A trailing space or tab is first split off as a token of its own, so the healed
+  token is that one character: healing a whole run of indentation would admit only longer
+  runs as the first token, and the model then indents too deep (measured in
+  docs/training.md).
 - `StreamDecoder` turns generated ids into text incrementally, holding back the bytes
   of a UTF-8 character split across tokens.
 
@@ -170,9 +174,21 @@ def ends_inside_identifier(text: str) -> bool:
 
 
 def ends_at_line_start(text: str) -> bool:
-    """True when `text` ends with a line break followed by nothing but spaces and tabs:
-    the next token of ordinary text would carry the line break and the indentation."""
-    return "\n" in text and not text[text.rindex("\n") + 1 :].strip(" \t")
+    """True when `text` ends with a line break: the next token of ordinary text would
+    carry the line break and the next line's indentation together."""
+    return text.endswith(("\n", "\r"))
+
+
+def ends_with_blank(text: str) -> bool:
+    """True when `text` ends with a space or a tab (`return `, `x = `, indentation):
+    ordinary text puts the last one in front of the next word (` x`, `       ` + ` return`)."""
+    return text.endswith((" ", "\t"))
+
+
+def heals(text: str) -> bool:
+    """Whether token healing drops the last token of a prompt ending with `text`: it ends
+    inside an identifier, at a line start, or with a space or tab."""
+    return ends_inside_identifier(text) or ends_at_line_start(text) or ends_with_blank(text)
 
 
 class SegmentTokenizer:
@@ -237,17 +253,25 @@ class SegmentTokenizer:
 
     def encode(self, segments: Sequence[Segment], *, heal: bool = False) -> Encoded:
         """Concatenated ids of `segments`. With `heal`, if the last segment is text that
-        ends inside an identifier or at a line start, its last token is dropped and
-        returned in `healing`."""
+        ends inside an identifier, at a line start or with a space or tab (`heals`), its
+        last token (after a blank, that one character) is dropped and returned in `healing`."""
         ids: list[int] = []
         spans: list[SegmentSpan] = []
         healing = None
         for n, seg in enumerate(segments):
             start = len(ids)
             if isinstance(seg.value, str):
-                seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
                 last = n == len(segments) - 1
-                if heal and last and seg_ids and (ends_inside_identifier(seg.value) or ends_at_line_start(seg.value)):
+                if heal and last and ends_with_blank(seg.value):
+                    # The last space or tab as a token of its own, then healed: the first
+                    # token may be any that starts with it (` return` after `       `),
+                    # where a healed run of spaces would admit only longer runs.
+                    head = self.encode_text(seg.value[:-1], dummy_prefix=seg.dummy_prefix)
+                    tail = self.encode_text(seg.value[-1])
+                    seg_ids = head + tail if len(tail) == 1 else self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
+                else:
+                    seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
+                if heal and last and seg_ids and heals(seg.value):
                     removed = seg_ids[-1]
                     rb = self.vocab.token_bytes[removed]
                     healing = Healing(removed, rb, self.vocab.allowed(rb))
@@ -297,4 +321,4 @@ class StreamDecoder:
 
 
 __all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "StreamDecoder",
-           "ends_inside_identifier", "ends_at_line_start"]
+           "ends_inside_identifier", "ends_at_line_start", "ends_with_blank", "heals"]

@@ -71,11 +71,23 @@ def test_healing_drops_last_token_and_constrains_to_its_extensions(seg_tok):
     assert set(allowed) == expect
 
 
-@pytest.mark.parametrize("inc", ["return ", "x = (", "foo.", ""])
-def test_no_healing_outside_identifiers(seg_tok, inc):
-    enc = seg_tok.encode([Segment("p", "prefix"), Segment(inc, "increment")] if inc else [Segment("p ", "prefix")],
+@pytest.mark.parametrize("inc", ["x = (", "foo.", "f(x)", ""])
+def test_no_healing_after_punctuation(seg_tok, inc):
+    enc = seg_tok.encode([Segment("p", "prefix"), Segment(inc, "increment")] if inc else [Segment("p(", "prefix")],
                          heal=True)
     assert enc.healing is None
+
+
+@pytest.mark.parametrize("text", ["    return ", "x = ", "        ", "\t\t"])
+def test_a_trailing_blank_is_healed_as_one_character(seg_tok, text):
+    """A space or tab at the end is split off and healed on its own: the first token may be
+    any that starts with it (` return` after indentation), not only a longer run of blanks."""
+    enc = seg_tok.encode([Segment("def f():\n", "prefix"), Segment(text, "increment")], heal=True)
+    h = enc.healing
+    assert h is not None and h.removed_bytes == text[-1].encode()
+    assert enc.ids == list(seg_tok.encode_text("def f():\n")) + list(seg_tok.encode_text(text[:-1]))
+    assert set(h.allowed_ids.tolist()) == {i for i, b in enumerate(seg_tok.vocab.token_bytes) if b and b.startswith(text[-1].encode())}
+    assert seg_tok.encode([Segment(text, "increment")]).ids == list(seg_tok.encode_text(text))  # unhealed: as ever
 
 
 def test_prefix_index_matches_brute_force(seg_tok):
@@ -109,11 +121,11 @@ def test_stream_decoder_holds_split_utf8(seg_tok):
 
 
 def test_ends_at_line_start():
-    assert ends_at_line_start("x = 1\n") and ends_at_line_start("if x:\n    ") and ends_at_line_start("a\n\t")
-    assert not ends_at_line_start("x = 1") and not ends_at_line_start("    ") and not ends_at_line_start("a\n  b")
+    assert ends_at_line_start("x = 1\n") and ends_at_line_start("a\r")
+    assert not ends_at_line_start("x = 1") and not ends_at_line_start("if x:\n    ") and not ends_at_line_start("a\n  b")
 
 
-@pytest.mark.parametrize("prefix", ["def f(x):\n", "def f(x):\n    y = 1\n    ", "x = 1\n\n"])
+@pytest.mark.parametrize("prefix", ["def f(x):\n", "def f(x):\n    y = 1\n", "x = 1\n\n"])
 def test_healing_at_a_line_start_lets_the_model_write_break_and_indentation_together(seg_tok, prefix):
     """A prompt ending at a line start ends with a lone line-break (or indentation) token,
     a split ordinary text rarely has: healing drops it, so "\n        " can come back as one."""
