@@ -15,6 +15,8 @@ Import them into a test module or a conftest (they are plain pytest fixtures):
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -49,6 +51,7 @@ def llama_bin() -> Path:
 
 
 _LOAD_CACHE = Path(tempfile.mkdtemp(prefix="efim-export-loads-"))
+atexit.register(shutil.rmtree, _LOAD_CACHE, ignore_errors=True)  # up to 2 GB of converted models per run
 
 
 def load_exported(path: Path, dtype: str = "fp32"):

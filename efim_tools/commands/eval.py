@@ -81,7 +81,11 @@ def _infiller(args: argparse.Namespace):
 
         import atexit  # noqa: PLC0415
 
-        folder = export_merged(args.model, args.adapter, Path(tempfile.mkdtemp(prefix="efim-eval-merged-")))
+        import shutil  # noqa: PLC0415
+
+        scratch = Path(tempfile.mkdtemp(prefix="efim-eval-merged-"))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # a merged model is ~0.5 GB
+        folder = export_merged(args.model, args.adapter, scratch)
         infiller = EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
         atexit.register(infiller.close)  # the engine thread ends before the interpreter does (else: 'terminate called ...')
         return infiller
@@ -102,7 +106,10 @@ def _llama_cpp_infiller(args: argparse.Namespace):
 
     if llama_cpp_bin() is None:
         raise ValueError(f"llama.cpp's llama-server is not built (run `bash {SETUP_SCRIPT}` or set EFIM_LLAMA_CPP_BIN)")
+    import shutil  # noqa: PLC0415
+
     folder = Path(tempfile.mkdtemp(prefix="efim-eval-gguf-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # registered first: runs after the server stops
     adapter = None if args.adapter == "none" else args.adapter
     gguf = export_gguf(folder / "model-q8_0.gguf", model=args.model, adapter=adapter, export_type="q8_0").path
     server = LlamaServer(gguf, slots=1, ctx_per_slot=4096, threads=args.threads or 2).start()
