@@ -24,6 +24,7 @@ TLS: pass `ssl_context` (a server-side `ssl.SSLContext`).
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import threading
@@ -137,6 +138,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._end_stream()
         n_choices = int(body.get("n") or 1) if openai else 1
         pieces = fs.pieces if mode != "drop" else fs.pieces[:2]
+        healed = _grammar_literal(body.get("grammar"))
+        if healed:  # a grammar that starts with a literal (token healing): the answer starts with it, as llama.cpp's would
+            pieces = (healed, *pieces)
         try:
             for i, piece in enumerate(pieces):
                 if mode == "slow":
@@ -256,6 +260,31 @@ class FaultServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+_LITERAL = re.compile(r'^root ::= "((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", '"': '"', "\\": "\\"}
+
+
+def _grammar_literal(grammar) -> str:
+    """The text a GBNF grammar's root begins with as a string literal ("" if none)."""
+    m = _LITERAL.match(grammar or "")
+    if not m:
+        return ""
+    raw, out, i = m.group(1), [], 0
+    while i < len(raw):
+        if raw[i] == "\\":
+            nxt = raw[i + 1]
+            if nxt == "x":
+                out.append(chr(int(raw[i + 2 : i + 4], 16)))
+                i += 4
+                continue
+            out.append(_ESCAPES[nxt])
+            i += 2
+            continue
+        out.append(raw[i])
+        i += 1
+    return "".join(out)
 
 
 def _free_port() -> int:
