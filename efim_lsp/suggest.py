@@ -90,18 +90,23 @@ class CursorContext(NamedTuple):
 _TRIPLE_QUOTE = re.compile(r"\"\"\"|'''")
 
 
-def _inside_triple_quotes(text: str, end: int) -> bool:
-    """Whether `text[:end]` leaves a triple-quoted string open: the delimiters are paired
-    from the start (a delimiter inside the other kind's string is text). A heuristic — a
-    triple quote inside a one-line string or a comment miscounts — but one regex pass (a
-    100 kB prefix in about a millisecond) needs no parser."""
+def _open_triple_quote(text: str, end: int | None = None) -> str | None:
+    """The triple-quote delimiter `text[:end]` leaves open, or None: the delimiters are
+    paired from the start (a delimiter inside the other kind's string is text). A
+    heuristic — a triple quote inside a one-line string or a comment miscounts — but one
+    regex pass (a 100 kB prefix in about a millisecond) needs no parser."""
     open_quote = None
-    for m in _TRIPLE_QUOTE.finditer(text, 0, end):
+    for m in _TRIPLE_QUOTE.finditer(text, 0, len(text) if end is None else end):
         if open_quote is None:
             open_quote = m.group()
         elif m.group() == open_quote:
             open_quote = None
-    return open_quote is not None
+    return open_quote
+
+
+def _inside_triple_quotes(text: str, end: int) -> bool:
+    """Whether `text[:end]` leaves a triple-quoted string open (`_open_triple_quote`)."""
+    return _open_triple_quote(text, end) is not None
 
 
 def choose_mode(ctx: CursorContext, multiline: Multiline = "auto") -> Mode:
@@ -215,12 +220,7 @@ def _close_docstring(text: str, ctx: CursorContext) -> str:
     docstring); only on an empty cursor line, where `ctx.in_string` is known."""
     if ctx.line_before.strip() or ctx.line_after.strip() or ctx.in_string:
         return text
-    open_quote = None
-    for m in _TRIPLE_QUOTE.finditer(text):
-        if open_quote is None:
-            open_quote = m.group()
-        elif m.group() == open_quote:
-            open_quote = None
+    open_quote = _open_triple_quote(text)
     if open_quote is None:
         return text
     scope = indent_width(ctx.line_before)

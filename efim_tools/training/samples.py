@@ -259,8 +259,7 @@ def choose_middle(window: str, rng: random.Random, config: SampleConfig) -> tupl
             start = rng.choice(informed)
     if informed or (config.line_start_prob > 0 and rng.random() < config.line_start_prob):
         line = window.rfind("\n", 0, start) + 1  # the line `start` fell in
-        end_of_line = window.find("\n", line)
-        text = window[line : end_of_line if end_of_line >= 0 else len(window)]
+        text = _line_rest(window, line)
         body = line + len(text) - len(text.lstrip(" \t"))  # first non-blank character
         at_indent = rng.random() < 0.5 and body < line + len(text)  # a blank line has none
         start = min(body if at_indent else line, len(window) - 2)
