@@ -6,7 +6,10 @@ Parses arguments and calls `efim_tools.evaluation` (torch loads only when the co
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 
@@ -77,12 +80,6 @@ def _infiller(args: argparse.Namespace):
     if args.backend == "llama.cpp":
         return _llama_cpp_infiller(args)
     if args.backend == "engine":
-        import tempfile  # noqa: PLC0415
-
-        import atexit  # noqa: PLC0415
-
-        import shutil  # noqa: PLC0415
-
         scratch = Path(tempfile.mkdtemp(prefix="efim-eval-merged-"))
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # a merged model is ~0.5 GB
         folder = export_merged(args.model, args.adapter, scratch)
@@ -96,9 +93,6 @@ def _llama_cpp_infiller(args: argparse.Namespace):
     """The model with its adapter exported to a q8_0 GGUF and served by llama.cpp's own
     `llama-server` (efim_tools/peers), asked through the product's `RemoteEngine`: token
     healing and the fresh-line rule travel as the server's grammar."""
-    import atexit  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
     from efim_tools.evaluation.infill import EngineInfiller  # noqa: PLC0415
     from efim_tools.export import export_gguf  # noqa: PLC0415
     from efim_tools.peers.llama_cpp import SETUP_SCRIPT, LlamaServer, llama_cpp_bin  # noqa: PLC0415
@@ -106,8 +100,6 @@ def _llama_cpp_infiller(args: argparse.Namespace):
 
     if llama_cpp_bin() is None:
         raise ValueError(f"llama.cpp's llama-server is not built (run `bash {SETUP_SCRIPT}` or set EFIM_LLAMA_CPP_BIN)")
-    import shutil  # noqa: PLC0415
-
     folder = Path(tempfile.mkdtemp(prefix="efim-eval-gguf-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # registered first: runs after the server stops
     adapter = None if args.adapter == "none" else args.adapter
