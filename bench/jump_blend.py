@@ -96,7 +96,7 @@ class JumpCase(NamedTuple):
     truth: str  # the removed line, stripped
     ids: list[int]
     segments: tuple[tuple[int, int], ...]  # rows of the local segments (prefix, suffix)
-    allowed_first: Any  # token healing's first-token set, or None
+    healing: Any  # token healing (engine.tokenize.HealingProgress), or None
     healed_bytes: int
 
 
@@ -194,7 +194,7 @@ def build_sample(engine: Any, cursor: Cursor, args: argparse.Namespace) -> JumpC
         return None
     return JumpCase(
         f"{cursor.path.name}:{cursor.line + 1}", cursor.module, text, at, line.strip(),
-        list(built.prompt.ids), tuple(blend.segments), built.prompt.allowed_first, built.healed_bytes,
+        list(built.prompt.ids), tuple(blend.segments), built.prompt.healing, built.healed_bytes,
     )
 
 
@@ -318,7 +318,7 @@ def quality(engine: Any, docs: Documents, samples: list[JumpCase], ratios, n_gen
         forced = model.forward(torch.tensor(cont[:-1]), kv, n, "all")  # [gen-1, V]
         ref_preds = [cont[0], *forced.argmax(-1).tolist()]
         ref_logp = F.log_softmax(ref, -1)
-        if sample.allowed_first is not None:
+        if sample.healing is not None:
             raise ValueError("the held-out lines need prompts without token healing (increment \"\")")
         full_line = _line(engine, kv, n, cont, sample, max_line)
         line_len = _line_tokens(engine, cont, sample, max_line)

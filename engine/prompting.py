@@ -24,7 +24,7 @@ from engine.handle import LocalHandle
 from engine.sampler import FreshLine, StopRules
 from engine.sequence import Prompt
 from engine.templates import FimTemplate
-from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
+from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder, whole_indentation
 
 
 class BuiltPrompt(NamedTuple):
@@ -66,7 +66,8 @@ class PromptBuilder:
         """The whole prompt, uncut: rendered segments tokenized one by one (healed unless the
         request or a fragment-trained model says otherwise)."""
         heal = req.heal if req.heal is not None else not self.fragment_trained
-        return self.tokenizer.encode(self.template.render(req), heal=heal)
+        whole = heal and whole_indentation(req.prefix + req.increment, req.suffix)
+        return self.tokenizer.encode(self.template.render(req), heal=heal, whole_indent=whole)
 
     def build(self, req: InfillRequest, context_length: int) -> BuiltPrompt:
         """The prompt the scheduler runs, with room left for `req.max_tokens` (at most half
@@ -84,7 +85,9 @@ class PromptBuilder:
         )
         if healing is None:
             return BuiltPrompt(Prompt(ids, blend=blend), 0)
-        return BuiltPrompt(Prompt(ids, healing.allowed_ids, 1, blend=blend), len(healing.removed_bytes), healing.removed_bytes)
+        progress = healing.progress(self.tokenizer.vocab)
+        return BuiltPrompt(Prompt(ids, progress, len(healing.removed_ids), blend=blend), len(healing.removed_bytes),
+                           healing.removed_bytes)
 
 
 # Once fork 0 of a request has ended, an alternative still decoding may generate at most

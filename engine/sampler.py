@@ -2,8 +2,9 @@
 
 - `Sampler`: greedy (argmax) by default; temperature + top-p (nucleus) with a seeded
   `torch.Generator` so a seeded request is reproducible. An optional `allowed` id set
-  restricts the choice (token healing's first-token constraint). A `FreshLine` mask makes it
-  refuse to end an answer that is still whitespace-only (the fresh-line rule, below).
+  restricts the choice (token healing, while the healed text is spelled out). A
+  `FreshLine` mask makes it refuse to end an answer that is still whitespace-only (the
+  fresh-line rule, below).
 - `StopRules`: EOS / template end tokens, max tokens, deadline, and stop strings.
   Stop strings may span token boundaries; text that could still become a stop string
   is held back, so streamed text never contains any part of a stop string.
@@ -33,17 +34,18 @@ class FreshLine(NamedTuple):
     # it adds after the healed bytes (`healed`), not on its whole text.
     token_bytes: Sequence[bytes] = ()
 
-    def healed(self, allowed: torch.Tensor) -> "FreshLine":
-        """The classes of healing's first-token set `allowed` ([n] ids, all starting with the
-        dropped token's bytes, which is among them): a token is judged on the bytes after
-        that common start — "\n        " after a healed "\n" is blank, "\n\n" ends the
-        line. The dropped token itself adds nothing and keeps the answer blank."""
+    def healed(self, allowed: torch.Tensor, rest: bytes | None = None) -> "FreshLine":
+        """The classes of token healing's set `allowed` ([n] ids) while `rest` (the healed
+        text not spelled out yet) is pending: a token is judged on the bytes it adds after
+        `rest` — "\n        " after a healed "\n" is blank, "\n\n" ends the line — and one
+        that spells only a first part of `rest` adds nothing and keeps the answer blank.
+        `rest` None: the shortest token of `allowed` (single-token healing's dropped token)."""
         ids = allowed.tolist()
         table = self.token_bytes
-        head = min(len(table[i]) for i in ids)
-        rest = [table[i][head:] for i in ids]
-        ends = torch.tensor([b"\n" in r or b"\r" in r for r in rest], dtype=torch.bool)  # [n]
-        blank = torch.tensor([not r.strip() and not e for r, e in zip(rest, ends.tolist())], dtype=torch.bool)  # [n]
+        head = min(len(table[i]) for i in ids) if rest is None else len(rest)
+        rest_of = [table[i][head:] for i in ids]
+        ends = torch.tensor([b"\n" in r or b"\r" in r for r in rest_of], dtype=torch.bool)  # [n]
+        blank = torch.tensor([not r.strip() and not e for r, e in zip(rest_of, ends.tolist())], dtype=torch.bool)  # [n]
         return FreshLine(ends, blank)
 
     def sized(self, n: int) -> "FreshLine":
@@ -106,16 +108,18 @@ class Sampler:
         """The fresh-line rule is still on (the answer is whitespace-only so far)."""
         return self._fresh is not None
 
-    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
-        """`logits`: [V] float. `allowed`: [n] int64 ids (None = any). Returns a token id."""
+    def sample(self, logits: torch.Tensor, allowed: torch.Tensor | None = None, *, healed: bytes | None = None) -> int:
+        """`logits`: [V] float. `allowed`: [n] int64 ids (None = any). `healed`: with
+        `allowed` from token healing, the healed text still to spell out (the fresh-line
+        rule judges tokens on what they add after it). Returns a token id."""
         if self._fresh is not None:
-            return self._sample_fresh(logits, allowed)
+            return self._sample_fresh(logits, allowed, healed)
         if allowed is not None:
             sub = logits.index_select(0, allowed)  # [n]
             return int(allowed[self._choose(sub)])
         return int(self._choose(logits))
 
-    def _sample_fresh(self, logits: torch.Tensor, allowed: torch.Tensor | None) -> int:
+    def _sample_fresh(self, logits: torch.Tensor, allowed: torch.Tensor | None, healed: bytes | None) -> int:
         masks = self._fresh.sized(logits.shape[0])
         if masks.ends.device != logits.device:  # a model on an accelerator: the masks follow, once
             masks = FreshLine(masks.ends.to(logits.device), masks.blank.to(logits.device), masks.token_bytes)
@@ -125,7 +129,7 @@ class Sampler:
             index = allowed.to(logits.device)
             logits = logits.index_select(0, index)  # [n]
             if masks.token_bytes:  # judged on what each token adds after the healed bytes
-                first = masks.healed(allowed)
+                first = masks.healed(allowed, healed)
                 ends, blank = first.ends.to(logits.device), first.blank.to(logits.device)
             else:
                 ends, blank = ends.index_select(0, index), blank.index_select(0, index)

@@ -66,7 +66,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.api import FinishReason
 from engine.background import DocumentWork
@@ -78,6 +78,9 @@ from engine.model_runner import ModelRunner
 from engine.retained import RetainedKV, RetainedSequence, kv_bytes
 from engine.sequence import Prompt, Sequence
 from engine.speculation import VerifyCost, draft_for, speculate_step
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -711,9 +714,9 @@ class Scheduler:
             return
         logits = out.logits[0]  # [V]
         forks = self._forks(seq)
-        self._accept(seq, seq.sampler.sample(logits, seq.allowed_first))
+        self._accept(seq, self._sample(seq, logits))
         for fork in forks:
-            self._guard(fork, lambda f: self._accept(f, f.sampler.sample(logits, f.allowed_first)))
+            self._guard(fork, lambda f: self._accept(f, self._sample(f, logits)))
 
     def _forks(self, seq: Sequence) -> list[Sequence]:
         """`seq`'s alternatives, forked after its prefill while the KV budget holds them: the
@@ -751,7 +754,7 @@ class Scheduler:
             request_id=seq.request_id, key=seq.key, sink=seq.sink.fork(index), sampler=sampler,
             max_tokens=seq.max_tokens, cache=False, submitted=seq.submitted, parent=seq,
         )
-        fork.start(Prompt(seq.tokens[: seq.n_valid], seq.allowed_first))
+        fork.start(Prompt(seq.tokens[: seq.n_valid], seq.healing))
         fork.kv, fork.n_valid, fork.t_admit = kv, seq.n_valid, seq.t_admit
         self._holding[fork] = None
         return fork
@@ -766,11 +769,21 @@ class Scheduler:
             seq.pinned = res.node
 
     # ------------------------------------------------------------ decode
+    @staticmethod
+    def _sample(seq: Sequence, logits: torch.Tensor) -> int:  # logits [V]
+        """`seq`'s next token: its sampler's choice, inside token healing's set while the
+        healed text is not spelled out yet."""
+        if seq.healing is None:
+            return seq.sampler.sample(logits)
+        return seq.sampler.sample(logits, seq.healing.allowed(), healed=seq.healing.rest)
+
     def _accept(self, seq: Sequence, token: int) -> bool:
         """Hand `token` to the sink; True while the sequence goes on (`token` is pending)."""
         if seq.generated == 0:
             seq.t_first = time.perf_counter()
         seq.generated += 1
+        if seq.healing is not None:
+            seq.healing = seq.healing.after(token)
         reason = seq.sink.on_token(token)
         if reason is not None:
             self._finish(seq, reason)
@@ -811,10 +824,10 @@ class Scheduler:
             seq.decode_steps += 1
         if len(batch) == 1 and cost is not None:  # a one-row step: what a verify row is measured against
             cost.observe_plain(time.perf_counter() - t0)
-        greedy = all(s.sampler.greedy for s in batch)
+        greedy = all(s.sampler.greedy and s.healing is None for s in batch)
         picks = logits.argmax(dim=-1).tolist() if greedy else None
         for b, seq in enumerate(batch):
-            token = picks[b] if picks is not None else seq.sampler.sample(logits[b])
+            token = picks[b] if picks is not None else self._sample(seq, logits[b])
             self._guard(seq, lambda s, t=token: self._accept(s, t))
 
     def _grow(self, seq: Sequence) -> bool:

@@ -19,16 +19,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-import torch
-
 from engine.api import FinishReason, RequestStats
 from engine.cache import RadixNode
 from engine.sampler import Sampler
+from engine.tokenize import HealingProgress
 
 
 class Prompt(NamedTuple):
     ids: list[int]
-    allowed_first: torch.Tensor | None = None  # [n] int64: token healing's first-token set
+    healing: HealingProgress | None = None  # token healing: the dropped text generation spells out first
     healed_tokens: int = 0
     blend: Any = None  # engine.blend.BlendRequest: prefill the chunks by CacheBlend (context="blend")
 
@@ -66,7 +65,7 @@ class Sequence:
     # --- engine-thread state
     tokens: list[int] = field(default_factory=list)  # prompt ids, then fed generated ids
     n_prompt: int = 0
-    allowed_first: torch.Tensor | None = None
+    healing: HealingProgress | None = None  # while the healed text is not spelled out yet
     kv: Any = None  # engine.model.transformer.SequenceKV
     n_valid: int = 0  # rows of kv holding tokens[:n_valid]
     pending: int | None = None  # sampled, not yet fed
@@ -94,8 +93,10 @@ class Sequence:
 
     @property
     def may_speculate(self) -> bool:
-        """Greedy request decoding on its own (not a fork, not a warm-up) with speculation on."""
-        return self.speculate > 0 and self.sampler.greedy and self.parent is None and not self.background
+        """Greedy request decoding on its own (not a fork, not a warm-up, the healed text
+        spelled out) with speculation on."""
+        return (self.speculate > 0 and self.sampler.greedy and self.healing is None and self.parent is None
+                and not self.background)
 
     def expired(self, now: float) -> bool:
         """Its deadline (`time.monotonic()`) has passed."""
@@ -110,7 +111,7 @@ class Sequence:
         """Take the prompt the sink rendered (admission)."""
         self.tokens = list(prompt.ids)
         self.n_prompt = len(self.tokens)
-        self.allowed_first, self.healed = prompt.allowed_first, prompt.healed_tokens
+        self.healing, self.healed = prompt.healing, prompt.healed_tokens
 
     def stats(self, now: float) -> RequestStats:
         """The request's figures when it ends at `now` (`time.perf_counter()`)."""

@@ -121,6 +121,10 @@ class VocabIndex:
         self._sorted_bytes = [b for b, _ in order]
         self._sorted_ids = torch.tensor([i for _, i in order], dtype=torch.int64)  # [V']
         self._allowed_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._consistent_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self._ids_of: dict[bytes, list[int]] = {}
+        for b, i in order:
+            self._ids_of.setdefault(b, []).append(i)
 
     @property
     def size(self) -> int:
@@ -142,6 +146,23 @@ class VocabIndex:
             self._allowed_cache.popitem(last=False)
         return ids
 
+    def consistent(self, text: bytes) -> torch.Tensor:  # [n] int64
+        """Ids of every non-special token that agrees with `text` as the next piece of it:
+        its bytes start with `text` (`allowed(text)`), or are a first part of `text` (what
+        multi-token healing lets through while the healed text is not spelled out yet)."""
+        hit = self._consistent_cache.get(text)
+        if hit is not None:
+            self._consistent_cache.move_to_end(text)
+            return hit
+        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())]
+        ids = self.allowed(text)
+        if parts:
+            ids = torch.cat([torch.tensor(parts, dtype=torch.int64), ids])
+        self._consistent_cache[text] = ids
+        if len(self._consistent_cache) > 256:
+            self._consistent_cache.popitem(last=False)
+        return ids
+
     def text_of(self, ids: Sequence[int]) -> str:
         """Text of `ids` (special tokens contribute nothing; invalid UTF-8 is replaced)."""
         return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
@@ -154,11 +175,31 @@ class SegmentSpan(NamedTuple):
 
 
 class Healing(NamedTuple):
-    """The token dropped by token healing and what the first generated token may be."""
+    """The tokens dropped by token healing: generation spells their text out again first."""
 
-    removed_id: int
-    removed_bytes: bytes
-    allowed_ids: torch.Tensor  # [n] int64, always contains removed_id
+    removed_ids: tuple[int, ...]  # the prompt's last ids, dropped
+    removed_bytes: bytes  # their text (non-empty)
+
+    def progress(self, vocab: "VocabIndex") -> "HealingProgress":
+        """The constraint at the first generated token: nothing spelled out yet."""
+        return HealingProgress(vocab, self.removed_bytes)
+
+
+class HealingProgress(NamedTuple):
+    """Multi-token healing while it lasts: the healed text not yet spelled out by the
+    generated tokens (`rest`, non-empty). Each token must agree with it: cover it (its bytes
+    start with `rest`) or spell a first part of it; `after(token)` is the next state (None
+    once covered). Immutable: a fork of a sequence shares its parent's."""
+
+    vocab: "VocabIndex"
+    rest: bytes
+
+    def allowed(self) -> torch.Tensor:  # [n] int64
+        return self.vocab.consistent(self.rest)
+
+    def after(self, token_id: int) -> "HealingProgress | None":
+        spelled = len(self.vocab.token_bytes[token_id])
+        return HealingProgress(self.vocab, self.rest[spelled:]) if spelled < len(self.rest) else None
 
 
 class Encoded(NamedTuple):
@@ -189,6 +230,38 @@ def heals(text: str) -> bool:
     """Whether token healing drops the last token of a prompt ending with `text`: it ends
     inside an identifier, at a line start, or with a space or tab."""
     return ends_inside_identifier(text) or ends_at_line_start(text) or ends_with_blank(text)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def whole_indentation(before: str, after: str, *, lookback: int = 60) -> bool:
+    """Whether the blanks that end `before` (the text up to the cursor, whose line holds
+    only blanks so far) look like a whole indentation rather than part of one: as wide as
+    an earlier line's (among the last `lookback` non-blank lines), as the next non-blank
+    line of `after`, or one step deeper than the line before when that line opens a block
+    (`:`, `{`, `(`, `[`; a step is the smallest indentation change seen, else 4). An editor
+    that indents by itself puts a whole one there; a person still typing it may not."""
+    line = before[before.rfind("\n") + 1 :]
+    if not line or line.strip(" \t"):
+        return False
+    width = len(line)
+    earlier = [ln for ln in before[: len(before) - len(line)].split("\n")[-4 * lookback :] if ln.strip()][-lookback:]
+    levels = [_indent(ln) for ln in earlier]
+    if width in levels:
+        return True
+    following = next((ln for ln in after.split("\n", 64)[:64] if ln.strip()), None)
+    if following is not None and _indent(following) == width:
+        return True
+    if earlier and earlier[-1].rstrip().endswith((":", "{", "(", "[")):
+        steps = [abs(a - b) for a, b in zip(levels, levels[1:]) if a != b]
+        return width == levels[-1] + (min(steps) if steps else 4)
+    return False
+
+
+# Most trailing whitespace-only tokens token healing drops (indentation is one or two).
+HEAL_MAX_TOKENS = 8
 
 
 class SegmentTokenizer:
@@ -251,36 +324,62 @@ class SegmentTokenizer:
         not touch the LRU, which belongs to the engine thread)."""
         return len(self._encode(text, False)) if text else 0
 
-    def encode(self, segments: Sequence[Segment], *, heal: bool = False) -> Encoded:
+    def encode(self, segments: Sequence[Segment], *, heal: bool = False, whole_indent: bool = False) -> Encoded:
         """Concatenated ids of `segments`. With `heal`, if the last segment is text that
         ends inside an identifier, at a line start or with a space or tab (`heals`), its
-        last token (after a blank, that one character) is dropped and returned in `healing`."""
+        last tokens are dropped and returned in `healing` (`healed_count`): the generated
+        text must spell them out again first, in tokens of the model's own choosing.
+
+        `whole_indent`: the blanks that end the last segment are a whole indentation
+        (`whole_indentation`): only the last one is healed, split off as a token of its own
+        — `       ` + ` ` then reads as "this line is indented this far" (ordinary text
+        tokenizes an 8-blank indentation `       ` + ` return`), where healing every blank
+        would let the model indent deeper than the editor did."""
         ids: list[int] = []
         spans: list[SegmentSpan] = []
         healing = None
         for n, seg in enumerate(segments):
             start = len(ids)
             if isinstance(seg.value, str):
-                last = n == len(segments) - 1
-                if heal and last and ends_with_blank(seg.value):
-                    # The last space or tab as a token of its own, then healed: the first
-                    # token may be any that starts with it (` return` after `       `),
-                    # where a healed run of spaces would admit only longer runs.
+                last = heal and n == len(segments) - 1
+                seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
+                drop = 0
+                if last and whole_indent and ends_with_blank(seg.value):
                     head = self.encode_text(seg.value[:-1], dummy_prefix=seg.dummy_prefix)
                     tail = self.encode_text(seg.value[-1])
-                    seg_ids = head + tail if len(tail) == 1 else self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
-                else:
-                    seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
-                if heal and last and seg_ids and heals(seg.value):
-                    removed = seg_ids[-1]
-                    rb = self.vocab.token_bytes[removed]
-                    healing = Healing(removed, rb, self.vocab.allowed(rb))
-                    seg_ids = seg_ids[:-1]
+                    if len(tail) == 1:
+                        seg_ids, drop = head + tail, 1
+                if last and not drop:
+                    drop = self.healed_count(seg.value, seg_ids)
+                if drop:
+                    removed = tuple(seg_ids[-drop:])
+                    healing = Healing(removed, b"".join(self.vocab.token_bytes[i] for i in removed))
+                    seg_ids = seg_ids[:-drop]
                 ids.extend(seg_ids)
             else:
                 ids.append(int(seg.value))
             spans.append(SegmentSpan(start, len(ids), seg.role))
         return Encoded(ids, tuple(spans), healing)
+
+    def healed_count(self, text: str, ids: Sequence[int]) -> int:
+        """How many of the last ids of `text` (tokenized as `ids`) token healing drops.
+
+        Every trailing whitespace-only token, up to `HEAL_MAX_TOKENS`: a prompt that ends
+        with indentation or a blank ends with a split ordinary text rarely has (`   ` cut
+        from `        return`, whose own tokens are `       ` + ` return`); the model then
+        spells the whitespace again its own way, at least as far as the user typed it.
+        Otherwise the last token when the text `heals` (inside an identifier, or a line
+        break merged with what precedes it: `):\n`)."""
+        table = self.vocab.token_bytes
+        drop = 0
+        while drop < min(len(ids), HEAL_MAX_TOKENS):
+            piece = table[ids[-1 - drop]]
+            if not piece or piece.strip(b" \t\r\n"):
+                break
+            drop += 1
+        if drop == 0 and ids and heals(text) and table[ids[-1]]:
+            drop = 1
+        return drop
 
 
 class StreamDecoder:
@@ -320,5 +419,5 @@ class StreamDecoder:
         return out
 
 
-__all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "StreamDecoder",
-           "ends_inside_identifier", "ends_at_line_start", "ends_with_blank", "heals"]
+__all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "HealingProgress", "StreamDecoder",
+           "ends_inside_identifier", "ends_at_line_start", "ends_with_blank", "heals", "whole_indentation"]

@@ -83,7 +83,7 @@ class TransformersInfiller:
             ids = ids[-self.max_prompt_tokens :]
         healing = enc.healing
         decoder = StreamDecoder(self.prompts.tokenizer.vocab, len(healing.removed_bytes) if healing else 0)
-        allowed = healing.allowed_ids if healing is not None else None
+        progress = healing.progress(self.prompts.tokenizer.vocab) if healing is not None else None
         model = self.em.model
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
@@ -91,9 +91,12 @@ class TransformersInfiller:
         body, finish = "", "length"  # body: the text after the increment (healing's bytes skipped)
         fresh = self.prompts.fresh_line(self.eos) if fresh_line else None
         sampler = Sampler(fresh_line=fresh, guard=fresh_line_guard)  # greedy
-        for step in range(max_tokens):
-            first_allowed = allowed if (allowed is not None and step == 0 and allowed.numel()) else None
-            next_id = sampler.sample(logits, first_allowed)
+        for _ in range(max_tokens):
+            if progress is None:
+                next_id = sampler.sample(logits)
+            else:  # the healed text is spelled out first, in tokens of the model's choosing
+                next_id = sampler.sample(logits, progress.allowed(), healed=progress.rest)
+                progress = progress.after(next_id)
             if next_id in self.eos:
                 finish = "eos"
                 break

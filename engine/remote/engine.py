@@ -435,9 +435,10 @@ class RemoteEngine:
     def _prompt_ids(self, req: InfillRequest) -> list[int]:
         return self._prompt(req)[0]
 
-    def _prompt(self, req: InfillRequest) -> tuple[list[int], str]:
+    def _prompt(self, req: InfillRequest) -> tuple[list[int], str, int]:
         """The prompt as the local engine renders it (no CacheBlend), fitted to the server's
-        context, and the text token healing removed from its end ("" when none). Healing
+        context, the text token healing removed from its end ("" when none) and how many
+        tokens that was. Healing
         only where the server can constrain the answer's text (llama.cpp's grammar), and
         not when a stop string lies in the healed text (the server would stop on it)."""
         heal = self.dialect.heals and (req.heal if req.heal is not None else not self.prompts.fragment_trained)
@@ -451,9 +452,9 @@ class RemoteEngine:
             except UnicodeDecodeError:  # a token that starts inside a character: not as text
                 healed = None
             if healed is not None and not any(s and s in healed for s in (*req.stop, *self._stop_texts)):
-                return built.prompt.ids, healed
+                return built.prompt.ids, healed, built.prompt.healed_tokens
             built = self.prompts.build(msgspec.structs.replace(req, heal=False), self._context_length)
-        return built.prompt.ids, ""
+        return built.prompt.ids, "", 0
 
     def _slot_for(self, key: str) -> int | None:
         """The document's slot: stable while it stays among the `slots` most recently used documents."""
@@ -484,13 +485,13 @@ class RemoteEngine:
         own_stop = False  # fork 0 matched a stop string here (the server may not have yet)
         error: str | None = None
         ids: list[int] = []
-        healed = ""
+        healed, healed_tokens = "", 0
         try:
             if not self.link.usable:
                 raise _Refused(f"the backend {self.endpoint.display} is unreachable ({self.link.last_error}); reconnecting")
             if self._mismatch:
                 raise _Refused(self._mismatch)
-            ids, healed = self._prompt(req)
+            ids, healed, healed_tokens = self._prompt(req)
             remaining = None if req.deadline is None else int((req.deadline - time.monotonic()) * 1000)
             body = self.dialect.body(
                 ids, req, model=self.remote_model, slot=self._slot_for(req.key),
@@ -577,7 +578,7 @@ class RemoteEngine:
         text = rules.text
         stats = self.counters.request_stats(call.submitted, call.background, usage, first, generated)
         if healed:
-            stats = msgspec.structs.replace(stats, healed_tokens=1)
+            stats = msgspec.structs.replace(stats, healed_tokens=healed_tokens)
         alternatives = tuple(extra.get(i, "") for i in range(1, req.n)) if req.n > 1 and finish != "error" else ()
         alt_finish = tuple(extra_finish.get(i, finish or "stop") for i in range(1, req.n)) if alternatives else ()
         self._finish(call, text if finish != "error" else "", finish or "error", stats, error, alternatives, alt_finish)

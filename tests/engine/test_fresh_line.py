@@ -76,6 +76,22 @@ def test_a_healed_line_break_is_judged_on_what_the_token_adds():
     assert Sampler(fresh_line=FreshLine(ends, blank)).sample(logits, allowed=allowed) == 4
 
 
+def test_a_healed_text_still_being_spelled_out_is_judged_after_its_rest():
+    """Multi-token healing of "\n    " (line break and indentation dropped): a token that
+    spells only a first part of it ("\n") adds nothing and stays blank, one that covers it
+    is judged on what follows ("\n    x" has text; "\n    \n" ends the line)."""
+    table = [b"\n", b"\n    x", b"\n    \n", b"", b"\n        "]
+    ends = torch.tensor([True, True, True, True, True])
+    blank = torch.tensor([False, False, False, False, False])
+    masks = FreshLine(ends, blank, table)
+    allowed = torch.tensor([0, 1, 2, 4])
+    judged = masks.healed(allowed, b"\n    ")
+    assert judged.ends.tolist() == [False, False, True, False] and judged.blank.tolist() == [True, False, False, True]
+    logits = _row(0.1, 0.2, 0.6, 0.05, 0.05)  # the model wants the blank line
+    s = Sampler(fresh_line=masks)
+    assert s.sample(logits, allowed=allowed, healed=b"\n    ") == 1 and not s.constrained
+
+
 def test_guard_lets_a_confident_blank_line_through():
     sure = _row(0.97, 0.01, 0.01, 0.005, 0.004, 0.001)
     assert Sampler(fresh_line=MASKS, guard=0.9).sample(sure) == 0  # P(blank) 0.975 >= 0.9

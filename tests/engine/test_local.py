@@ -74,26 +74,39 @@ def test_second_document_reuses_shared_prefix(engine, source):
     settle(engine)
 
 
-def test_token_healing_first_token_extends_the_partial_word(engine, source):
+@pytest.mark.parametrize("inc", ["    retu", "   "])
+def test_token_healing_spells_the_dropped_text_then_goes_on(engine, source, inc):
+    """A partial word ("retu") or indentation cut short ("   "): the last token(s) are
+    dropped and the greedy answer, masked step by step to agree with their text until it is
+    spelled out, is what the engine streams after the typed text."""
     P, S = window(source, 8000)
-    inc = "    retu"
-    c = run(engine, key="heal", prefix=P, suffix=S, increment=inc, heal=True, max_tokens=4)
-    assert c.stats.healed_tokens == 1
-    # Independent check: the prompt without the increment's last token, then the masked argmax.
+    c = run(engine, key="heal", prefix=P, suffix=S, increment=inc, heal=True, max_tokens=6)
     tok = engine.tokenizer
     segs = engine.template.render(InfillRequest(key="x", prefix=P, suffix=S, increment=inc))
     enc = tok.encode(segs, heal=True)
+    assert enc.healing is not None and c.stats.healed_tokens == len(enc.healing.removed_ids) >= 1
+    # Independent check: the prompt without the dropped tokens, then the masked argmax per step.
     model = engine.model
-    kv = model.new_kv(len(enc.ids) + 1)
+    kv = model.new_kv(len(enc.ids) + 8)
+    progress = enc.healing.progress(tok.vocab)
+    out: list[int] = []
     with torch.inference_mode():
         logits = model.forward(torch.tensor(enc.ids), kv, 0, "last")[0]
-    allowed = enc.healing.allowed_ids
-    first = int(allowed[logits.index_select(0, allowed).argmax()])
-    first_bytes = tok.vocab.token_bytes[first]
+        for step in range(6):
+            if progress is not None:
+                allowed = progress.allowed()
+                token = int(allowed[logits.index_select(0, allowed).argmax()])
+                progress = progress.after(token)
+            else:
+                token = int(logits.argmax())
+            if token in engine.end_ids:
+                break
+            out.append(token)
+            logits = model.forward(torch.tensor([token]), kv, len(enc.ids) + step, "last")[0]
+    spelled = b"".join(tok.vocab.token_bytes[i] for i in out)
     removed = enc.healing.removed_bytes
-    assert first_bytes.startswith(removed)
-    # the completion continues the typed text: it starts with the rest of the first token
-    assert c.text.encode().startswith(first_bytes[len(removed) :])
+    assert spelled.startswith(removed) or removed.startswith(spelled)
+    assert c.text == spelled[len(removed) :].decode("utf-8", errors="replace")
     unhealed = run(engine, key="heal2", prefix=P, suffix=S, increment=inc, heal=False, max_tokens=4)
     assert unhealed.stats.healed_tokens == 0
     settle(engine)

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from engine.templates import Segment, detect_template
 from tiny_models import stdlib_sources, tiny_tokenizer_json
-from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_at_line_start, ends_inside_identifier
+from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_at_line_start, ends_inside_identifier, whole_indentation
 
 
 @pytest.fixture(scope="module")
@@ -55,20 +55,38 @@ def test_roundtrip_bytes_of_vocab(seg_tok, source):
     assert seg_tok.vocab.text_of(ids) == text
 
 
-def test_healing_drops_last_token_and_constrains_to_its_extensions(seg_tok):
+def _consistent_brute_force(vocab, text: bytes) -> set[int]:
+    return {i for i, b in enumerate(vocab.token_bytes) if b and (b.startswith(text) or text.startswith(b) and b != text)}
+
+
+def test_healing_drops_last_token_and_constrains_to_what_agrees_with_it(seg_tok):
     enc = seg_tok.encode([Segment("def f(x):\n    ", "prefix"), Segment("retu", "increment")], heal=True)
     full = seg_tok.encode_text("retu")
     h = enc.healing
     assert h is not None
-    assert h.removed_id == full[-1]
+    assert h.removed_ids == (full[-1],) and h.removed_bytes == seg_tok.vocab.token_bytes[full[-1]]
     assert enc.ids == list(seg_tok.encode_text("def f(x):\n    ")) + list(full[:-1])
-    allowed = h.allowed_ids.tolist()
-    assert h.removed_id in allowed
-    bytes_of = seg_tok.vocab.token_bytes
-    assert all(bytes_of[i].startswith(h.removed_bytes) for i in allowed)
-    # brute force: nothing that starts with the removed text is missing
-    expect = {i for i, b in enumerate(bytes_of) if b and b.startswith(h.removed_bytes)}
-    assert set(allowed) == expect
+    allowed = h.progress(seg_tok.vocab).allowed().tolist()
+    assert full[-1] in allowed and len(allowed) == len(set(allowed))
+    # brute force: every token that starts with the removed text or spells a first part of it
+    assert set(allowed) == _consistent_brute_force(seg_tok.vocab, h.removed_bytes)
+
+
+def test_healing_progress_spells_the_healed_text_out_over_several_tokens(seg_tok):
+    vocab = seg_tok.vocab
+    rest = b"        return"
+    state = seg_tok.encode([Segment("def f():\n", "prefix"), Segment(rest.decode(), "increment")], heal=True)
+    assert state.healing is not None
+    progress = type(state.healing)((), rest).progress(vocab)
+    assert set(progress.allowed().tolist()) == _consistent_brute_force(vocab, rest)
+    # one space at a time, then a token that covers the rest and goes on
+    one = vocab.consistent(b" ")
+    space = next(i for i in one.tolist() if vocab.token_bytes[i] == b" ")
+    for k in range(1, 8):
+        progress = progress.after(space)
+        assert progress is not None and progress.rest == rest[k:]
+    cover = next(i for i in progress.allowed().tolist() if vocab.token_bytes[i].startswith(progress.rest))
+    assert progress.after(cover) is None
 
 
 @pytest.mark.parametrize("inc", ["x = (", "foo.", "f(x)", ""])
@@ -78,16 +96,48 @@ def test_no_healing_after_punctuation(seg_tok, inc):
     assert enc.healing is None
 
 
-@pytest.mark.parametrize("text", ["    return ", "x = ", "        ", "\t\t"])
-def test_a_trailing_blank_is_healed_as_one_character(seg_tok, text):
-    """A space or tab at the end is split off and healed on its own: the first token may be
-    any that starts with it (` return` after indentation), not only a longer run of blanks."""
+@pytest.mark.parametrize("text", ["    return ", "x = ", "        ", "\t\t", "if x:\n    ", "a\n\n"])
+def test_trailing_whitespace_tokens_are_all_healed(seg_tok, text):
+    """Every whitespace-only token at the end is dropped (indentation cut anywhere, a blank
+    after `return`): the model spells the whitespace again in tokens of its own choosing,
+    at least as far as it was typed, not only as a longer run of blanks."""
     enc = seg_tok.encode([Segment("def f():\n", "prefix"), Segment(text, "increment")], heal=True)
+    full = list(seg_tok.encode_text(text))
     h = enc.healing
-    assert h is not None and h.removed_bytes == text[-1].encode()
-    assert enc.ids == list(seg_tok.encode_text("def f():\n")) + list(seg_tok.encode_text(text[:-1]))
-    assert set(h.allowed_ids.tolist()) == {i for i, b in enumerate(seg_tok.vocab.token_bytes) if b and b.startswith(text[-1].encode())}
-    assert seg_tok.encode([Segment(text, "increment")]).ids == list(seg_tok.encode_text(text))  # unhealed: as ever
+    assert h is not None and h.removed_bytes and not h.removed_bytes.strip()
+    assert text.encode().endswith(h.removed_bytes)
+    assert enc.ids + list(h.removed_ids) == list(seg_tok.encode_text("def f():\n")) + full
+    kept = full[: len(full) - len(h.removed_ids)]
+    assert not kept or seg_tok.vocab.token_bytes[kept[-1]].strip()  # the token before them has text
+    assert seg_tok.encode([Segment(text, "increment")]).ids == full  # unhealed: as ever
+
+
+@pytest.mark.parametrize("before, after, whole", [
+    ("def f():\n    x = 1\n    ", "", True),  # a level an earlier line has
+    ("def f():\n    x = 1\n   ", "", False),  # three of four blanks typed so far
+    ("def f():\n    if x:\n        ", "", True),  # one step into the block just opened
+    ("def f():\n    if x:\n      ", "", False),
+    ("def f():\n    if x:\n      ", "      y = 2\n", True),  # as wide as the next line
+    ("class A:\n  def f(self):\n    pass\n  ", "", True),  # two-blank steps
+    ("class A:\n  def f(self):\n      ", "", False),  # a step here is 2, not 4
+    ("if x:\n\ty\n\t", "", True),
+    ("x = 1", "", False), ("x = 1\n", "", False), ("", "", False), ("    return ", "", False),
+])
+def test_whole_indentation(before, after, whole):
+    assert whole_indentation(before, after) is whole
+
+
+def test_a_whole_indentation_heals_only_its_last_blank(seg_tok):
+    """The editor indented the fresh line: its last blank is split off and healed, so the
+    prompt reads "indented this far" instead of letting the model choose a deeper indent."""
+    text = "        "
+    enc = seg_tok.encode([Segment("def f():\n    if x:\n", "prefix"), Segment(text, "increment")], heal=True,
+                         whole_indent=True)
+    h = enc.healing
+    assert h is not None and h.removed_bytes == b" " and h.removed_ids == tuple(seg_tok.encode_text(" "))
+    assert enc.ids[-len(seg_tok.encode_text(text[:-1])):] == list(seg_tok.encode_text(text[:-1]))
+    partial = seg_tok.encode([Segment("def f():\n    if x:\n", "prefix"), Segment(text, "increment")], heal=True)
+    assert partial.healing.removed_bytes.endswith(b"  ")  # not whole: every blank token is healed
 
 
 def test_prefix_index_matches_brute_force(seg_tok):
@@ -132,10 +182,10 @@ def test_healing_at_a_line_start_lets_the_model_write_break_and_indentation_toge
     enc = seg_tok.encode([Segment("s", "suffix"), Segment(prefix, "prefix")], heal=True)
     full = seg_tok.encode_text(prefix)
     h = enc.healing
-    assert h is not None and h.removed_id == full[-1] and enc.ids[-len(full) + 1 :] == list(full[:-1])
-    assert b"\n" in h.removed_bytes or not h.removed_bytes.strip()
-    bytes_of = seg_tok.vocab.token_bytes
-    assert {i for i, b in enumerate(bytes_of) if b and b.startswith(h.removed_bytes)} == set(h.allowed_ids.tolist())
+    k = len(h.removed_ids) if h is not None else 0
+    assert k >= 1 and enc.ids[len(enc.ids) - len(full) + k :] == list(full[:-k]) and h.removed_ids == tuple(full[-k:])
+    assert b"\n" in h.removed_bytes and prefix.encode().endswith(h.removed_bytes)
+    assert set(h.progress(seg_tok.vocab).allowed().tolist()) == _consistent_brute_force(seg_tok.vocab, h.removed_bytes)
     assert seg_tok.encode([Segment(prefix, "prefix")], heal=False).healing is None
 
 
