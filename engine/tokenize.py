@@ -6,18 +6,20 @@
   (docs/design.md, "Prefix stability").
   Text that happens to spell a special token (`<|endoftext|>` in a user's file) is
   tokenized as plain text, never as the special token.
-- Token healing: when healing is on and the last text segment ends inside an identifier
-  ("retu"), at a line start ("):\n") or with a space or tab ("return ", indentation),
-  its last token is dropped and the first generated token is restricted to vocabulary
-  entries whose bytes start with the dropped token's bytes (`VocabIndex.allowed`, a
-  sorted-bytes index built once per tokenizer; a lookup is two bisections). Ordinary text
-  writes a line break together with the next line's indentation ("\n        ") and a space
-  in front of the next word (" return"), so a prompt ending with a lone "\n" or a space
-  token is a split the model rarely saw (after a lone "\n" it mostly answers a blank
-  line). A trailing space or tab is first split off as a token of its own, so the healed
-  token is that one character: healing a whole run of indentation would admit only longer
-  runs as the first token, and the model then indents too deep (measured in
-  docs/training.md).
+- Token healing: when healing is on and the last segment is text, its last token is
+  dropped — or, when it ends with whitespace, every trailing whitespace-only token — and
+  the generated tokens must spell the dropped text out again before anything else
+  (`HealingProgress`): each must cover the rest of it (its bytes start with it:
+  `VocabIndex.allowed`, a sorted-bytes index built once per tokenizer; a lookup is two
+  bisections) or, in a run of blanks, spell a first part of it (`VocabIndex.consistent`). The
+  cursor splits text where ordinary text has no token boundary: inside a word ("retu"),
+  after punctuation ("=" before "=="), at a line break, which ordinary text writes
+  together with the next line's indentation ("\n        "; after a lone "\n" the model
+  mostly answers a blank line), or inside a run of blanks ("   " cut from "        return",
+  whose own tokens are "       " + " return"). A whole indentation (`whole_indentation`:
+  a level the lines around have, as an editor leaves a fresh line) is the exception: only
+  its last blank, split off as a token of its own, is healed, so the prompt reads "indented
+  this far"; healing all of it lets the model indent deeper (measured in docs/training.md).
 - `StreamDecoder` turns generated ids into text incrementally, holding back the bytes
   of a UTF-8 character split across tokens.
 
@@ -148,13 +150,16 @@ class VocabIndex:
 
     def consistent(self, text: bytes) -> torch.Tensor:  # [n] int64
         """Ids of every non-special token that agrees with `text` as the next piece of it:
-        its bytes start with `text` (`allowed(text)`), or are a first part of `text` (what
-        multi-token healing lets through while the healed text is not spelled out yet)."""
+        its bytes start with `text` (`allowed(text)`), or — when `text` is spaces and tabs
+        only — are a first part of it (a run of blanks is spelled in pieces of the model's
+        choosing; anything else is covered in one token, as single-token healing does: a
+        lone "\n" before a healed "\n\n" is a split the model answers with a blank line)."""
         hit = self._consistent_cache.get(text)
         if hit is not None:
             self._consistent_cache.move_to_end(text)
             return hit
-        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())]
+        blank_run = not text.strip(b" \t")
+        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())] if blank_run else []
         ids = self.allowed(text)
         if parts:
             ids = torch.cat([torch.tensor(parts, dtype=torch.int64), ids])
@@ -187,9 +192,10 @@ class Healing(NamedTuple):
 
 class HealingProgress(NamedTuple):
     """Multi-token healing while it lasts: the healed text not yet spelled out by the
-    generated tokens (`rest`, non-empty). Each token must agree with it: cover it (its bytes
-    start with `rest`) or spell a first part of it; `after(token)` is the next state (None
-    once covered). Immutable: a fork of a sequence shares its parent's."""
+    generated tokens (`rest`, non-empty). Each token must agree with it
+    (`VocabIndex.consistent`): cover it (its bytes start with `rest`) or, in a run of
+    blanks, spell a first part of it; `after(token)` is the next state (None once covered).
+    Immutable: a fork of a sequence shares its parent's."""
 
     vocab: "VocabIndex"
     rest: bytes
@@ -208,28 +214,10 @@ class Encoded(NamedTuple):
     healing: Healing | None
 
 
-def ends_inside_identifier(text: str) -> bool:
-    """True when `text` ends with an identifier character (letter, digit, underscore):
-    the next character typed may continue the same word."""
-    return bool(text) and (text[-1].isalnum() or text[-1] == "_")
-
-
-def ends_at_line_start(text: str) -> bool:
-    """True when `text` ends with a line break: the next token of ordinary text would
-    carry the line break and the next line's indentation together."""
-    return text.endswith(("\n", "\r"))
-
-
 def ends_with_blank(text: str) -> bool:
     """True when `text` ends with a space or a tab (`return `, `x = `, indentation):
     ordinary text puts the last one in front of the next word (` x`, `       ` + ` return`)."""
     return text.endswith((" ", "\t"))
-
-
-def heals(text: str) -> bool:
-    """Whether token healing drops the last token of a prompt ending with `text`: it ends
-    inside an identifier, at a line start, or with a space or tab."""
-    return ends_inside_identifier(text) or ends_at_line_start(text) or ends_with_blank(text)
 
 
 def _indent(line: str) -> int:
@@ -325,8 +313,7 @@ class SegmentTokenizer:
         return len(self._encode(text, False)) if text else 0
 
     def encode(self, segments: Sequence[Segment], *, heal: bool = False, whole_indent: bool = False) -> Encoded:
-        """Concatenated ids of `segments`. With `heal`, if the last segment is text that
-        ends inside an identifier, at a line start or with a space or tab (`heals`), its
+        """Concatenated ids of `segments`. With `heal`, if the last segment is text, its
         last tokens are dropped and returned in `healing` (`healed_count`): the generated
         text must spell them out again first, in tokens of the model's own choosing.
 
@@ -350,7 +337,7 @@ class SegmentTokenizer:
                     if len(tail) == 1:
                         seg_ids, drop = head + tail, 1
                 if last and not drop:
-                    drop = self.healed_count(seg.value, seg_ids)
+                    drop = self.healed_count(seg_ids)
                 if drop:
                     removed = tuple(seg_ids[-drop:])
                     healing = Healing(removed, b"".join(self.vocab.token_bytes[i] for i in removed))
@@ -361,15 +348,16 @@ class SegmentTokenizer:
             spans.append(SegmentSpan(start, len(ids), seg.role))
         return Encoded(ids, tuple(spans), healing)
 
-    def healed_count(self, text: str, ids: Sequence[int]) -> int:
-        """How many of the last ids of `text` (tokenized as `ids`) token healing drops.
+    def healed_count(self, ids: Sequence[int]) -> int:
+        """How many of the last `ids` of a prompt's last text token healing drops.
 
         Every trailing whitespace-only token, up to `HEAL_MAX_TOKENS`: a prompt that ends
         with indentation or a blank ends with a split ordinary text rarely has (`   ` cut
         from `        return`, whose own tokens are `       ` + ` return`); the model then
-        spells the whitespace again its own way, at least as far as the user typed it.
-        Otherwise the last token when the text `heals` (inside an identifier, or a line
-        break merged with what precedes it: `):\n`)."""
+        spells the whitespace again its own way, at least as far as it was typed.
+        Otherwise the last token, whatever it ends with: inside a word (`retu`), at a line
+        break merged with what precedes it (`):\n`), or after punctuation (`=` before `==`,
+        `(` before `()`) — the cursor may split any token ordinary text would have."""
         table = self.vocab.token_bytes
         drop = 0
         while drop < min(len(ids), HEAL_MAX_TOKENS):
@@ -377,7 +365,7 @@ class SegmentTokenizer:
             if not piece or piece.strip(b" \t\r\n"):
                 break
             drop += 1
-        if drop == 0 and ids and heals(text) and table[ids[-1]]:
+        if drop == 0 and ids and table[ids[-1]]:
             drop = 1
         return drop
 
@@ -420,4 +408,4 @@ class StreamDecoder:
 
 
 __all__ = ["VocabIndex", "SegmentTokenizer", "SegmentSpan", "Encoded", "Healing", "HealingProgress", "StreamDecoder",
-           "ends_inside_identifier", "ends_at_line_start", "ends_with_blank", "heals", "whole_indentation"]
+           "ends_with_blank", "whole_indentation"]
