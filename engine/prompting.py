@@ -59,7 +59,7 @@ class PromptBuilder:
             ids = torch.tensor([i for i in end_ids if 0 <= i < len(table)], dtype=torch.int64)
             ends[ids] = True
             blank[ids] = False
-            self._fresh_line = FreshLine(ends, blank, table)
+            self._fresh_line = FreshLine.with_table(ends, blank, table)
         return self._fresh_line
 
     def encode(self, req: InfillRequest) -> Encoded:

@@ -92,6 +92,21 @@ def test_a_healed_text_still_being_spelled_out_is_judged_after_its_rest():
     assert s.sample(logits, allowed=allowed, healed=b"\n    ") == 1 and not s.constrained
 
 
+def test_the_table_positions_judge_a_healed_set_as_the_bytes_do():
+    """`FreshLine.with_table` (two comparisons per token) classifies a healed set exactly as
+    the byte-by-byte reading does, whatever the healed text."""
+    table = [b"\n", b"    ", b"x", b" = 1", b"\n\n", b"", b"\n        ", b"\nx", b" ", b"  \n", b"\r\n  ", b" \tx "]
+    ends = torch.tensor([b"\n" in b or b"\r" in b for b in table])
+    blank = torch.tensor([bool(b) and not b.strip() and b"\n" not in b for b in table])
+    fast, slow = FreshLine.with_table(ends, blank, table), FreshLine(ends, blank, table)
+    for rest in (b"", b" ", b"  ", b"\n", b"\n  ", b"    "):
+        allowed = torch.tensor([i for i, b in enumerate(table) if b and (b.startswith(rest) or rest.startswith(b))])
+        if not allowed.numel():
+            continue
+        a, b = fast.healed(allowed, rest), slow.healed(allowed, rest)
+        assert a.ends.tolist() == b.ends.tolist() and a.blank.tolist() == b.blank.tolist(), rest
+
+
 def test_guard_lets_a_confident_blank_line_through():
     sure = _row(0.97, 0.01, 0.01, 0.005, 0.004, 0.001)
     assert Sampler(fresh_line=MASKS, guard=0.9).sample(sure) == 0  # P(blank) 0.975 >= 0.9
