@@ -24,7 +24,7 @@ from engine.handle import LocalHandle
 from engine.sampler import FreshLine, StopRules
 from engine.sequence import Prompt
 from engine.templates import FimTemplate
-from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder, whole_indentation
+from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
 
 
 class BuiltPrompt(NamedTuple):
@@ -66,7 +66,8 @@ class PromptBuilder:
         """The whole prompt, uncut: rendered segments tokenized one by one (healed unless the
         request or a fragment-trained model says otherwise)."""
         heal = req.heal if req.heal is not None else not self.fragment_trained
-        whole = heal and whole_indentation(req.prefix + req.increment, req.suffix)
+        whole = (heal and ends_with_blank(req.increment or req.prefix)
+                 and whole_indentation(req.prefix + req.increment, req.suffix))
         return self.tokenizer.encode(self.template.render(req), heal=heal, whole_indent=whole)
 
     def build(self, req: InfillRequest, context_length: int) -> BuiltPrompt:
