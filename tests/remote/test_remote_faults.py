@@ -378,6 +378,24 @@ def test_token_healing_on_llama_cpp_constrains_the_answer_by_grammar_and_skips_t
     assert grammar() is None
 
 
+def test_healed_blanks_reach_llama_cpp_whole(tiny_model_dir):
+    """Multi-token healing on llama.cpp: indentation typed part of the way ("   " where the
+    code around is indented by 4) is dropped from the prompt token by token, the grammar's
+    literal is all of it, and the stream leaves it out."""
+    with FaultServer(pieces=("     x = 1",)) as server:  # after the grammar literal, as llama.cpp writes it
+        engine, faults = _engine(server.url, tiny_model_dir)
+        with engine:
+            req = _req(prefix="def f(x):\n    y = x\n", increment="   ", format="prefix", heal=True)
+            plain_ids = engine._prompt_ids(_req(prefix="def f(x):\n    y = x\n", increment="   ", format="prefix"))
+            done = engine.submit(req).result(10)
+            body = server.completions()[-1]
+            assert body["grammar"] == grammar("   ")
+            dropped = len(plain_ids) - len(body["prompt"])
+            assert dropped >= 1 and body["prompt"] == plain_ids[:-dropped] and done.stats.healed_tokens == dropped
+            assert engine.tokenizer.vocab.text_of(plain_ids[-dropped:]) == "   "
+            assert done.text == "     x = 1"
+
+
 def test_openai_dialect_request_usage_and_alternatives(tiny_model_dir):
     with FaultServer(model_name="qwen-coder") as server:
         engine, faults = _engine(server.url + "/v1", tiny_model_dir, backend="openai")
