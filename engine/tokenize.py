@@ -73,16 +73,6 @@ def _decoder_kind(tokenizer: Tokenizer) -> str:
     return "other"
 
 
-_WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-
-
-def _word_piece(piece: bytes) -> bool:
-    """Letters, digits and underscores (ASCII), after at most one leading space: a piece of
-    an identifier or keyword."""
-    core = piece[1:] if piece.startswith(b" ") else piece
-    return bool(core) and all(c in _WORD_BYTES for c in core)
-
-
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:
     """The smallest byte string greater than every string starting with `prefix`
     (None: no upper bound, the prefix is all 0xff)."""
@@ -160,16 +150,16 @@ class VocabIndex:
 
     def consistent(self, text: bytes) -> torch.Tensor:  # [n] int64
         """Ids of every non-special token that agrees with `text` as the next piece of it:
-        its bytes start with `text` (`allowed(text)`), or — when `text` is a run of blanks or
-        a word (`_word_piece`) — are a first part of it (spelled in pieces of the model's
+        its bytes start with `text` (`allowed(text)`), or — when `text` is spaces and tabs
+        only — are a first part of it (a run of blanks is spelled in pieces of the model's
         choosing; anything else is covered in one token, as single-token healing does: a
         lone "\n" before a healed "\n\n" is a split the model answers with a blank line)."""
         hit = self._consistent_cache.get(text)
         if hit is not None:
             self._consistent_cache.move_to_end(text)
             return hit
-        in_pieces = not text.strip(b" \t") or _word_piece(text)
-        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())] if in_pieces else []
+        blank_run = not text.strip(b" \t")
+        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())] if blank_run else []
         ids = self.allowed(text)
         if parts:
             ids = torch.cat([torch.tensor(parts, dtype=torch.int64), ids])
@@ -258,8 +248,7 @@ def whole_indentation(before: str, after: str, *, lookback: int = 60) -> bool:
     return False
 
 
-# Most tokens token healing drops: a run of blanks (indentation is one or two) or the pieces
-# of the word being typed.
+# Most trailing whitespace-only tokens token healing drops (indentation is one or two).
 HEAL_MAX_TOKENS = 8
 
 
@@ -366,11 +355,9 @@ class SegmentTokenizer:
         with indentation or a blank ends with a split ordinary text rarely has (`   ` cut
         from `        return`, whose own tokens are `       ` + ` return`); the model then
         spells the whitespace again its own way, at least as far as it was typed.
-        Inside a word, every piece of it back to its start (`lambd`, tokenized `l` + `amb` +
-        `d`, is spelled again as the model would write `lambda`). Otherwise the last token,
-        whatever it ends with: a line break merged with what precedes it (`):\n`), or
-        punctuation (`=` before `==`, `(` before `()`) — the cursor may split any token
-        ordinary text would have."""
+        Otherwise the last token, whatever it ends with: inside a word (`retu`), at a line
+        break merged with what precedes it (`):\n`), or after punctuation (`=` before `==`,
+        `(` before `()`) — the cursor may split any token ordinary text would have."""
         table = self.vocab.token_bytes
         drop = 0
         while drop < min(len(ids), HEAL_MAX_TOKENS):
@@ -380,16 +367,6 @@ class SegmentTokenizer:
             drop += 1
         if drop == 0 and ids and table[ids[-1]]:
             drop = 1
-            if _word_piece(table[ids[-1]]) and not table[ids[-1]].startswith(b" "):
-                # Inside a word: back to its start (a piece led by a space, or the first
-                # piece after a non-word one), so the word comes back in the model's tokens.
-                while drop < min(len(ids), HEAL_MAX_TOKENS):
-                    piece = table[ids[-1 - drop]]
-                    if not _word_piece(piece):
-                        break
-                    drop += 1
-                    if piece.startswith(b" "):
-                        break
         return drop
 
 
