@@ -141,7 +141,7 @@ class Sampler:
             masks = masks._replace(ends=masks.ends.to(logits.device), blank=masks.blank.to(logits.device))
         self._fresh = masks
         ends, blank = masks.ends, masks.blank  # [V] bool each
-        if allowed is not None:  # healing's first-token set: the rule works inside it
+        if allowed is not None:  # token healing's set: the rule works inside it
             index = allowed.to(logits.device)
             logits = logits.index_select(0, index)  # [n]
             if masks.token_bytes:  # judged on what each token adds after the healed bytes

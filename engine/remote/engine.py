@@ -438,9 +438,9 @@ class RemoteEngine:
     def _prompt(self, req: InfillRequest) -> tuple[list[int], str, int]:
         """The prompt as the local engine renders it (no CacheBlend), fitted to the server's
         context, the text token healing removed from its end ("" when none) and how many
-        tokens that was. Healing
-        only where the server can constrain the answer's text (llama.cpp's grammar), and
-        not when a stop string lies in the healed text (the server would stop on it)."""
+        tokens that was. Healing only where the server can constrain the answer's text
+        (llama.cpp's grammar), and not when a stop string lies in the healed text (the
+        server would stop on it)."""
         heal = self.dialect.heals and (req.heal if req.heal is not None else not self.prompts.fragment_trained)
         req = msgspec.structs.replace(
             req, heal=heal, document_kv=False, context="prefix" if req.context == "blend" else req.context,
