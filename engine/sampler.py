@@ -42,9 +42,7 @@ class FreshLine(NamedTuple):
     @classmethod
     def with_table(cls, ends: torch.Tensor, blank: torch.Tensor, table: Sequence[bytes]) -> "FreshLine":
         """The classes with every token's bytes and the positions `healed` reads."""
-        last_break = torch.tensor([max(b.rfind(b"\n"), b.rfind(b"\r")) for b in table], dtype=torch.int32)  # [V]
-        last_text = torch.tensor([len(b.rstrip()) - 1 for b in table], dtype=torch.int32)  # [V]
-        return cls(ends, blank, table, last_break, last_text)
+        return cls(ends, blank, table, *_text_positions(table))
 
     def healed(self, allowed: torch.Tensor, rest: bytes | None = None) -> "FreshLine":
         """The classes of token healing's set `allowed` ([n] ids) while `rest` (the healed
@@ -56,12 +54,11 @@ class FreshLine(NamedTuple):
         head = min(len(table[i]) for i in allowed.tolist()) if rest is None else len(rest)
         if self.last_break is not None and self.last_text is not None:
             index = allowed.to(self.last_break.device)
-            ends = self.last_break.index_select(0, index) >= head  # [n]
-            blank = (self.last_text.index_select(0, index) < head) & ~ends  # [n]
-            return FreshLine(ends, blank)
-        rest_of = [table[i][head:] for i in allowed.tolist()]
-        ends = torch.tensor([b"\n" in r or b"\r" in r for r in rest_of], dtype=torch.bool)  # [n]
-        blank = torch.tensor([not r.strip() and not e for r, e in zip(rest_of, ends.tolist())], dtype=torch.bool)  # [n]
+            last_break, last_text = self.last_break.index_select(0, index), self.last_text.index_select(0, index)
+        else:  # built without `with_table`: the positions of these tokens only
+            last_break, last_text = _text_positions([table[i] for i in allowed.tolist()])
+        ends = last_break >= head  # [n]: a line break among the bytes after `rest`
+        blank = (last_text < head) & ~ends  # [n]: only whitespace after `rest`
         return FreshLine(ends, blank)
 
     def sized(self, n: int) -> "FreshLine":
@@ -73,6 +70,14 @@ class FreshLine(NamedTuple):
             return self._replace(ends=self.ends[:n], blank=self.blank[:n])
         pad = torch.zeros(n - self.ends.shape[0], dtype=torch.bool)
         return self._replace(ends=torch.cat([self.ends, pad]), blank=torch.cat([self.blank, pad]))
+
+
+def _text_positions(table: Sequence[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: the index of its last line-break byte and of its last non-whitespace byte,
+    -1 where none ([n] int32 each)."""
+    last_break = torch.tensor([max(b.rfind(b"\n"), b.rfind(b"\r")) for b in table], dtype=torch.int32)
+    last_text = torch.tensor([len(b.rstrip()) - 1 for b in table], dtype=torch.int32)
+    return last_break, last_text
 
 
 class Sampler:

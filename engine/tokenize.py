@@ -73,6 +73,18 @@ def _decoder_kind(tokenizer: Tokenizer) -> str:
     return "other"
 
 
+def _remembered(cache: OrderedDict, key: bytes, make) -> torch.Tensor:
+    """`make(key)` through a 256-entry LRU `cache`."""
+    hit = cache.get(key)
+    if hit is not None:
+        cache.move_to_end(key)
+        return hit
+    value = cache[key] = make(key)
+    if len(cache) > 256:
+        cache.popitem(last=False)
+    return value
+
+
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:
     """The smallest byte string greater than every string starting with `prefix`
     (None: no upper bound, the prefix is all 0xff)."""
@@ -124,9 +136,6 @@ class VocabIndex:
         self._sorted_ids = torch.tensor([i for _, i in order], dtype=torch.int64)  # [V']
         self._allowed_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self._consistent_cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
-        self._ids_of: dict[bytes, list[int]] = {}
-        for b, i in order:
-            self._ids_of.setdefault(b, []).append(i)
 
     @property
     def size(self) -> int:
@@ -135,18 +144,13 @@ class VocabIndex:
     def allowed(self, prefix: bytes) -> torch.Tensor:  # [n] int64, ascending by bytes
         """Ids of every non-special token whose bytes start with `prefix` (all of them
         for an empty prefix). A view into a shared tensor: do not modify."""
-        hit = self._allowed_cache.get(prefix)
-        if hit is not None:
-            self._allowed_cache.move_to_end(prefix)
-            return hit
+        return _remembered(self._allowed_cache, prefix, self._starting_with)
+
+    def _starting_with(self, prefix: bytes) -> torch.Tensor:  # [n] int64
         lo = bisect.bisect_left(self._sorted_bytes, prefix)
         upper = _prefix_upper_bound(prefix)
         hi = len(self._sorted_bytes) if upper is None else bisect.bisect_left(self._sorted_bytes, upper, lo)
-        ids = self._sorted_ids[lo:hi]
-        self._allowed_cache[prefix] = ids
-        if len(self._allowed_cache) > 256:
-            self._allowed_cache.popitem(last=False)
-        return ids
+        return self._sorted_ids[lo:hi]
 
     def consistent(self, text: bytes) -> torch.Tensor:  # [n] int64
         """Ids of every non-special token that agrees with `text` as the next piece of it:
@@ -154,19 +158,19 @@ class VocabIndex:
         only — are a first part of it (a run of blanks is spelled in pieces of the model's
         choosing; anything else is covered in one token, as single-token healing does: a
         lone "\n" before a healed "\n\n" is a split the model answers with a blank line)."""
-        hit = self._consistent_cache.get(text)
-        if hit is not None:
-            self._consistent_cache.move_to_end(text)
-            return hit
-        blank_run = not text.strip(b" \t")
-        parts = [i for k in range(1, len(text)) for i in self._ids_of.get(text[:k], ())] if blank_run else []
+        return _remembered(self._consistent_cache, text, self._agreeing_with)
+
+    def _agreeing_with(self, text: bytes) -> torch.Tensor:  # [n] int64
         ids = self.allowed(text)
-        if parts:
-            ids = torch.cat([torch.tensor(parts, dtype=torch.int64), ids])
-        self._consistent_cache[text] = ids
-        if len(self._consistent_cache) > 256:
-            self._consistent_cache.popitem(last=False)
-        return ids
+        if text.strip(b" \t"):
+            return ids
+        parts = [self._exactly(text[:k]) for k in range(1, len(text))]  # the first parts that are tokens
+        return torch.cat([*parts, ids])
+
+    def _exactly(self, piece: bytes) -> torch.Tensor:  # [n] int64: the ids whose bytes are `piece`
+        lo = bisect.bisect_left(self._sorted_bytes, piece)
+        hi = bisect.bisect_right(self._sorted_bytes, piece, lo)
+        return self._sorted_ids[lo:hi]
 
     def text_of(self, ids: Sequence[int]) -> str:
         """Text of `ids` (special tokens contribute nothing; invalid UTF-8 is replaced)."""
@@ -235,7 +239,8 @@ def whole_indentation(before: str, after: str, *, lookback: int = 60) -> bool:
     if not line or line.strip(" \t"):
         return False
     width = len(line)
-    earlier = [ln for ln in before[: len(before) - len(line)].split("\n")[-4 * lookback :] if ln.strip()][-lookback:]
+    earlier = [ln for ln in before[: len(before) - len(line)].rsplit("\n", 4 * lookback)[-4 * lookback :] if ln.strip()]
+    earlier = earlier[-lookback:]
     levels = [_indent(ln) for ln in earlier]
     if width in levels:
         return True
@@ -329,15 +334,14 @@ class SegmentTokenizer:
             start = len(ids)
             if isinstance(seg.value, str):
                 last = heal and n == len(segments) - 1
-                seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
                 drop = 0
                 if last and whole_indent and ends_with_blank(seg.value):
-                    head = self.encode_text(seg.value[:-1], dummy_prefix=seg.dummy_prefix)
                     tail = self.encode_text(seg.value[-1])
                     if len(tail) == 1:
-                        seg_ids, drop = head + tail, 1
-                if last and not drop:
-                    drop = self.healed_count(seg_ids)
+                        seg_ids, drop = self.encode_text(seg.value[:-1], dummy_prefix=seg.dummy_prefix) + tail, 1
+                if not drop:
+                    seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
+                    drop = self.healed_count(seg_ids) if last else 0
                 if drop:
                     removed = tuple(seg_ids[-drop:])
                     healing = Healing(removed, b"".join(self.vocab.token_bytes[i] for i in removed))

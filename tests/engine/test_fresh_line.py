@@ -105,6 +105,10 @@ def test_the_table_positions_judge_a_healed_set_as_the_bytes_do():
             continue
         a, b = fast.healed(allowed, rest), slow.healed(allowed, rest)
         assert a.ends.tolist() == b.ends.tolist() and a.blank.tolist() == b.blank.tolist(), rest
+        # and as the bytes after `rest` read
+        after = [table[i][len(rest):] for i in allowed.tolist()]
+        assert a.ends.tolist() == [b"\n" in r or b"\r" in r for r in after], rest
+        assert a.blank.tolist() == [not r.strip() and b"\n" not in r and b"\r" not in r for r in after], rest
 
 
 def test_guard_lets_a_confident_blank_line_through():
