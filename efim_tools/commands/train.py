@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--line-starts", type=float, default=0.5, help="share of middles starting at a line start or after its indentation")
     p.add_argument("--suffix-informed", type=float, default=0.0, metavar="P", help="share of middles that are a line introducing a name the suffix uses (teaches reading the suffix)")
     p.add_argument("--blank-middles", type=float, default=1.0, metavar="P", help="share of middles whose first line is blank that are kept; the rest start at the next line with code (blank middles teach blank answers on fresh lines)")
+    p.add_argument("--healed", type=float, default=0.0, metavar="P", help="share of samples whose prompt ends with text built as serving's token healing prompts the model: its last tokens dropped, the target starting with a token that covers them")
     p.add_argument("--layout", choices=("psm", "spm"), default="psm", help="psm: <fim_prefix> P <fim_suffix> S <fim_middle> (the EFIM paper's layout); spm: <spm_suffix> S <spm_prefix> P, the middle continuing the prefix")
     p.add_argument("--init-from", default="", help="new run only: start from an earlier run's checkpoint adapter, an adapter folder, or 'shipped' (the packaged adapter)")
     p.add_argument("--seed", type=int, default=0)
@@ -72,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--suffix-informed must be in [0, 1]")
     if not 0 <= args.blank_middles <= 1:
         raise ValueError("--blank-middles must be in [0, 1]")
+    if not 0 <= args.healed <= 1:
+        raise ValueError("--healed must be in [0, 1]")
     if args.init_from == "shipped":
         from engine.adapters import SHIPPED_ADAPTER  # noqa: PLC0415
 
@@ -108,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         suffix_informed_prob=args.suffix_informed,
         blank_middle_keep=args.blank_middles,
+        healed_prob=args.healed,
         layout=args.layout,
     )
     result = train(config)

@@ -21,6 +21,14 @@ fragment tokenization on, the increment is its own segment
 Without it, `inc + rest` is tokenized as one piece: the model then never sees a
 segment boundary inside the middle — the baseline EFIM's paper compares against.
 
+With `healed_prob`, a share of the samples whose prompt ends with text (every EFIM sample,
+and a suffix-first FIM sample, whose prompt ends with the prefix) is built as serving heals
+it (`engine.tokenize.SegmentTokenizer.encode(heal=True)`): the prompt's last text tokens
+are dropped, and the target is the dropped text plus the middle in ordinary tokenization —
+the first target token covers the dropped text, as healing's constraint asks at serving
+time. Without it, the model only ever sees the middle continue from the prompt's own
+token boundary, never a token that crosses it.
+
 Contract (tested): a sample's segments in document order concatenate to its window
 exactly, and each segment's ids decode to its text.
 """
@@ -34,7 +42,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from engine.api import InfillRequest
 from engine.templates import FimTemplate, detect_template
-from engine.tokenize import SegmentTokenizer
+from engine.tokenize import SegmentTokenizer, ends_with_blank, whole_indentation
 
 from efim_tools.training.fragment import encode_text, fragment_encode
 
@@ -117,6 +125,9 @@ class Sample(NamedTuple):
     # Text segments in document order (prefix, increment, middle, suffix) — not prompt order.
     segments: tuple[TextSegment, ...]
     fragmented: bool
+    # The text serving's token healing dropped from the prompt's end, now the target's
+    # start (`SampleConfig.healed_prob`); empty when the sample is not healed.
+    healed: str = ""
 
     @property
     def document(self) -> str:
@@ -148,6 +159,9 @@ class SampleConfig(NamedTuple):
     # as no suggestion (issue 18). 1.0 keeps them all (runs from before the option).
     blank_middle_keep: float = 1.0
     layout: Layout = "psm"
+    # Share of samples whose prompt ends with text that are built healed, as serving's
+    # token healing prompts the model (module docstring). 0 keeps earlier runs' streams.
+    healed_prob: float = 0.0
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
@@ -160,6 +174,8 @@ class SampleConfig(NamedTuple):
             raise ValueError("suffix_informed_prob must be in [0, 1]")
         if not 0 <= self.blank_middle_keep <= 1:
             raise ValueError("blank_middle_keep must be in [0, 1]")
+        if not 0 <= self.healed_prob <= 1:
+            raise ValueError("healed_prob must be in [0, 1]")
         if self.layout not in SENTINELS:
             raise ValueError(f"layout must be one of {sorted(SENTINELS)}, got {self.layout!r}")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
@@ -337,11 +353,61 @@ def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: Sa
     else:
         kind = "fim"
         middle_segs = (seg("middle", middle),)
+    healed = ""
+    # No extra draw when the option is off: earlier runs keep their stream.
+    increment = len(middle_segs) == 2
+    if cfg.healed_prob > 0 and (increment or fim.layout == "spm") and rng.random() < cfg.healed_prob:
+        # The prompt ends with the increment or, suffix first, with the prefix.
+        *ahead, last = (prefix, middle_segs[0]) if increment else (prefix,)
+        later = middle_segs[1:] if increment else middle_segs
+        split = heal_split(tokenizer, last, "".join(s.text for s in (*ahead, last)), suffix.text)
+        if split is not None:
+            kept, removed = split
+            text = removed + "".join(s.text for s in later)
+            target = TextSegment("middle", text, tuple(encode_text(tokenizer, text)))
+            if heal_allows(tokenizer, removed, target.ids):
+                healed = removed
+                if ahead:
+                    middle_segs = (kept, target) if kept.text else (target,)
+                else:
+                    prefix, middle_segs = kept, (target,)
     head = fim.head(prefix, suffix)
     tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
     ids = head + tail
     targets = [False] * len(head) + [True] * len(tail)
-    return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented)
+    return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented, healed)
 
 
-__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "draw_window", "choose_middle", "suffix_informed_lines"]
+def heal_split(tokenizer: SegmentTokenizer, seg: TextSegment, before: str, after: str) -> tuple[TextSegment, str] | None:
+    """`seg` (the prompt's last text segment; `before` is the text up to its end, `after`
+    the suffix) with the tokens serving's healing drops removed, and their text; None
+    when there is nothing to drop or the drop does not end on a character."""
+    text = seg.text
+    if ends_with_blank(text) and whole_indentation(before, after) and len(tokenizer.encode_text(text[-1])) == 1:
+        kept = text[:-1]
+        return TextSegment(seg.role, kept, tuple(encode_text(tokenizer, kept))), text[-1]
+    drop = tokenizer.healed_count(seg.ids)
+    if not drop:
+        return None
+    try:
+        removed = b"".join(tokenizer.vocab.token_bytes[i] for i in seg.ids[-drop:]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if not removed or not text.endswith(removed):
+        return None
+    return TextSegment(seg.role, text[: len(text) - len(removed)], seg.ids[:-drop]), removed
+
+
+def heal_allows(tokenizer: SegmentTokenizer, removed: str, ids: tuple[int, ...]) -> bool:
+    """Whether healing's constraint at serving time admits `ids` as the answer's start:
+    its first token covers `removed`, or `removed` is a run of blanks the tokens spell."""
+    table = tokenizer.vocab.token_bytes
+    want = removed.encode("utf-8")
+    if not ids:
+        return False
+    if table[ids[0]].startswith(want):
+        return True
+    return not want.strip(b" \t") and b"".join(table[i] for i in ids).startswith(want)
+
+
+__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "heal_split", "heal_allows", "draw_window", "choose_middle", "suffix_informed_lines"]

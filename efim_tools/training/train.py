@@ -65,6 +65,7 @@ class TrainConfig(NamedTuple):
     efim_rate: float = 0.35
     suffix_informed_prob: float = 0.0  # middles that introduce a name the suffix uses
     blank_middle_keep: float = 1.0  # share of middles starting on a blank line that are kept
+    healed_prob: float = 0.0  # samples built as serving's token healing prompts the model
     layout: str = "psm"  # "psm" (<fim_*>, prefix first) or "spm" (<spm_*>, suffix first)
     workers: int = 1  # data-parallel processes (this invocation's, like threads)
 
@@ -258,6 +259,7 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         efim_rate=config.efim_rate,
         suffix_informed_prob=config.suffix_informed_prob,
         blank_middle_keep=config.blank_middle_keep,
+        healed_prob=config.healed_prob,
         layout=config.layout,
     )
     corpus = Corpus(training_files())

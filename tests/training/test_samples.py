@@ -225,3 +225,47 @@ def test_blank_middles_move_to_the_next_line_with_code():
     assert kept == old
     with pytest.raises(ValueError, match="blank_middle_keep"):
         SampleConfig(blank_middle_keep=1.5).validate()
+
+
+@pytest.mark.parametrize(("layout", "family"), [("psm", "starcoder"), ("spm", "efim-spm")])
+def test_healed_samples_are_prompted_as_serving_heals(corpus, layout, family):
+    """With `healed_prob` 1, a sample whose prompt ends with text is the prompt serving
+    builds with token healing on (its last tokens dropped), and its first target token is
+    one healing's constraint admits there; the document still is the window."""
+    tok = Tokenizer.from_str(tiny_tokenizer_json(False))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SENTINELS[layout]])
+    segments = SegmentTokenizer(tok)
+    serving = PromptBuilder(detect_template(tok), segments, fragment_trained=True)
+    cfg = SampleConfig(layout=layout, fragment=True, fragment_prob=0.3, healed_prob=1.0, min_window_tokens=64, max_window_tokens=160)
+    builder = SampleBuilder(tok, corpus, cfg, seed=3)
+    healed = {"fim": 0, "efim": 0}
+    for i in range(80):
+        sample = builder.sample(i)
+        _check(tok, sample, layout=layout)
+        if sample.kind == "plain":
+            continue
+        if layout == "psm" and sample.kind == "fim":
+            assert not sample.healed  # the prompt ends with a sentinel: nothing to heal
+            continue
+        if not sample.healed or sample.fragmented:
+            continue  # fragments are tokenized differently from serving on purpose
+        seg = {s.role: s for s in sample.segments}
+        assert seg["middle"].text.startswith(sample.healed)
+        # What serving was asked: the dropped text is still in the increment, or in the prefix.
+        typed = seg["increment"].text if "increment" in seg else ""
+        if sample.kind == "efim":
+            req = InfillRequest(key="k", prefix=seg["prefix"].text, suffix=seg["suffix"].text, increment=typed + sample.healed, format="efim", context="off", heal=True)
+        else:
+            req = InfillRequest(key="k", prefix=seg["prefix"].text + sample.healed, suffix=seg["suffix"].text, format="efim", context="off", heal=True)
+        enc = serving.encode(req)
+        assert enc.healing is not None and enc.healing.removed_bytes == sample.healed.encode(), i
+        n_prompt = len(sample.ids) - len(seg["middle"].ids) - 1
+        assert sample.ids[:n_prompt] == enc.ids, (i, sample.kind)
+        n_head = n_prompt - len(seg["increment"].ids) if "increment" in seg else n_prompt
+        assert not any(sample.targets[:n_head]) and all(sample.targets[n_head:])
+        allowed = set(enc.healing.progress(segments.vocab).allowed().tolist())
+        assert seg["middle"].ids[0] in allowed, (i, seg["middle"].text[:20])
+        healed[sample.kind] += 1
+    assert healed["efim"] > 3 and (healed["fim"] > 3 if layout == "spm" else healed["fim"] == 0)
+    with pytest.raises(ValueError, match="healed_prob"):
+        SampleConfig(healed_prob=-0.1).validate()
