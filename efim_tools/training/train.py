@@ -337,7 +337,26 @@ def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config
         training["total_tokens_seen"] = state.tokens + sum(r["tokens_seen"] for r in earlier)
         training["total_seconds"] = round(state.seconds + sum(r["seconds"] for r in earlier), 1)
     extra = {"fragment_trained": config.fragment, "layout": config.layout, "training": training}
+    healing = _serving_healing(config)
+    if healing is not None:
+        extra["healing"] = healing
     return lora_mod.save_adapter(model, out / "adapter", lcfg, added, base_vocab, extra=extra)
+
+
+def _serving_healing(config: TrainConfig) -> str | None:
+    """Whether serving should heal prompts for this run's adapter (`"healing"` in its config,
+    read by `engine.adapters.adapter_heals`), when the run knows: "on" when it was trained
+    on healed prompts, else what the adapter it was warm-started from says. None leaves it
+    to serving's default (off for a fragment-trained adapter) until a card measures it."""
+    if config.healed_prob > 0:
+        return "on"
+    if config.init_from:
+        for folder in (Path(config.init_from), Path(config.init_from) / "adapter"):
+            path = folder / lora_mod.CONFIG_FILE
+            if path.is_file():
+                healing = json.loads(path.read_text(encoding="utf-8")).get("healing")
+                return healing if healing in ("on", "off") else None
+    return None
 
 
 def _earlier_rounds(config: TrainConfig) -> list[dict[str, Any]]:

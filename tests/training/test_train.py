@@ -109,6 +109,15 @@ def test_warm_start_from_an_adapter_folder(tiny_model_factory, tmp_path):
     assert all(torch.equal(seeded[k], exported.tensors[k].float()) for k in seeded)  # the bf16 export, widened
     training = read_adapter(res.adapter_dir).config["training"]
     assert [r["tokens_seen"] for r in training["earlier_rounds"]] == [first.state.tokens]
+    assert "healing" not in exported.config  # a fragment-trained run without healed prompts: serving's default
+    # Serving's healing: on for a run trained on healed prompts, else inherited from the seed adapter.
+    healed = train(base._replace(out=str(tmp_path / "healed"), healed_prob=0.5, time_budget=1e-9))
+    assert read_adapter(healed.adapter_dir).config["healing"] == "on"
+    inherits = train(base._replace(out=str(tmp_path / "inherits"), init_from=str(healed.adapter_dir), time_budget=1e-9))
+    assert read_adapter(inherits.adapter_dir).config["healing"] == "on"
+    from engine.adapters import adapter_heals
+
+    assert adapter_heals(inherits.adapter_dir) and not adapter_heals(first.adapter_dir)
     # The layout must match too: an spm adapter cannot seed a psm run.
     with pytest.raises(ValueError, match="layout"):
         train(base._replace(out=str(tmp_path / "third"), init_from=str(first.adapter_dir), layout="psm"))
