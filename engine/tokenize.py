@@ -333,24 +333,31 @@ class SegmentTokenizer:
         for n, seg in enumerate(segments):
             start = len(ids)
             if isinstance(seg.value, str):
-                last = heal and n == len(segments) - 1
-                drop = 0
-                if last and whole_indent and ends_with_blank(seg.value):
-                    tail = self.encode_text(seg.value[-1])
-                    if len(tail) == 1:
-                        seg_ids, drop = self.encode_text(seg.value[:-1], dummy_prefix=seg.dummy_prefix) + tail, 1
-                if not drop:
+                if heal and n == len(segments) - 1:
+                    seg_ids, removed = self.heal_split(seg.value, whole_indent=whole_indent, dummy_prefix=seg.dummy_prefix)
+                    if removed:
+                        healing = Healing(removed, b"".join(self.vocab.token_bytes[i] for i in removed))
+                else:
                     seg_ids = self.encode_text(seg.value, dummy_prefix=seg.dummy_prefix)
-                    drop = self.healed_count(seg_ids) if last else 0
-                if drop:
-                    removed = tuple(seg_ids[-drop:])
-                    healing = Healing(removed, b"".join(self.vocab.token_bytes[i] for i in removed))
-                    seg_ids = seg_ids[:-drop]
                 ids.extend(seg_ids)
             else:
                 ids.append(int(seg.value))
             spans.append(SegmentSpan(start, len(ids), seg.role))
         return Encoded(ids, tuple(spans), healing)
+
+    def heal_split(self, text: str, ids: Sequence[int] | None = None, *, whole_indent: bool = False,
+                   dummy_prefix: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids of a prompt's last text segment split as token healing splits them:
+        (kept, dropped), dropped empty when nothing is healed. `ids` are the segment's ids
+        when they are not `text` tokenized whole (training's fragments); `whole_indent` as in
+        `encode` (the segment is then tokenized afresh, its last blank split off)."""
+        if whole_indent and ends_with_blank(text):
+            tail = self.encode_text(text[-1])
+            if len(tail) == 1:
+                return self.encode_text(text[:-1], dummy_prefix=dummy_prefix), tail
+        ids = tuple(ids) if ids is not None else self.encode_text(text, dummy_prefix=dummy_prefix)
+        drop = self.healed_count(ids)
+        return (ids[:-drop], ids[-drop:]) if drop else (ids, ())
 
     def healed_count(self, ids: Sequence[int]) -> int:
         """How many of the last `ids` of a prompt's last text token healing drops.

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from engine.api import InfillRequest
 from engine.templates import FimTemplate, detect_template
-from engine.tokenize import SegmentTokenizer, ends_with_blank, whole_indentation
+from engine.tokenize import HealingProgress, SegmentTokenizer, whole_indentation
 
 from efim_tools.training.fragment import encode_text, fragment_encode
 
@@ -380,34 +380,32 @@ def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: Sa
 
 def heal_split(tokenizer: SegmentTokenizer, seg: TextSegment, before: str, after: str) -> tuple[TextSegment, str] | None:
     """`seg` (the prompt's last text segment; `before` is the text up to its end, `after`
-    the suffix) with the tokens serving's healing drops removed, and their text; None
-    when there is nothing to drop or the drop does not end on a character."""
-    text = seg.text
-    if ends_with_blank(text) and whole_indentation(before, after) and len(tokenizer.encode_text(text[-1])) == 1:
-        kept = text[:-1]
-        return TextSegment(seg.role, kept, tuple(encode_text(tokenizer, kept))), text[-1]
-    drop = tokenizer.healed_count(seg.ids)
-    if not drop:
+    the suffix) without the tokens serving's healing drops (`SegmentTokenizer.heal_split`,
+    the whole-indentation case decided as `PromptBuilder.encode` does), and their text;
+    None when there is nothing to drop or the drop does not end on a character."""
+    kept, removed_ids = tokenizer.heal_split(seg.text, seg.ids, whole_indent=whole_indentation(before, after))
+    if not removed_ids:
         return None
     try:
-        removed = b"".join(tokenizer.vocab.token_bytes[i] for i in seg.ids[-drop:]).decode("utf-8")
+        removed = b"".join(tokenizer.vocab.token_bytes[i] for i in removed_ids).decode("utf-8")
     except UnicodeDecodeError:
         return None
-    if not removed or not text.endswith(removed):
+    if not seg.text.endswith(removed):
         return None
-    return TextSegment(seg.role, text[: len(text) - len(removed)], seg.ids[:-drop]), removed
+    return TextSegment(seg.role, seg.text[: len(seg.text) - len(removed)], kept), removed
 
 
 def heal_allows(tokenizer: SegmentTokenizer, removed: str, ids: tuple[int, ...]) -> bool:
-    """Whether healing's constraint at serving time admits `ids` as the answer's start:
-    its first token covers `removed`, or `removed` is a run of blanks the tokens spell."""
-    table = tokenizer.vocab.token_bytes
-    want = removed.encode("utf-8")
-    if not ids:
-        return False
-    if table[ids[0]].startswith(want):
-        return True
-    return not want.strip(b" \t") and b"".join(table[i] for i in ids).startswith(want)
+    """Whether healing's constraint at serving time (`HealingProgress`, step by step)
+    admits `ids` as the answer's start, spelling `removed` out."""
+    progress: HealingProgress | None = HealingProgress(tokenizer.vocab, removed.encode("utf-8"))
+    for token in ids:
+        if progress is None:
+            return True
+        if not bool((progress.allowed() == token).any()):
+            return False
+        progress = progress.after(token)
+    return progress is None
 
 
 __all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "heal_split", "heal_allows", "draw_window", "choose_middle", "suffix_informed_lines"]
