@@ -33,7 +33,7 @@ from efim_lsp.engine_slot import EngineSlot
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
-from efim_lsp.suggest import CursorContext, Mode, choose_mode, distinct_alternatives, fresh_line, shape
+from efim_lsp.suggest import OFFSIDE_LANGUAGES, CursorContext, Mode, choose_mode, distinct_alternatives, fresh_line, shape
 from efim_lsp.typing_through import TypingThrough
 from efim_lsp.window import TokenMeter
 
@@ -306,7 +306,7 @@ class Completer:
         engine, info = self.slot.engine, self.slot.info
         if engine is None:
             return self._decline("modelLoading", "model loading")
-        ctx = CursorContext.at(doc.text, cursor)
+        ctx = CursorContext.at(doc.text, cursor, offside=doc.language_id in OFFSIDE_LANGUAGES)
         mode = choose_mode(ctx, settings.multiline)
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         if segments.rebased:
@@ -341,13 +341,16 @@ class Completer:
         elapsed_ms = (time.monotonic() - arrival) * 1000
         self.stats.latency.add(elapsed_ms)
         self.stats.engine_latency.add(elapsed_ms)
-        text = shape(streamed.text, ctx, mode, done=True).text
-        if not text:
-            return self._decline("empty", "empty suggestion")
         done = streamed.completion
+        cut_short = done is not None and done.finish_reason == "length"
+        text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_short).text
+        if not text:
+            if cut_short and shape(streamed.text, ctx, mode, done=True).text:
+                return self._decline("length", f"no line finished within maxTokens ({request.max_tokens} tokens)")
+            return self._decline("empty", "empty suggestion")
         alternatives: tuple[str, ...] = ()
         if done is not None and done.alternatives:
-            ended = [t for t, why in zip(done.alternatives, done.alternatives_finish) if why != "error"]
+            ended = [(t, why == "length") for t, why in zip(done.alternatives, done.alternatives_finish) if why != "error"]
             alternatives = distinct_alternatives(text, ended, ctx, mode)
         eol = doc.eol
         if eol != "\n":
@@ -419,8 +422,8 @@ class Completer:
                     self.stats.add_engine_request(completion.stats)
                 if complete is not None:
                     return _Streamed(complete, first, completion, None)
-                    if completion.finish_reason != "cancelled":
-                        text = completion.text  # authoritative (stop strings trimmed, healing applied)
+                if completion is not None and completion.finish_reason != "cancelled":
+                    text = completion.text  # authoritative (stop strings trimmed, healing applied)
                 error = event.error if event.kind == "error" else None
                 if completion is not None and completion.finish_reason == "error":
                     error = completion.error or "engine error"

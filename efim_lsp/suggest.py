@@ -12,6 +12,9 @@ Rules:
   text right of the cursor already closes it, ends the suggestion there; a
   single line that ends with the text right of the cursor drops that overlap.
 - Trailing whitespace is stripped (every line, and trailing blank lines).
+- Cut short: a generation that ran out of tokens (`maxTokens`) keeps only its
+  finished lines — it is cut at a line boundary, never mid-line or mid-token; with no
+  finished line there is nothing to show.
 - Indentation: on an empty line already indented to a level the code around uses, 1-3
   spaces the model adds before its first line (landing between levels) are dropped.
 - Docstrings: a finished suggestion on an empty line that opens a triple-quoted string and
@@ -19,6 +22,10 @@ Rules:
   quotes, unless the cursor is inside a triple-quoted string already or the lines below,
   before the block ends or the next definition starts, hold that delimiter (the string's
   end may be there): an unclosed one turns the rest of the file into a string.
+- The off-side rule (Python, `CursorContext.offside`): a suggestion that ends its line
+  does not end with a plain statement above a deeper line (only a header, or a line that
+  continues, could take it); such trailing lines are dropped, which can leave nothing to
+  show.
 The caller never sends an empty item: `shape(...).text == ""` means "no suggestion".
 
 Plain string functions; no LSP, no engine.
@@ -33,6 +40,8 @@ Mode = Literal["line", "block"]
 Multiline = Literal["auto", "never", "always"]
 
 BLOCK_OPENERS = (":", "{", "(", "[")
+# languageIds whose blocks are indentation (the off-side rule), for `CursorContext.offside`
+OFFSIDE_LANGUAGES = frozenset({"python", "cython"})
 _PAIRS = {")": "(", "]": "[", "}": "{"}
 _OPENERS = set(_PAIRS.values())
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -59,9 +68,10 @@ class CursorContext(NamedTuple):
     next_lines: tuple[str, ...]  # the lines below the cursor line
     previous_line: str  # the last non-blank line above the cursor line ("" if none)
     in_string: bool = False  # an empty cursor line inside a triple-quoted string (a docstring); False on other lines
+    offside: bool = False  # the language's blocks are its indentation (Python): see `_fit_offside`
 
     @classmethod
-    def at(cls, text: str, cursor: int) -> "CursorContext":
+    def at(cls, text: str, cursor: int, *, offside: bool = False) -> "CursorContext":
         line_start = max(text.rfind("\n", 0, cursor), text.rfind("\r", 0, cursor)) + 1
         m = _LINE_BREAK.search(text, cursor)
         line_end = m.start() if m else len(text)
@@ -76,7 +86,7 @@ class CursorContext(NamedTuple):
         before, after = text[line_start:cursor], text[cursor:line_end]
         # Only an empty line asks (the fresh-line rule): typing mid-line never pays for the scan.
         in_string = not before.strip() and not after.strip() and _inside_triple_quotes(text, line_start)
-        return cls(before, after, next_lines, previous, in_string)
+        return cls(before, after, next_lines, previous, in_string, offside)
 
     @property
     def next_code_line(self) -> str:
@@ -174,15 +184,19 @@ class Shaped(NamedTuple):
     final: bool  # True when more generated tokens could not change `text` (stop decoding)
 
 
-def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, snap_indent: bool = True,
+def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, cut_short: bool = False, snap_indent: bool = True,
           close_docstring: bool = True) -> Shaped:
     """Cut a generation into the suggestion to show.
 
     `done=False` while tokens still stream in: rules that need a whole line wait
     for it, and `Shaped.final` says whether decoding can stop already.
+    `cut_short=True`: the generation ended at its token limit, so its last line is
+    unfinished and is dropped (see the module docstring).
     `snap_indent=False` leaves the first line's leading spaces as generated, and
     `close_docstring=False` an open triple-quoted string open (measurements).
     """
+    if cut_short:
+        generated = finished_lines(generated)
     if snap_indent:
         generated = _snap_indent(generated, ctx)
     lines = _LINE_BREAK.split(generated)
@@ -207,12 +221,54 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, 
                 first = first.rstrip()[: -len(tail)]
         lines[0] = first
 
+    if ctx.offside and (final or done):
+        lines = _fit_offside(lines, ctx)
     text = "\n".join(line.rstrip() for line in lines).rstrip()
     if not text.strip():
         return Shaped("", final)
     if close_docstring and (final or done):
         text = _close_docstring(text, ctx)
     return Shaped(text, final)
+
+
+def _fit_offside(lines: list[str], ctx: CursorContext) -> list[str]:
+    """`lines` without the trailing lines that, accepted, break the off-side rule against
+    the first code line below the cursor line (a comment's indentation does not count):
+    a line that neither opens a block nor continues one (`:`, a bracket, `,`, `\\` at its
+    end) above a deeper line, which only a header (or a continued line) can take. Only
+    when the suggestion ends its line (nothing right of the cursor); the first line counts
+    with what is typed before it. May leave nothing to show.
+
+    A header above a line that is not deeper is kept: in an editor that is a new block
+    being written above the code that follows, its body still to come."""
+    if ctx.line_after.strip():
+        return lines
+    below = next((line for line in ctx.next_lines if line.strip() and not line.lstrip().startswith("#")), None)
+    if below is None:
+        return lines  # the end of the file, or more than the context holds: nothing to check against
+    depth = indent_width(below)
+    out = list(lines)
+    while out:
+        last = (ctx.line_before if len(out) == 1 else "") + out[-1]
+        body = last.strip()
+        if not body:
+            if len(out) == 1:
+                break
+            out.pop()  # a blank line between the suggestion's code and the line below
+            continue
+        if body.startswith("#"):
+            break
+        if depth > indent_width(last) and not body.endswith(_CONTINUATION_ENDS):
+            out.pop()  # the line below is a body (or continuation) this line cannot take
+        else:
+            break
+    return out or [""]
+
+
+def finished_lines(generated: str) -> str:
+    """`generated` up to its last line break: the lines a generation cut short finished."""
+    ends = [m.end() for m in _LINE_BREAK.finditer(generated)]
+    return generated[: ends[-1]] if ends else ""
 
 
 def _close_docstring(text: str, ctx: CursorContext) -> str:
@@ -261,14 +317,14 @@ def _snap_indent(generated: str, ctx: CursorContext) -> str:
     return generated
 
 
-def distinct_alternatives(first: str, generated: Iterable[str], ctx: CursorContext, mode: Mode) -> tuple[str, ...]:
-    """The shaped texts of `generated` (alternative generations, in order) that are neither
-    empty nor equal to `first` (the shaped first suggestion) or to an earlier one. A
-    generation cut short is shaped like a finished one (as the first is at "length")."""
+def distinct_alternatives(first: str, generated: Iterable[tuple[str, bool]], ctx: CursorContext, mode: Mode) -> tuple[str, ...]:
+    """The shaped texts of `generated` (alternative generations, in order, each with
+    whether it was cut short at the token limit) that are neither empty nor equal to
+    `first` (the shaped first suggestion) or to an earlier one."""
     out: list[str] = []
     seen = {first}
-    for raw in generated:
-        text = shape(raw, ctx, mode, done=True).text
+    for raw, cut_short in generated:
+        text = shape(raw, ctx, mode, done=True, cut_short=cut_short).text
         if text and text not in seen:
             seen.add(text)
             out.append(text)

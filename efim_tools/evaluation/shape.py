@@ -6,7 +6,8 @@ headers, from the module's AST). Each statement's first line is emptied to its i
 as an editor holds a fresh line after a jump; the cursor ends the indentation. The language
 server's path is followed: `CursorContext`, `choose_mode` (or a forced one-line mode),
 `fresh_line`, an EFIM request with the indentation as the increment, `shape` of the
-generation. The suggestion is accepted (inserted at the cursor) and counted:
+generation (a generation that reached `max_tokens` cut to its finished lines, as the server
+cuts it). The suggestion is accepted (inserted at the cursor) and counted:
 
 - unparseable: `ast.parse` fails on the file with the suggestion in place (the original
   parses; the file with the emptied line is not required to);
@@ -15,7 +16,7 @@ generation. The suggestion is accepted (inserted at the cursor) and counted:
 - empty: no suggestion shown (`shape(...).text == ""`).
 
 Each generation is shaped twice, without and with `shape`'s post-processing (the indentation
-snap and the closing of an open docstring), so the two rows of a mode compare it on the same
+snap, the closing of an open docstring and the off-side rule), so the two rows of a mode compare it on the same
 generations.
 """
 
@@ -41,7 +42,7 @@ class ShapeCase(NamedTuple):
 
 class ShapeScore(NamedTuple):
     mode: str  # "auto" (the server's choice) or "line" (one line forced)
-    post: bool  # shape()'s post-processing on (indentation snap, docstring close)
+    post: bool  # shape()'s post-processing on (indentation snap, docstring close, off-side rule)
     n: int
     shown: int
     unparseable: int  # of the shown suggestions
@@ -134,7 +135,7 @@ def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("au
         for i, case in enumerate(cases):
             text = case.before + case.indent + case.after
             cursor = len(case.before) + len(case.indent)
-            ctx = CursorContext.at(text, cursor)
+            ctx = CursorContext.at(text, cursor, offside=True)  # Python modules
             mode = choose_mode(ctx, "auto" if mode_name == "auto" else "never")
             fresh = fresh_line(ctx)
             fresh_n += fresh
@@ -146,7 +147,8 @@ def evaluate_shape(engine, cases: list[ShapeCase], modes: tuple[str, ...] = ("au
                 raise RuntimeError(done.error or "engine error")
             target = next_code_line(case.after)
             for post, c in counts.items():
-                suggestion = shape(done.text, ctx, mode, done=True, snap_indent=post, close_docstring=post).text
+                suggestion = shape(done.text, ctx if post else ctx._replace(offside=False), mode, done=True, cut_short=done.finish_reason == "length",
+                                   snap_indent=post, close_docstring=post).text
                 if not suggestion:
                     continue
                 c[0] += 1

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from efim_lsp.completer import Answer, Completer, Declined, budget_for
-from efim_lsp.documents import DocumentStore, Edit, FullChange, RangeChange
+from efim_lsp.documents import DocumentStore, FullChange, RangeChange
 from efim_lsp.engine_slot import EngineSlot, EngineSpec
 from efim_lsp.settings import Settings, apply
 from efim_lsp.stats import ServerStats
@@ -152,6 +152,18 @@ async def test_block_generation_stops_early_once_the_block_ends():
     handle = rig.engine.handles[-1]
     await asyncio.wait_for(handle.wait(), 2)
     assert handle._final.finish_reason == "cancelled"  # decoding stopped, not run to max_tokens
+
+
+async def test_a_generation_that_reaches_max_tokens_is_cut_at_a_line_boundary():
+    body = "y = x + 1\n    z = y * 2\n    return compute_the_thing(y, z, x, a_very_long_name)\n"
+    rig = await Rig(FakeEngine(lambda r: body), maxTokens=12, multiline="always").start()
+    answer = await rig.complete(BODY)
+    assert rig.engine.requests[-1].max_tokens == 12
+    assert isinstance(answer, Answer) and answer.text == "y = x + 1\n    z = y * 2"  # 48 characters (12 tokens) generated: the third line unfinished
+    rig2 = await Rig(FakeEngine(lambda r: "compute_the_thing(y, z, x, a_very_long_name)\n"), maxTokens=3, multiline="never").start()
+    answer = await rig2.complete(BODY)
+    assert isinstance(answer, Declined) and answer.code == "length" and "maxTokens" in answer.reason
+    assert rig2.stats.declined["length"] == 1
 
 
 async def test_declines_before_the_model_is_ready_and_when_out_of_sync():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from efim_lsp.suggest import CursorContext, choose_mode, shape
+from efim_lsp.suggest import CursorContext, choose_mode, distinct_alternatives, shape
 
 
 def ctx_at(text_with_cursor: str) -> CursorContext:
@@ -87,6 +87,24 @@ def test_never_an_empty_item(gen):
     assert shape(gen, ctx_at("def f():|\n"), "block").text == ""
 
 
+def test_a_generation_cut_short_keeps_only_its_finished_lines():
+    ctx = ctx_at("def f(x):|\n")
+    gen = "\n    y = x + 1\n    if y > 2:\n        return fo"
+    assert shape(gen, ctx, "block").text.endswith("return fo")  # a finished generation keeps its last line
+    assert shape(gen, ctx, "block", cut_short=True).text == "\n    y = x + 1\n    if y > 2:"
+    assert shape("\r\n    y = 1\r\n    z = (", ctx, "block", cut_short=True).text == "\n    y = 1"
+    # one unfinished line: no line boundary to cut at, so nothing is shown
+    assert shape("o(bar, ba", ctx_at("x = fo|\n"), "line", cut_short=True).text == ""
+    assert shape("o(bar)\nmore(", ctx_at("x = fo|\n"), "line", cut_short=True).text == "o(bar)"
+
+
+def test_alternatives_cut_short_lose_their_unfinished_line_and_repeats_go():
+    ctx = ctx_at("def f(x):|\n")
+    first = shape("\n    return x\n", ctx, "block").text
+    alts = distinct_alternatives(first, [("\n    return x\n", False), ("\n    y = 2\n    return (y", True), ("\n    y = 2\n", False), ("\n    retu", True)], ctx, "block")
+    assert alts == ("\n    y = 2",)
+
+
 def test_streaming_final_flag():
     ctx = ctx_at("def f(x):|\n")
     assert not shape("\n    y = 1", ctx, "block", done=False).final
@@ -115,3 +133,36 @@ def test_an_open_docstring_is_closed_where_nothing_below_could_close_it():
     inside = ctx_at('def f(x):\n    """Doc.\n\n    |\n')
     assert shape('"""\n', inside, "line").text == '"""'
     assert shape('"Return x.\n', ctx_at('def f(x):\n    s = """|\n'), "line").text == '"Return x.'
+
+
+def test_the_off_side_rule_drops_a_statement_written_where_a_header_belongs():
+    # the emptied line was `if y:`; a plain statement above the deeper body would not parse
+    text = "def f(x, y):\n    x = 1\n    |\n        return x\n    return y\n"
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert shape("x += 2\n", ctx, "block").text == ""
+    assert shape("if y:\n", ctx, "block").text == "if y:"
+    assert shape("x += 2\n    if x > y:", ctx, "block").text == "x += 2\n    if x > y:"
+    assert shape("foo(x,", ctx, "block").text == "foo(x,"  # continues onto the deeper line
+    # a multi-line suggestion loses only its trailing lines that break the rule
+    assert shape("x += 2\n    z = 3\n", ctx, "block").text == ""
+    assert shape("if y:\n        x = 2\n    z = 3", ctx, "block").text == "if y:\n        x = 2"
+    # without the off-side rule (another language) the suggestion stands
+    assert shape("x += 2\n", ctx._replace(offside=False), "block").text == "x += 2"
+
+
+def test_the_off_side_rule_keeps_a_new_header_and_lines_above_code_at_their_level():
+    # a header above code at its own level: a new block being written, its body to come
+    text = "def f(x):\n    x = 1\n    if x > 0|\n    return x\n"
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert shape(":\n", ctx, "line").text == ":"
+    text = "def f(x):\n    x = 1\n    |\n    # a comment\n    return x\n"
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert shape("y = 2\n", ctx, "block").text == "y = 2"
+    # a comment below does not count; the code line under it does
+    text = "def f(x):\n    |\n            # deep comment\n        return x\n"
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert shape("y = 2\n", ctx, "block").text == "" and shape("if x:\n", ctx, "block").text == "if x:"
+    # text right of the cursor ends the line, not the suggestion: nothing to judge
+    text = "def f(x):\n    y = |x\n        return x\n"
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert shape("2 * ", ctx, "line").text == "2 *"
