@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the fresh-line rule: off, set where the language server would set it (rule), or both (one row each, same tasks)")
     h.add_argument("--fresh-line-guard", type=float, nargs="+", default=None, metavar="P",
                    help="the rule's confidence guard(s), each in (0, 1]: one row per value (default: the engine's)")
+    h.add_argument("--beams", type=int, default=1, help="transformers backend, single-line split: beam search of this width instead of greedy (an experiment)")
     _common(h)
     h.set_defaults(func=run_humaneval)
     t = targets.add_parser("table", help="the comparison table: base prefix-only, each adapter under FIM and EFIM (healing off/on)")
@@ -77,6 +78,8 @@ def _infiller(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit must be positive")
+    if getattr(args, "beams", 1) != 1 and args.backend != "transformers":
+        raise ValueError("--beams runs on the transformers backend only")
     if args.backend == "llama.cpp":
         return _llama_cpp_infiller(args)
     if args.backend == "engine":
@@ -86,7 +89,10 @@ def _infiller(args: argparse.Namespace):
         infiller = EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
         atexit.register(infiller.close)  # the engine thread ends before the interpreter does (else: 'terminate called ...')
         return infiller
-    return TransformersInfiller(load_eval_model(args.model, args.adapter))
+    beams = getattr(args, "beams", 1)
+    if beams != 1 and getattr(args, "split", "single-line") != "single-line":
+        raise ValueError("--beams searches single lines: use it with --split single-line")
+    return TransformersInfiller(load_eval_model(args.model, args.adapter), beams=beams)
 
 
 def _llama_cpp_infiller(args: argparse.Namespace):

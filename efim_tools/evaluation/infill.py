@@ -31,6 +31,7 @@ from engine.sampler import Sampler
 from engine.templates import detect_template
 from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
 
+from efim_tools.evaluation.beam import beam_line
 from efim_tools.evaluation.model import EvalModel
 
 Format = Literal["prefix", "fim", "efim"]
@@ -55,10 +56,15 @@ class Infiller(Protocol):
 class TransformersInfiller:
     """Greedy infills from a transformers model with serving's prompts (see the module docstring)."""
 
-    def __init__(self, em: EvalModel, max_prompt_tokens: int = 1536):
+    def __init__(self, em: EvalModel, max_prompt_tokens: int = 1536, beams: int = 1):
+        """`beams` > 1: single lines by beam search of that width (`evaluation.beam`) instead
+        of greedy decoding — an experiment; without the fresh-line rule or multi-line stops."""
+        if beams < 1:
+            raise ValueError(f"beams must be at least 1, not {beams}")
         self.em = em
-        self.name = em.name
+        self.name = em.name if beams == 1 else f"{em.name} (beam {beams})"
         self.max_prompt_tokens = max_prompt_tokens
+        self.beams = beams
         tok = em.tokenizer
         self.prompts = PromptBuilder(detect_template(tok), SegmentTokenizer(tok), fragment_trained=False)
         self.eos = self.prompts.end_ids(i for i in [tok.token_to_id("<|endoftext|>")] if i is not None)
@@ -85,6 +91,12 @@ class TransformersInfiller:
         decoder = StreamDecoder(self.prompts.tokenizer.vocab, len(healing.removed_bytes) if healing else 0)
         progress = healing.progress(self.prompts.tokenizer.vocab) if healing is not None else None
         model = self.em.model
+        if self.beams > 1:
+            if not single_line or fresh_line or stop_line is not None:
+                raise ValueError("beam search infills single lines only, without the fresh-line rule")
+            tokens, text = beam_line(model, ids, self.prompts.tokenizer.vocab, width=self.beams, max_tokens=max_tokens, eos=self.eos,
+                                     progress=progress, healed=len(healing.removed_bytes) if healing else 0)
+            return Infill(text, len(ids), len(tokens), healing is not None, "newline")
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
         generated: list[int] = []
