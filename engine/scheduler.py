@@ -8,7 +8,7 @@ chunk or one batched decode step at a time. Text lives behind each sequence's `T
 
 Per sequence:
 1. admit: `sink.prepare()` gives the prompt ids (cut to what the KV budget's working share
-   holds when the whole window would not fit it, see "KV budget" below); the sequence then
+   holds when the whole window would not fit it, see `engine.working_share`); the sequence then
    waits until its working KV can be charged to the budget, and gets it: reuse = the longer of (a) the rows
    still valid in this document's retained KV (common prefix with the ids it holds,
    generated tokens included) and (b) the radix cache match, whose missing rows are
@@ -37,18 +37,8 @@ document ends that document's background sequence at admission (its rows stay: c
 to the radix cache and retained), so the request starts from them. A request therefore
 waits for at most one background chunk (or one layer of a blend).
 
-KV budget (docs/reliability.md, "KV budget"): with `working_budget_bytes` set, the KV the
-model computes in — every running sequence's working KV (requests, warm-ups, alternatives'
-forks; a CacheBlend pass's copied spans while it blends), and the document piece in flight
-— plus the retained KV stay within it at every moment (the pool, preallocated, is the rest
-of `--kv-budget`). KV is charged before it is allocated (admission, fork, grow, a new
-document piece) and given back when its sequence ends (moved to the retained store). To
-make room the scheduler drops retained KV (least recently kept first), then the document
-piece in flight, then — for foreground work only — running background sequences; never a
-running request's rows. What still does not fit: a request waits in `_waiting` for running
-ones to finish (a request alone always fits: its window is cut at admission), an
-alternative is not forked (fewer alternatives, logged), a sequence that would outgrow its
-KV ends "length", a blend that would not fit is prefilled plainly.
+KV budget (docs/reliability.md, "KV budget"): the working share and its accounting are in
+`engine.working_share` (`Scheduler.share`).
 
 Contracts:
 - `submit` and `cancel` are thread-safe and never block on model work.
@@ -74,8 +64,9 @@ from engine.blend import BlendCancelled
 from engine.cache import RadixCache, common_prefix_len
 from engine.chunks import ChunkStore
 from engine.document_kv import DocumentIndex, DocumentPass
+from engine.working_share import WorkingShare
 from engine.model_runner import ModelRunner
-from engine.retained import RetainedKV, RetainedSequence, kv_bytes
+from engine.retained import RetainedKV, RetainedSequence
 from engine.sequence import Prompt, Sequence
 from engine.speculation import VerifyCost, draft_for, speculate_step
 
@@ -185,31 +176,21 @@ class Scheduler:
         self.warm_chunk_seconds = warm_chunk_seconds
         self._prefill_rate = PrefillRate()
         self.idle_grace = idle_grace
+        # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
+        self.retained = RetainedKV(retain_documents, retained_budget_bytes)
+        self._holding: dict[Sequence, None] = {}  # every sequence with a working KV, oldest first
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
-        # document piece in flight and the retained KV together (module docstring).
-        self.working_limit = working_budget_bytes
-        one = model.new_kv(1)  # the allocation unit of a KV format (1 row for both formats today)
-        self.row_align = one.capacity
-        self.row_bytes = kv_bytes(one) // one.capacity  # one row of a sequence KV
-        cfg = model.config  # a row of K/V in the compute dtype (CacheBlend's copied spans are at most that)
-        self.dense_row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * model.dtype.itemsize
-        if working_budget_bytes is None:
-            self.rows_alone = self.context_length
-        else:  # the most rows one sequence may have: what the working share holds, in whole allocations
-            self.rows_alone = working_budget_bytes // self.row_bytes // self.row_align * self.row_align
-        if self.rows_alone < 2:
-            raise ValueError(
-                f"the KV budget's working share ({working_budget_bytes} B) holds {self.rows_alone} rows of "
-                f"{self.row_bytes} B; a sequence needs at least 2: use a larger --kv-budget"
-            )
+        # document piece in flight and the retained KV together (engine.working_share).
+        self.share = WorkingShare(
+            model, self.runner, working_budget_bytes, retained=self.retained, holding=self._holding,
+            document_work=lambda: self.documents, end_background=lambda seq: self._finish(seq, "cancelled"),
+        )
         self.documents = self._document_work(model, header)
         self._plans: collections.deque[DocumentPass] = collections.deque()  # from any thread
         self._indexes: dict[str, DocumentIndex] = {}
         self._last_foreground = 0.0  # perf_counter when foreground work last ran
         # Tests set a list here to read the order of engine steps: (what, key, background).
         self.trace: list[tuple[str, str, bool]] | None = None
-        # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
-        self.retained = RetainedKV(retain_documents, retained_budget_bytes)
         self.check_after_steps = check_integrity  # debugging: check every store whenever idle
         self.counters = Counters()
         self._inbox: collections.deque[Sequence] = collections.deque()
@@ -218,7 +199,6 @@ class Scheduler:
         self._waiting: list[Sequence] = []  # admitted (prompt built), waiting for KV room
         self._prefilling: list[Sequence] = []
         self._decoding: list[Sequence] = []
-        self._holding: dict[Sequence, None] = {}  # every sequence with a working KV, oldest first
         self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
         self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stepping = False
@@ -228,6 +208,27 @@ class Scheduler:
     @property
     def context_length(self) -> int:
         return self.runner.context_length
+
+    # The working share's sizes, kept by `self.share` (`WorkingShare`).
+    @property
+    def working_limit(self) -> int | None:
+        return self.share.working_limit
+
+    @property
+    def row_align(self) -> int:
+        return self.share.row_align
+
+    @property
+    def row_bytes(self) -> int:
+        return self.share.row_bytes
+
+    @property
+    def dense_row_bytes(self) -> int:
+        return self.share.dense_row_bytes
+
+    @property
+    def rows_alone(self) -> int:
+        return self.share.rows_alone
 
     def _document_work(self, model: Any, header: tuple[int, ...]) -> DocumentWork:
         max_rows = None if self.working_limit is None else self.rows_alone
@@ -304,28 +305,7 @@ class Scheduler:
     def working_kv_bytes(self) -> int:
         """Bytes of working KV charged now: running sequences (a blending one with its copied
         spans) and the document piece in flight (a best-effort read from any thread)."""
-        try:
-            held = sum(self._charge_of(s) for s in list(self._holding))
-            piece = self.documents.kv_in_flight()
-        except (RuntimeError, AttributeError):  # changed under the read
-            return 0
-        return held + (kv_bytes(piece) if piece is not None else 0)
-
-    def _charge_of(self, seq: Sequence) -> int:
-        """What `seq` holds of the working share: its KV, and while it is still to blend, room
-        for the spans the pass copies (`_blend_rows`)."""
-        kv, blend = seq.kv, seq.blend
-        held = kv_bytes(kv) if kv is not None else 0
-        if blend is not None:
-            held += self._blend_rows(seq, seq.n_valid, blend) * self.dense_row_bytes
-        return held
-
-    @staticmethod
-    def _blend_rows(seq: Sequence, reuse: int, blend: Any) -> int:
-        """Rows a CacheBlend pass from row `reuse` copies besides the sequence's KV: the reused
-        spans (at most the rows still to compute) and one chunk prefilled alone after the
-        header (at most as many again)."""
-        return 2 * (seq.n_prompt - reuse) + len(blend.header)
+        return self.share.working_kv_bytes()
 
     def _foreground_busy(self) -> bool:
         return any(not s.background for s in (*self._prefilling, *self._decoding))
@@ -558,14 +538,14 @@ class Scheduler:
             reuse = min(max(have, match.n_tokens if match else 0), len(ids) - 1)
             if seq.blend is not None and not seq.blend.wanted(reuse):
                 seq.blend = None
-            capacity, reuses_prev = self._capacity(seq, prev)
-            need = 0 if reuses_prev else self._rows_bytes(capacity)
+            capacity, reuses_prev = self.share.capacity(seq, prev)
+            need = 0 if reuses_prev else self.share.rows_bytes(capacity)
             spare = seq.key if prev is not None else None
             foreground = not seq.background
-            blend = self._blend_rows(seq, reuse, seq.blend) * self.dense_row_bytes if seq.blend is not None else 0
-            if blend and self._make_room(need + blend, spare, foreground):
+            blend = self.share.blend_rows(seq, reuse, seq.blend) * self.dense_row_bytes if seq.blend is not None else 0
+            if blend and self.share.make_room(need + blend, spare, foreground):
                 pass
-            elif self._make_room(need, spare, foreground):
+            elif self.share.make_room(need, spare, foreground):
                 if blend:
                     log.debug("request %d: its CacheBlend pass does not fit the KV budget now; prefilled plainly",
                               seq.request_id)
@@ -597,60 +577,6 @@ class Scheduler:
         self._prefilling.append(seq)
         return True
 
-    def _capacity(self, seq: Sequence, prev: RetainedSequence | None) -> tuple[int | None, bool]:
-        """(rows of the KV to give `seq`, whether the document's previous KV is reused as it).
-        Unlimited: the runner's default. Under a budget: the runner's rounded size when it
-        fits the room there is now, else exactly the prompt and `max_tokens` (at most what
-        the working share holds); the previous KV whenever it holds that many."""
-        exact = min(self.context_length, self.rows_alone, seq.n_prompt + max(seq.max_tokens, 0) + 1)
-        if self.working_limit is None:
-            rows = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
-            return None, prev is not None and prev.kv.capacity >= rows
-        if prev is not None and prev.kv.capacity >= exact:
-            return exact, True
-        rounded = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
-        if rounded <= self.rows_alone and self._rows_bytes(rounded) <= self._room():
-            return rounded, False
-        return exact, False
-
-    def _rows_bytes(self, rows: int | None) -> int:
-        """Bytes of a new sequence KV of `rows` rows (as allocated: rounded up to the format's alignment)."""
-        align = self.row_align
-        return -(-(rows or 0) // align) * align * self.row_bytes
-
-    def _room(self) -> int:
-        """Bytes of the working share not charged (engine thread)."""
-        return self.working_limit - self.retained.nbytes() - self.working_kv_bytes()
-
-    def _make_room(self, nbytes: int, spare: str | None, foreground: bool) -> bool:
-        """Room in the working share for `nbytes` more: drop retained KV (least recently kept
-        first, never `spare`'s), then the document piece in flight, then — for foreground
-        work — running background sequences, newest first. Drops nothing and returns False
-        when all of that would not be enough (running requests' rows are never taken)."""
-        if self.working_limit is None or nbytes <= 0 or nbytes <= self._room():
-            return True
-        spared = self.retained.peek(spare) if spare is not None else None
-        piece = self.documents.kv_in_flight()
-        warm = [s for s in self._holding if s.background] if foreground else []
-        can_free = (
-            self.retained.nbytes() - (kv_bytes(spared.kv) if spared is not None else 0)
-            + (kv_bytes(piece) if piece is not None else 0)
-            + sum(self._charge_of(s) for s in warm)
-        )
-        if nbytes > self._room() + can_free:
-            return False
-        while nbytes > self._room() and self.retained.evict_oldest(spare):
-            pass
-        if nbytes > self._room() and piece is not None:
-            self.documents.drop_in_flight()
-        for bg in reversed(warm):
-            if nbytes <= self._room():
-                break
-            self._finish(bg, "cancelled")  # its rows stay committed; its KV is kept, then dropped below
-            while nbytes > self._room() and self.retained.evict_oldest(spare):
-                pass
-        return nbytes <= self._room()
-
     def _document_index(self, key: str) -> DocumentIndex | None:
         """The n-gram index of `key`'s stored pieces (rebuilt when they changed)."""
         index = self._indexes.get(key)
@@ -665,7 +591,7 @@ class Scheduler:
         self._note("piece", "", True)
         try:
             rows = self.documents.next_rows()  # a new piece's KV is charged before it is allocated
-            if rows and not self._make_room(self._rows_bytes(rows), None, False):
+            if rows and not self.share.make_room(self.share.rows_bytes(rows), None, False):
                 return  # (cannot happen: nothing else runs, and a piece fits the share alone)
             done = self.documents.step()
         except Exception:  # background work must never take the engine down
@@ -745,9 +671,9 @@ class Scheduler:
         only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`).
         None when the KV budget cannot hold its KV now."""
         rows = self.runner.fork_capacity(seq)
-        if self.working_limit is not None and self._rows_bytes(rows) > self._room():
+        if self.working_limit is not None and self.share.rows_bytes(rows) > self.share.room():
             rows = min(rows, seq.n_valid + max(seq.max_tokens, 0) + 1)  # exactly what it may use
-        if not self._make_room(self._rows_bytes(rows), None, True):
+        if not self.share.make_room(self.share.rows_bytes(rows), None, True):
             return None
         kv = self.runner.fork_kv(seq, rows)
         fork = Sequence(
@@ -836,11 +762,11 @@ class Scheduler:
         when it is at the context length or the budget holds neither."""
         cap = seq.kv.capacity
         rows = min(self.context_length, cap * 2)
-        if self.working_limit is not None and self._rows_bytes(rows) > self._room():
+        if self.working_limit is not None and self.share.rows_bytes(rows) > self.share.room():
             rows = min(rows, seq.n_prompt + max(seq.max_tokens, 0) + 1)
         if rows <= cap:
             return False
-        if not self._make_room(self._rows_bytes(rows), None, not seq.background):  # the old KV stays until copied
+        if not self.share.make_room(self.share.rows_bytes(rows), None, not seq.background):  # the old KV stays until copied
             self.counters.kv_grow_refused += 1
             log.info("request %d: its KV of %d rows cannot grow within the KV budget now; it ends", seq.request_id, cap)
             return False

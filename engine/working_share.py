@@ -1,0 +1,156 @@
+"""The KV budget's working share: how much working KV a sequence needs, and the room for it.
+
+KV budget (docs/reliability.md, "KV budget"): with `working_budget_bytes` set, the KV the
+model computes in — every running sequence's working KV (requests, warm-ups, alternatives'
+forks; a CacheBlend pass's copied spans while it blends), and the document piece in flight
+— plus the retained KV stay within it at every moment (the pool, preallocated, is the rest
+of `--kv-budget`). KV is charged before it is allocated (admission, fork, grow, a new
+document piece) and given back when its sequence ends (moved to the retained store). To
+make room (`WorkingShare.make_room`) the scheduler drops retained KV (least recently kept
+first), then the document piece in flight, then — for foreground work only — running
+background sequences; never a running request's rows. What still does not fit: a request
+waits in `Scheduler._waiting` for running ones to finish (a request alone always fits: its
+window is cut at admission), an alternative is not forked (fewer alternatives, logged), a
+sequence that would outgrow its KV ends "length", a blend that would not fit is prefilled
+plainly.
+
+`WorkingShare` keeps the accounting (sizes, what is charged, `make_room`); the scheduler
+(`engine.scheduler`) owns the sequences and decides when to charge: it adds a sequence to
+the holding set once its KV is charged and removes it when the sequence ends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from engine.retained import RetainedKV, RetainedSequence, kv_bytes
+from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.background import DocumentWork
+    from engine.model_runner import ModelRunner
+
+
+class WorkingShare:
+    """The KV budget's working share (None: unlimited): running sequences' working KV, the
+    document piece in flight and the retained KV together (module docstring).
+
+    It reads the scheduler's state and owns none of it: `holding` (every sequence with a
+    working KV, oldest first), the `retained` store, `document_work()` (the scheduler's
+    current `DocumentWork`: it replaces it after a failure), and ends a running background
+    sequence through `end_background` (the scheduler's finish, "cancelled") to make room."""
+
+    def __init__(
+        self,
+        model: Any,
+        runner: ModelRunner,
+        working_budget_bytes: int | None,
+        *,
+        retained: RetainedKV,
+        holding: dict[Sequence, None],
+        document_work: Callable[[], DocumentWork],
+        end_background: Callable[[Sequence], None],
+    ) -> None:
+        self.runner = runner
+        self.retained = retained
+        self.holding = holding
+        self.document_work = document_work
+        self.end_background = end_background
+        self.working_limit = working_budget_bytes
+        one = model.new_kv(1)  # the allocation unit of a KV format (1 row for both formats today)
+        self.row_align = one.capacity
+        self.row_bytes = kv_bytes(one) // one.capacity  # one row of a sequence KV
+        cfg = model.config  # a row of K/V in the compute dtype (CacheBlend's copied spans are at most that)
+        self.dense_row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * model.dtype.itemsize
+        if working_budget_bytes is None:
+            self.rows_alone = runner.context_length
+        else:  # the most rows one sequence may have: what the working share holds, in whole allocations
+            self.rows_alone = working_budget_bytes // self.row_bytes // self.row_align * self.row_align
+        if self.rows_alone < 2:
+            raise ValueError(
+                f"the KV budget's working share ({working_budget_bytes} B) holds {self.rows_alone} rows of "
+                f"{self.row_bytes} B; a sequence needs at least 2: use a larger --kv-budget"
+            )
+
+    def working_kv_bytes(self) -> int:
+        """Bytes of working KV charged now: running sequences (a blending one with its copied
+        spans) and the document piece in flight (a best-effort read from any thread)."""
+        try:
+            held = sum(self.charge_of(s) for s in list(self.holding))
+            piece = self.document_work().kv_in_flight()
+        except (RuntimeError, AttributeError):  # changed under the read
+            return 0
+        return held + (kv_bytes(piece) if piece is not None else 0)
+
+    def charge_of(self, seq: Sequence) -> int:
+        """What `seq` holds of the working share: its KV, and while it is still to blend, room
+        for the spans the pass copies (`blend_rows`)."""
+        kv, blend = seq.kv, seq.blend
+        held = kv_bytes(kv) if kv is not None else 0
+        if blend is not None:
+            held += self.blend_rows(seq, seq.n_valid, blend) * self.dense_row_bytes
+        return held
+
+    @staticmethod
+    def blend_rows(seq: Sequence, reuse: int, blend: Any) -> int:
+        """Rows a CacheBlend pass from row `reuse` copies besides the sequence's KV: the reused
+        spans (at most the rows still to compute) and one chunk prefilled alone after the
+        header (at most as many again)."""
+        return 2 * (seq.n_prompt - reuse) + len(blend.header)
+
+    def capacity(self, seq: Sequence, prev: RetainedSequence | None) -> tuple[int | None, bool]:
+        """(rows of the KV to give `seq`, whether the document's previous KV is reused as it).
+        Unlimited: the runner's default. Under a budget: the runner's rounded size when it
+        fits the room there is now, else exactly the prompt and `max_tokens` (at most what
+        the working share holds); the previous KV whenever it holds that many."""
+        exact = min(self.runner.context_length, self.rows_alone, seq.n_prompt + max(seq.max_tokens, 0) + 1)
+        if self.working_limit is None:
+            rows = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
+            return None, prev is not None and prev.kv.capacity >= rows
+        if prev is not None and prev.kv.capacity >= exact:
+            return exact, True
+        rounded = self.runner.kv_capacity(seq.n_prompt, seq.max_tokens)
+        if rounded <= self.rows_alone and self.rows_bytes(rounded) <= self.room():
+            return rounded, False
+        return exact, False
+
+    def rows_bytes(self, rows: int | None) -> int:
+        """Bytes of a new sequence KV of `rows` rows (as allocated: rounded up to the format's alignment)."""
+        align = self.row_align
+        return -(-(rows or 0) // align) * align * self.row_bytes
+
+    def room(self) -> int:
+        """Bytes of the working share not charged (engine thread)."""
+        return self.working_limit - self.retained.nbytes() - self.working_kv_bytes()
+
+    def make_room(self, nbytes: int, spare: str | None, foreground: bool) -> bool:
+        """Room in the working share for `nbytes` more: drop retained KV (least recently kept
+        first, never `spare`'s), then the document piece in flight, then — for foreground
+        work — running background sequences, newest first. Drops nothing and returns False
+        when all of that would not be enough (running requests' rows are never taken)."""
+        if self.working_limit is None or nbytes <= 0 or nbytes <= self.room():
+            return True
+        spared = self.retained.peek(spare) if spare is not None else None
+        piece = self.document_work().kv_in_flight()
+        warm = [s for s in self.holding if s.background] if foreground else []
+        can_free = (
+            self.retained.nbytes() - (kv_bytes(spared.kv) if spared is not None else 0)
+            + (kv_bytes(piece) if piece is not None else 0)
+            + sum(self.charge_of(s) for s in warm)
+        )
+        if nbytes > self.room() + can_free:
+            return False
+        while nbytes > self.room() and self.retained.evict_oldest(spare):
+            pass
+        if nbytes > self.room() and piece is not None:
+            self.document_work().drop_in_flight()
+        for bg in reversed(warm):
+            if nbytes <= self.room():
+                break
+            self.end_background(bg)  # its rows stay committed; its KV is kept, then dropped below
+            while nbytes > self.room() and self.retained.evict_oldest(spare):
+                pass
+        return nbytes <= self.room()
+
+
+__all__ = ["WorkingShare"]
