@@ -235,7 +235,8 @@ def _fit_offside(lines: list[str], ctx: CursorContext) -> list[str]:
     """`lines` without the trailing lines that, accepted, break the off-side rule against
     the first code line below the cursor line (a comment's indentation does not count):
     a line that neither opens a block nor continues one (`:`, a bracket, `,`, `\\` at its
-    end) above a deeper line, which only a header (or a continued line) can take. Only
+    end) above a deeper line, which only a header (or a continued line) can take; a comment
+    there leaves the header missing too. Only
     when the suggestion ends its line (nothing right of the cursor); the first line counts
     with what is typed before it. May leave nothing to show.
 
@@ -256,8 +257,6 @@ def _fit_offside(lines: list[str], ctx: CursorContext) -> list[str]:
                 break
             out.pop()  # a blank line between the suggestion's code and the line below
             continue
-        if body.startswith("#"):
-            break
         if depth > indent_width(last) and not body.endswith(_CONTINUATION_ENDS):
             out.pop()  # the line below is a body (or continuation) this line cannot take
         else:

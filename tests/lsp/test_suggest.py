@@ -143,6 +143,7 @@ def test_the_off_side_rule_drops_a_statement_written_where_a_header_belongs():
     assert shape("if y:\n", ctx, "block").text == "if y:"
     assert shape("x += 2\n    if x > y:", ctx, "block").text == "x += 2\n    if x > y:"
     assert shape("foo(x,", ctx, "block").text == "foo(x,"  # continues onto the deeper line
+    assert shape("# the header goes here\n", ctx, "block").text == ""  # a comment leaves it missing
     # a multi-line suggestion loses only its trailing lines that break the rule
     assert shape("x += 2\n    z = 3\n", ctx, "block").text == ""
     assert shape("if y:\n        x = 2\n    z = 3", ctx, "block").text == "if y:\n        x = 2"
