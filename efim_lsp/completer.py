@@ -346,7 +346,7 @@ class Completer:
         text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_short).text
         if not text:
             if cut_short and shape(streamed.text, ctx, mode, done=True).text:
-                return self._decline("length", f"no line finished within maxTokens ({request.max_tokens} tokens)")
+                return self._decline("length", f"only part of a word generated within maxTokens ({request.max_tokens} tokens)")
             return self._decline("empty", "empty suggestion")
         alternatives: tuple[str, ...] = ()
         if done is not None and done.alternatives:

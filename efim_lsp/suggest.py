@@ -12,9 +12,10 @@ Rules:
   text right of the cursor already closes it, ends the suggestion there; a
   single line that ends with the text right of the cursor drops that overlap.
 - Trailing whitespace is stripped (every line, and trailing blank lines).
-- Cut short: a generation that ran out of tokens (`maxTokens`) keeps only its
-  finished lines — it is cut at a line boundary, never mid-line or mid-token; with no
-  finished line there is nothing to show.
+- Cut short: a generation that ran out of tokens (`maxTokens`) is cut at its last line
+  boundary; when not even its first line finished, that line is kept up to the end of
+  its last whole word (a trailing identifier may be cut mid-way), so nothing ends
+  mid-word — an identifier fragment alone is nothing to show.
 - Indentation: on an empty line already indented to a level the code around uses, 1-3
   spaces the model adds before its first line (landing between levels) are dropped.
 - Docstrings: a finished suggestion on an empty line that opens a triple-quoted string and
@@ -191,12 +192,12 @@ def shape(generated: str, ctx: CursorContext, mode: Mode, *, done: bool = True, 
     `done=False` while tokens still stream in: rules that need a whole line wait
     for it, and `Shaped.final` says whether decoding can stop already.
     `cut_short=True`: the generation ended at its token limit, so its last line is
-    unfinished and is dropped (see the module docstring).
+    unfinished (see the module docstring).
     `snap_indent=False` leaves the first line's leading spaces as generated, and
     `close_docstring=False` an open triple-quoted string open (measurements).
     """
     if cut_short:
-        generated = finished_lines(generated)
+        generated = cut_short_text(generated)
     if snap_indent:
         generated = _snap_indent(generated, ctx)
     lines = _LINE_BREAK.split(generated)
@@ -264,10 +265,17 @@ def _fit_offside(lines: list[str], ctx: CursorContext) -> list[str]:
     return out or [""]
 
 
-def finished_lines(generated: str) -> str:
-    """`generated` up to its last line break: the lines a generation cut short finished."""
+_WORD_TAIL = re.compile(r"\w+$")
+
+
+def cut_short_text(generated: str) -> str:
+    """What a generation cut short at its token limit may show: up to its last line break,
+    or — no line finished — its first line without a trailing word that may be unfinished."""
     ends = [m.end() for m in _LINE_BREAK.finditer(generated)]
-    return generated[: ends[-1]] if ends else ""
+    if ends:
+        return generated[: ends[-1]]
+    tail = _WORD_TAIL.search(generated)
+    return generated[: tail.start()] if tail else generated
 
 
 def _close_docstring(text: str, ctx: CursorContext) -> str:

@@ -87,15 +87,17 @@ def test_never_an_empty_item(gen):
     assert shape(gen, ctx_at("def f():|\n"), "block").text == ""
 
 
-def test_a_generation_cut_short_keeps_only_its_finished_lines():
+def test_a_generation_cut_short_ends_at_a_line_boundary_or_a_whole_word():
     ctx = ctx_at("def f(x):|\n")
     gen = "\n    y = x + 1\n    if y > 2:\n        return fo"
     assert shape(gen, ctx, "block").text.endswith("return fo")  # a finished generation keeps its last line
     assert shape(gen, ctx, "block", cut_short=True).text == "\n    y = x + 1\n    if y > 2:"
     assert shape("\r\n    y = 1\r\n    z = (", ctx, "block", cut_short=True).text == "\n    y = 1"
-    # one unfinished line: no line boundary to cut at, so nothing is shown
-    assert shape("o(bar, ba", ctx_at("x = fo|\n"), "line", cut_short=True).text == ""
+    # one unfinished line: kept up to its last whole word; a word fragment alone is nothing
+    assert shape("o(bar, ba", ctx_at("x = fo|\n"), "line", cut_short=True).text == "o(bar,"
     assert shape("o(bar)\nmore(", ctx_at("x = fo|\n"), "line", cut_short=True).text == "o(bar)"
+    assert shape("o_bar_ba", ctx_at("x = fo|\n"), "line", cut_short=True).text == ""
+    assert shape("o(bar) + 1", ctx_at("x = fo|\n"), "line", cut_short=True).text == "o(bar) +"
 
 
 def test_alternatives_cut_short_lose_their_unfinished_line_and_repeats_go():

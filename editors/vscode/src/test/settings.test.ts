@@ -102,11 +102,12 @@ test('a changed maxTokens applies to the running server without a restart', { ti
     assert.equal(await suggestionInNewDocument(), SUGGESTION);
     const pid = child.pid;
 
-    // The user sets efim.maxTokens to 1: the extension decides on a notification, not a restart.
-    const after = { ...before, maxTokens: 1 };
+    // The user sets efim.maxTokens to 2: the extension decides on a notification, not a restart.
+    const after = { ...before, maxTokens: 2 };
     assert.equal(settingsAction(before, after, true), 'notify');
     await sendSettings(connection, after);
-    assert.equal(await suggestionInNewDocument(), SUGGESTION.slice(0, 4), 'maxTokens 1 = one 4-character token of the fake model');
+    // two 4-character tokens of the fake model ("value = "), a line cut short: shown up to its last whole word
+    assert.equal(await suggestionInNewDocument(), 'value =', 'maxTokens 2 = two tokens of the fake model');
 
     // Back to 12, same process all along.
     await sendSettings(connection, before);
