@@ -94,6 +94,7 @@ def test_shape_counts_unparseable_and_duplicated_suggestions():
     # (where a compound header was emptied, its body below still makes the file unparseable).
     off, on = evaluate_shape(_EchoEngine(lambda r: '"""Return the thing.'), cases, ("line",))
     headers = sum(c.original.rstrip().endswith(":") for c in cases)
+    assert 0 < headers
     assert off.unparseable == off.shown == 30 and on.unparseable <= headers + 2 < 30
 
     def repeat(request):
@@ -101,5 +102,7 @@ def test_shape_counts_unparseable_and_duplicated_suggestions():
         return "pass\n" + c.indent + next_code_line(c.after)
 
     _, dup = evaluate_shape(_EchoEngine(repeat), cases, ("auto",))
-    assert dup.shown == 30 and dup.duplicate == 0  # shape() cuts a block where it repeats the next line
+    # shape() cuts a block where it repeats the next line; the `pass` left where a header was
+    # emptied (its body below is deeper) is dropped by the off-side rule
+    assert dup.shown == 30 - headers and dup.duplicate == 0
     assert 0 < dup.fresh_line < dup.n  # statement starts at top level are not fresh lines
