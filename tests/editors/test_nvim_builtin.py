@@ -125,7 +125,9 @@ def test_builtin_inline_completion_with_zero_configuration(nvim, efim_on_path, t
     assert client["cmd"] == ["efim", "serve"]
     init = sent(log, "initialize")[0]["params"]
     assert init["capabilities"]["textDocument"]["inlineCompletion"] is not None
-    open_ = sent(log, "textDocument/didOpen")
+    deadline = time.monotonic() + 20  # the client sends didOpen after it is initialized, and the tap logs it on its own time
+    while not (open_ := sent(log, "textDocument/didOpen")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [m["params"]["textDocument"]["uri"] for m in open_] == [path.as_uri()]
 
     ghost, item = _type_until_ghost(nvim, log)
