@@ -237,13 +237,13 @@ def _fit_offside(lines: list[str], ctx: CursorContext) -> list[str]:
     the first code line below the cursor line (a comment's indentation does not count):
     a line that neither opens a block nor continues one (`:`, a bracket, `,`, `\\` at its
     end) above a deeper line, which only a header (or a continued line) can take; a comment
-    there leaves the header missing too. Only
-    when the suggestion ends its line (nothing right of the cursor); the first line counts
-    with what is typed before it. May leave nothing to show.
+    there leaves the header missing too. Only when the suggestion ends its line (nothing
+    right of the cursor) outside a triple-quoted string (a docstring's text has no
+    blocks); the first line counts with what is typed before it. May leave nothing to show.
 
     A header above a line that is not deeper is kept: in an editor that is a new block
     being written above the code that follows, its body still to come."""
-    if ctx.line_after.strip():
+    if ctx.line_after.strip() or ctx.in_string:
         return lines
     below = next((line for line in ctx.next_lines if line.strip() and not line.lstrip().startswith("#")), None)
     if below is None:

@@ -165,6 +165,10 @@ def test_the_off_side_rule_keeps_a_new_header_and_lines_above_code_at_their_leve
     text = "def f(x):\n    |\n            # deep comment\n        return x\n"
     ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
     assert shape("y = 2\n", ctx, "block").text == "" and shape("if x:\n", ctx, "block").text == "if x:"
+    # inside a docstring the lines are text: an indented paragraph below is no body
+    text = 'def f(x):\n    """Sum.\n\n    |\n        indented example\n    """\n'
+    ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
+    assert ctx.in_string and shape("Returns the total.\n", ctx, "block").text == "Returns the total."
     # text right of the cursor ends the line, not the suggestion: nothing to judge
     text = "def f(x):\n    y = |x\n        return x\n"
     ctx = CursorContext.at(text.replace("|", ""), text.index("|"), offside=True)
