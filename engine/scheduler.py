@@ -215,16 +215,8 @@ class Scheduler:
         return self.share.working_limit
 
     @property
-    def row_align(self) -> int:
-        return self.share.row_align
-
-    @property
     def row_bytes(self) -> int:
         return self.share.row_bytes
-
-    @property
-    def dense_row_bytes(self) -> int:
-        return self.share.dense_row_bytes
 
     @property
     def rows_alone(self) -> int:
@@ -542,7 +534,7 @@ class Scheduler:
             need = 0 if reuses_prev else self.share.rows_bytes(capacity)
             spare = seq.key if prev is not None else None
             foreground = not seq.background
-            blend = self.share.blend_rows(seq, reuse, seq.blend) * self.dense_row_bytes if seq.blend is not None else 0
+            blend = self.share.blend_rows(seq, reuse, seq.blend) * self.share.dense_row_bytes if seq.blend is not None else 0
             if blend and self.share.make_room(need + blend, spare, foreground):
                 pass
             elif self.share.make_room(need, spare, foreground):
@@ -670,9 +662,7 @@ class Scheduler:
         sink. It stores nothing (no radix commit, no retained KV: `cache=False`) and counts
         only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`).
         None when the KV budget cannot hold its KV now."""
-        rows = self.runner.fork_capacity(seq)
-        if self.working_limit is not None and self.share.rows_bytes(rows) > self.share.room():
-            rows = min(rows, seq.n_valid + max(seq.max_tokens, 0) + 1)  # exactly what it may use
+        rows = self.share.within_room(self.runner.fork_capacity(seq), seq.n_valid + max(seq.max_tokens, 0) + 1)
         if not self.share.make_room(self.share.rows_bytes(rows), None, True):
             return None
         kv = self.runner.fork_kv(seq, rows)
@@ -761,9 +751,7 @@ class Scheduler:
         budget cannot hold that now — the rows it may still use; False (it ends "length")
         when it is at the context length or the budget holds neither."""
         cap = seq.kv.capacity
-        rows = min(self.context_length, cap * 2)
-        if self.working_limit is not None and self.share.rows_bytes(rows) > self.share.room():
-            rows = min(rows, seq.n_prompt + max(seq.max_tokens, 0) + 1)
+        rows = self.share.within_room(min(self.context_length, cap * 2), seq.n_prompt + max(seq.max_tokens, 0) + 1)
         if rows <= cap:
             return False
         if not self.share.make_room(self.share.rows_bytes(rows), None, not seq.background):  # the old KV stays until copied

@@ -114,6 +114,13 @@ class WorkingShare:
             return rounded, False
         return exact, False
 
+    def within_room(self, rows: int, exact: int) -> int:
+        """`rows` for a sequence's KV, or — under a budget whose room cannot hold them now —
+        `exact` (the rows it may still use) when fewer."""
+        if self.working_limit is not None and self.rows_bytes(rows) > self.room():
+            return min(rows, exact)
+        return rows
+
     def rows_bytes(self, rows: int | None) -> int:
         """Bytes of a new sequence KV of `rows` rows (as allocated: rounded up to the format's alignment)."""
         align = self.row_align

@@ -78,7 +78,8 @@ def _infiller(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
     if args.limit is not None and args.limit <= 0:
         raise ValueError("--limit must be positive")
-    if getattr(args, "beams", 1) != 1 and args.backend != "transformers":
+    beams = getattr(args, "beams", 1)  # humaneval-infilling only
+    if beams != 1 and args.backend != "transformers":
         raise ValueError("--beams runs on the transformers backend only")
     if args.backend == "llama.cpp":
         return _llama_cpp_infiller(args)
@@ -89,7 +90,6 @@ def _infiller(args: argparse.Namespace):
         infiller = EngineInfiller(folder, f"{args.model}+{args.adapter} (engine)", threads=args.threads or None)
         atexit.register(infiller.close)  # the engine thread ends before the interpreter does (else: 'terminate called ...')
         return infiller
-    beams = getattr(args, "beams", 1)
     if beams != 1 and getattr(args, "split", "single-line") != "single-line":
         raise ValueError("--beams searches single lines: use it with --split single-line")
     return TransformersInfiller(load_eval_model(args.model, args.adapter), beams=beams)

@@ -88,14 +88,15 @@ class TransformersInfiller:
         if len(ids) > self.max_prompt_tokens:  # keep the end: the sentinels and the increment
             ids = ids[-self.max_prompt_tokens :]
         healing = enc.healing
-        decoder = StreamDecoder(self.prompts.tokenizer.vocab, len(healing.removed_bytes) if healing else 0)
+        healed = len(healing.removed_bytes) if healing else 0  # bytes of the prompt the output starts after
+        decoder = StreamDecoder(self.prompts.tokenizer.vocab, healed)
         progress = healing.progress(self.prompts.tokenizer.vocab) if healing is not None else None
         model = self.em.model
         if self.beams > 1:
             if not single_line or fresh_line or stop_line is not None:
                 raise ValueError("beam search infills single lines only, without the fresh-line rule")
             tokens, text = beam_line(model, ids, self.prompts.tokenizer.vocab, width=self.beams, max_tokens=max_tokens, eos=self.eos,
-                                     progress=progress, healed=len(healing.removed_bytes) if healing else 0)
+                                     progress=progress, healed=healed)
             return Infill(text, len(ids), len(tokens), healing is not None, "newline")
         out = model(input_ids=torch.tensor([ids]), use_cache=True)
         cache, logits = out.past_key_values, out.logits[0, -1]  # [V]
