@@ -95,7 +95,7 @@ def build_samples(engine_parts: Any, args: argparse.Namespace) -> list[BlendCase
     from efim_lsp.context import ContextGatherer  # noqa: PLC0415
 
     from engine.api import InfillRequest  # noqa: PLC0415
-    from engine.blend import chunk_units  # noqa: PLC0415
+    from engine.cacheblend.blend import chunk_units  # noqa: PLC0415
 
     template, tok = engine_parts
     pkg = _package_dir(args.package)
@@ -173,8 +173,8 @@ def quality(model, cache, template, samples: list[BlendCase], ratios, n_gen: int
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
 
-    from engine.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
-    from engine.chunks import ChunkStore  # noqa: PLC0415
+    from engine.cacheblend.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
+    from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
 
     store = ChunkStore(cache, max_fraction=0.5)
     settings = ("fresh", "reordered")
@@ -216,8 +216,8 @@ def speed(model, cache_factory, template, sample: BlendCase, ratio: float, repea
     Each path runs the same functions the scheduler runs, without its thread hand-offs."""
     import torch  # noqa: PLC0415
 
-    from engine.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
-    from engine.chunks import ChunkStore  # noqa: PLC0415
+    from engine.cacheblend.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
+    from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
 
     ids, units, local = sample.ids, sample.units, sample.local
     prev_ids = _reordered(sample)
@@ -283,10 +283,10 @@ def run_cli(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import torch  # noqa: PLC0415
 
-    from engine.cache import RadixCache  # noqa: PLC0415
+    from engine.kv.radix import RadixCache  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
-    from engine.templates import detect_template  # noqa: PLC0415
-    from engine.tokenize import SegmentTokenizer  # noqa: PLC0415
+    from engine.text.templates import detect_template  # noqa: PLC0415
+    from engine.text.tokenize import SegmentTokenizer  # noqa: PLC0415
 
     t0 = time.perf_counter()
     loaded = load_model(args.model, dtype=args.dtype)

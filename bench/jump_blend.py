@@ -13,8 +13,8 @@ The prompt is what the server would send there: windows cut by `efim_lsp.window.
 format "efim" (or "prefix" for a model without FIM tokens), increment "", rendered and
 tokenized by the engine's `PromptBuilder`, which also gives the local segments CacheBlend
 may fill. The document's pieces are those `Engine.warm_document` computes: its pass
-(`engine.document_kv.DocumentPass`, nearest the cursor first, at most `--piece-tokens`
-tokens) run to the end by `engine.background.DocumentWork` into a `ChunkStore`. The
+(`engine.cacheblend.document_kv.DocumentPass`, nearest the cursor first, at most `--piece-tokens`
+tokens) run to the end by `engine.scheduling.background.DocumentWork` into a `ChunkStore`. The
 blended side then runs what the scheduler runs at admission of a `document_kv` request:
 `document_spans` over a `DocumentIndex` of the document's pieces, then `blend_prefill`.
 The document's previous sequence is not used: this is a jump far from the last window.
@@ -96,7 +96,7 @@ class JumpCase(NamedTuple):
     truth: str  # the removed line, stripped
     ids: list[int]
     segments: tuple[tuple[int, int], ...]  # rows of the local segments (prefix, suffix)
-    healing: Any  # token healing (engine.tokenize.HealingProgress), or None
+    healing: Any  # token healing (engine.text.tokenize.HealingProgress), or None
     healed_bytes: int
 
 
@@ -202,9 +202,9 @@ class Documents:
     """The documents' pieces, computed as the engine's background work computes them."""
 
     def __init__(self, model: Any, tokenizer: Any, header: tuple[int, ...], piece_tokens: int) -> None:
-        from engine.background import DocumentWork  # noqa: PLC0415
-        from engine.cache import RadixCache  # noqa: PLC0415
-        from engine.chunks import ChunkStore  # noqa: PLC0415
+        from engine.scheduling.background import DocumentWork  # noqa: PLC0415
+        from engine.kv.radix import RadixCache  # noqa: PLC0415
+        from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
 
         cfg = model.config
         probe = model.new_kv(1)
@@ -220,7 +220,7 @@ class Documents:
 
     def compute(self, key: str, text: str, cursor: int) -> tuple[int, float]:
         """Run the document's pass to the end; (tokens prefilled, seconds)."""
-        from engine.document_kv import DocumentPass  # noqa: PLC0415
+        from engine.cacheblend.document_kv import DocumentPass  # noqa: PLC0415
 
         if self.current is not None and self.current != key:
             self.store.forget_origin(self.current)  # another document: the previous one's pieces go
@@ -233,7 +233,7 @@ class Documents:
 
     def spans(self, key: str, sample: JumpCase) -> tuple[list[Any], float]:
         """The spans the scheduler would reuse for `sample`, and the index build time (s)."""
-        from engine.document_kv import DocumentIndex, document_spans  # noqa: PLC0415
+        from engine.cacheblend.document_kv import DocumentIndex, document_spans  # noqa: PLC0415
 
         t0 = time.perf_counter()
         index = DocumentIndex(self.store, key)
@@ -249,8 +249,8 @@ def _line(engine: Any, kv: Any, n: int, given: list[int], sample: JumpCase, max_
     line has not ended within them."""
     import torch  # noqa: PLC0415
 
-    from engine.sampler import StopRules  # noqa: PLC0415
-    from engine.tokenize import StreamDecoder  # noqa: PLC0415
+    from engine.text.sampler import StopRules  # noqa: PLC0415
+    from engine.text.tokenize import StreamDecoder  # noqa: PLC0415
 
     rules = StopRules(end_ids=engine.end_ids, stop=("\n",), max_tokens=max_tokens)
     decoder = StreamDecoder(engine.tokenizer.vocab, sample.healed_bytes)
@@ -275,8 +275,8 @@ def _line(engine: Any, kv: Any, n: int, given: list[int], sample: JumpCase, max_
 
 def _line_tokens(engine: Any, tokens: list[int], sample: JumpCase, max_tokens: int) -> int:
     """How many of `tokens` a greedy line takes (its stop included); len+1 when it has not ended."""
-    from engine.sampler import StopRules  # noqa: PLC0415
-    from engine.tokenize import StreamDecoder  # noqa: PLC0415
+    from engine.text.sampler import StopRules  # noqa: PLC0415
+    from engine.text.tokenize import StreamDecoder  # noqa: PLC0415
 
     rules = StopRules(end_ids=engine.end_ids, stop=("\n",), max_tokens=max_tokens)
     decoder = StreamDecoder(engine.tokenizer.vocab, sample.healed_bytes)
@@ -297,9 +297,9 @@ def quality(engine: Any, docs: Documents, samples: list[JumpCase], ratios, n_gen
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
 
-    from engine.blend import blend_prefill  # noqa: PLC0415
-    from engine.document_kv import covered_rows  # noqa: PLC0415
-    from engine.scheduler import MIN_LOCAL_COVERAGE  # noqa: PLC0415
+    from engine.cacheblend.blend import blend_prefill  # noqa: PLC0415
+    from engine.cacheblend.document_kv import covered_rows  # noqa: PLC0415
+    from engine.scheduling.scheduler import MIN_LOCAL_COVERAGE  # noqa: PLC0415
 
     model = engine.model
     rows: list[dict[str, Any]] = []
@@ -382,8 +382,8 @@ def speed(engine: Any, docs: Documents, samples: list[JumpCase], ratios, repeats
     """TTFT of a full prefill and of the blend at each of `ratios` (median of all runs)."""
     import torch  # noqa: PLC0415
 
-    from engine.blend import blend_prefill  # noqa: PLC0415
-    from engine.document_kv import DocumentIndex, document_spans  # noqa: PLC0415
+    from engine.cacheblend.blend import blend_prefill  # noqa: PLC0415
+    from engine.cacheblend.document_kv import DocumentIndex, document_spans  # noqa: PLC0415
 
     model = engine.model
     times: dict[str, list[float]] = {"full": [], **{f"blend@{r:g}": [] for r in ratios}}

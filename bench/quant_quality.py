@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from engine.loading import load_model_for_engine
+    from engine.runtime.loading import load_model_for_engine
 
     if args.kv:
         report = {"threads": torch.get_num_threads(), "window": args.kv_window, "decode": args.kv_decode}

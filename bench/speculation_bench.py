@@ -1,4 +1,4 @@
-"""`efim bench speculation`: prompt-lookup speculation (engine.speculation) on real code —
+"""`efim bench speculation`: prompt-lookup speculation (engine.scheduling.speculation) on real code —
 accepted tokens per step, and whole single-line suggestion latency with and without it.
 
 Through the engine API (`engine.local.load_engine`, the factory `efim serve` uses), on the

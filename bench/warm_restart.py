@@ -1,5 +1,5 @@
 """`efim bench restart`: the first suggestion after a server restart, cold vs warm from the
-KV disk tier (engine.disk_tier).
+KV disk tier (engine.kv.disk_tier).
 
 Through the engine API (`engine.local.load_engine`, the factory `efim serve` uses), each
 phase in a fresh Python process, as a restart is:
@@ -76,7 +76,7 @@ def _phase(args: argparse.Namespace) -> dict:
     t_close = time.perf_counter()
     engine.close()
     closed = time.perf_counter()
-    from engine.kv_disk import list_files  # noqa: PLC0415
+    from engine.kv.disk_format import list_files  # noqa: PLC0415
 
     files = list_files(Path(args.dir))
     return {

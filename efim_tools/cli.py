@@ -18,7 +18,7 @@ import sys
 # libgomp's default (300,000 spins) lets a team stall 10-50x when another process holds a
 # core; sleeping at once (OMP_WAIT_POLICY=PASSIVE) costs 1.6x on an idle machine. A short
 # spin keeps the idle speed, and the engine drops to one thread while the machine is busy
-# (engine.cpu_threads has the measurements). A user's own setting wins.
+# (engine.runtime.cpu_threads has the measurements). A user's own setting wins.
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", "5000")
 

@@ -39,7 +39,7 @@ Thread map (the served process; docs/design.md, "Threads"):
 - model loader (an executor thread, `efim_lsp.engine_slot`): the engine factory
   (`engine.local.load_engine`, which does the torch work — weights, pool, the engine
   thread's start — on a thread of its own, "efim-load", that ends when the engine is built:
-  a thread that ran parallel torch work keeps an OpenMP team, see `engine.cpu_threads`) and,
+  a thread that ran parallel torch work keeps an OpenMP team, see `engine.runtime.cpu_threads`) and,
   when an engine is replaced or the server exits, the old engine's `close()`. After loading,
   only the engine thread computes; it sets its own torch thread count each step.
 - tests, benchmarks and offline tools may call anything from their own thread, including
@@ -129,10 +129,10 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     n: int = 1
     alternatives_temperature: float = 0.8
     alternatives_top_p: float = 0.95
-    # Prompt-lookup speculation (engine.speculation): most draft tokens verified per decode
+    # Prompt-lookup speculation (engine.scheduling.speculation): most draft tokens verified per decode
     # step of a greedy request (0: off). Same output as plain greedy decoding, fewer steps.
     speculate: int = DEFAULT_SPECULATE
-    # The fresh-line rule (engine.sampler.FreshLine), set by the caller when the cursor line is
+    # The fresh-line rule (engine.text.sampler.FreshLine), set by the caller when the cursor line is
     # empty and its block goes on (efim_lsp.suggest.fresh_line): while the generated text is
     # whitespace-only, tokens that would end it (a line break, an end token) are refused, so
     # the answer is not a blank line, unless the model's own probability of a blank answer
@@ -230,7 +230,7 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     verify_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
-    # Disk tier (engine.disk_tier): "off", "on", or "off: <why>" once a disk failure stopped it.
+    # Disk tier (engine.kv.disk_tier): "off", "on", or "off: <why>" once a disk failure stopped it.
     kv_disk: str = "off"
     kv_disk_loaded_tokens: int = 0  # tokens whose KV came from disk into the radix cache
     kv_disk_saved_files: int = 0

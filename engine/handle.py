@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from engine.api import Completion, StreamEvent
-from engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.scheduling.sequence import Sequence
 
 
 class Canceller(Protocol):

@@ -2,8 +2,8 @@
 
 It wires the pieces: the text side (`engine.prompting`: template, segment tokenizer,
 fit to context, streamed text), the handle callers hold (`engine.handle`), and the
-scheduler that owns the engine thread (`engine.scheduler`, token ids and tensors only).
-`load_engine` builds one from a model name or path (loading itself: `engine.loading`).
+scheduler that owns the engine thread (`engine.scheduling.scheduler`, token ids and tensors only).
+`load_engine` builds one from a model name or path (loading itself: `engine.runtime.loading`).
 
 Threads: `submit()` runs on the caller's thread and only enqueues; rendering and
 tokenization run on the engine thread (an unchanged prefix/suffix is a dict lookup in
@@ -25,19 +25,19 @@ from typing import Callable
 import torch
 
 from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
-from engine import faults
-from engine.cache import RadixCache, default_budget_bytes, parse_bytes
-from engine.cpu_threads import ThreadGovernor
-from engine.disk_tier import DiskTier, attach_disk_tier
-from engine.document_kv import DocumentPass
+from engine.runtime import faults
+from engine.kv.radix import RadixCache, default_budget_bytes, parse_bytes
+from engine.runtime.cpu_threads import ThreadGovernor
+from engine.kv.disk_tier import DiskTier, attach_disk_tier
+from engine.cacheblend.document_kv import DocumentPass
 from engine.handle import LocalHandle
-from engine.loading import load_model_for_engine
+from engine.runtime.loading import load_model_for_engine
 from engine.prompting import PromptBuilder, RequestSink
-from engine.sampler import FreshLine, Sampler
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
-from engine.templates import FimTemplate, detect_template
-from engine.tokenize import SegmentTokenizer
+from engine.text.sampler import FreshLine, Sampler
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Sequence
+from engine.text.templates import FimTemplate, detect_template
+from engine.text.tokenize import SegmentTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class LocalEngine:
         self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
         self._pool_budget = budget - working_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
-        # to `load_engine`), fewer while other processes keep cores busy (engine.cpu_threads).
+        # to `load_engine`), fewer while other processes keep cores busy (engine.runtime.cpu_threads).
         self.threads = ThreadGovernor(torch.get_num_threads()) if adaptive_threads else None
         self._scheduler_options = dict(
             before_step=self.threads.apply if self.threads is not None else None,
@@ -167,7 +167,7 @@ class LocalEngine:
         self._closed = False
         self.disk_tier = None  # attached below, once the thread runs
         self._thread = self._start_thread(self.scheduler)
-        # Disk tier (engine.disk_tier): True = the user cache directory, or a directory.
+        # Disk tier (engine.kv.disk_tier): True = the user cache directory, or a directory.
         self.disk_tier: DiskTier | None = (
             attach_disk_tier(self, kv_disk, parse_bytes(kv_disk_budget), adapter_path) if kv_disk else None
         )
@@ -320,7 +320,7 @@ class LocalEngine:
         return handle
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
-        """Background: keep the KV of `text`'s pieces (see `engine.document_kv`), nearest
+        """Background: keep the KV of `text`'s pieces (see `engine.cacheblend.document_kv`), nearest
         `cursor` first, at most `document_cap_tokens` of them; "" forgets the document.
         Thread-safe and immediate: cutting and tokenizing happen on the engine thread."""
         if not isinstance(text, str) or not isinstance(key, str):
@@ -432,7 +432,7 @@ class LocalEngine:
 
 
 def _speculate(request: InfillRequest) -> int:
-    """The request's draft length (engine.speculation); ValueError outside 0..64."""
+    """The request's draft length (engine.scheduling.speculation); ValueError outside 0..64."""
     if not isinstance(request.speculate, int) or not 0 <= request.speculate <= 64:
         raise ValueError(f"speculate must be an int in 0..64; got {request.speculate!r}")
     return request.speculate
@@ -506,14 +506,14 @@ def load_engine(
     fragment_trained: bool | None = None,
     **engine_options,
 ) -> LocalEngine:
-    """Load `model` with its adapter (`engine.loading.load_model_for_engine`: what `adapter`
+    """Load `model` with its adapter (`engine.runtime.loading.load_model_for_engine`: what `adapter`
     and `fragment_trained` mean) and start an engine on it; `engine_options` go to
     `LocalEngine`.
 
     The loading runs on a thread of its own that ends when the engine is built: every
     thread that runs parallel torch work keeps an OpenMP team alive, and with more team
     threads than CPUs libgomp stops spinning between kernels, which made the engine
-    thread's prefill 1.6x slower (engine.cpu_threads)."""
+    thread's prefill 1.6x slower (engine.runtime.cpu_threads)."""
 
     def build() -> LocalEngine:
         try:  # the KV budget is committed beside the weights: the loader checks both fit

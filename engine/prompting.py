@@ -1,9 +1,9 @@
 """The text side of a request: render, tokenize, fit to the context; stream text back.
 
 `PromptBuilder.build` turns an `InfillRequest` into the token ids the scheduler runs:
-the FIM template's segments (`engine.templates`), tokenized segment by segment with token
-healing (`engine.tokenize`), cut to the context by `fit_to_context`, plus the CacheBlend
-plan when the request blends (`engine.blend`). `RequestSink` is the `TokenSink` one
+the FIM template's segments (`engine.text.templates`), tokenized segment by segment with token
+healing (`engine.text.tokenize`), cut to the context by `fit_to_context`, plus the CacheBlend
+plan when the request blends (`engine.cacheblend.blend`). `RequestSink` is the `TokenSink` one
 request hands the scheduler: it builds the prompt at admission and turns generated ids
 into streamed text with stop rules.
 
@@ -19,12 +19,12 @@ import msgspec
 import torch
 
 from engine.api import Completion, FinishReason, InfillRequest, RequestStats, StreamEvent
-from engine.blend import blend_request
+from engine.cacheblend.blend import blend_request
 from engine.handle import LocalHandle
-from engine.sampler import FreshLine, StopRules
-from engine.sequence import Prompt
-from engine.templates import FimTemplate
-from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
+from engine.scheduling.sequence import Prompt
+from engine.text.sampler import FreshLine, StopRules
+from engine.text.templates import FimTemplate
+from engine.text.tokenize import Encoded, SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
 
 
 class BuiltPrompt(NamedTuple):

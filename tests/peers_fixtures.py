@@ -103,8 +103,8 @@ def code_requests(modules: tuple[str, ...] = PROMPT_MODULES, *, prefix_chars: in
 def code_prompts(loaded, modules: tuple[str, ...] = PROMPT_MODULES) -> list[list[int]]:
     """`code_requests` as token ids in the engine's EFIM layout for `loaded`'s template (the
     shipped adapter's: `<spm_suffix> S <spm_prefix> P I`). No token healing."""
-    from engine.templates import detect_template
-    from engine.tokenize import SegmentTokenizer
+    from engine.text.templates import detect_template
+    from engine.text.tokenize import SegmentTokenizer
 
     template = detect_template(loaded.tokenizer)
     tokenizer = SegmentTokenizer(loaded.tokenizer)

@@ -1,4 +1,4 @@
-"""`efim cache ls|clear`: the disk tier's KV files (engine.kv_disk) in the user cache.
+"""`efim cache ls|clear`: the disk tier's KV files (engine.kv.disk_format) in the user cache.
 
 `ls` lists each file (document, tokens, bytes, age, fingerprint) and the total; `clear`
 removes them (`--all`: also the rest of the cache directory, e.g. models converted from
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _directory(args: argparse.Namespace):
     from pathlib import Path
 
-    from engine.kv_disk import kv_directory
+    from engine.kv.disk_format import kv_directory
 
     return Path(args.dir).expanduser() if args.dir else kv_directory()
 
@@ -46,7 +46,7 @@ def _age(seconds: float) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from engine.kv_disk import list_files
+    from engine.kv.disk_format import list_files
 
     directory = _directory(args)
     files = list_files(directory) if directory.is_dir() else []
@@ -60,13 +60,13 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    from engine.kv_disk import clear
+    from engine.kv.disk_format import clear
 
     directory = _directory(args)
     n, size = clear(directory) if directory.is_dir() else (0, 0)
     print(f"removed {n} KV files ({_size(size)}) from {directory}")
     if args.all:
-        from engine.model.loader import cache_root
+        from engine.paths import cache_root
 
         root = cache_root()
         if root.is_dir():

@@ -16,7 +16,7 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from engine.tokenize import HealingProgress, StreamDecoder, VocabIndex
+from engine.text.tokenize import HealingProgress, StreamDecoder, VocabIndex
 
 
 class _Hypothesis(NamedTuple):

@@ -1,7 +1,7 @@
 """Greedy infilling for evaluation: the prompt as serving builds it, transformers' forward.
 
 The prompt — layout, segment tokenization, token healing — comes from serving's own code
-(`engine.prompting.PromptBuilder`: `engine.templates` + `engine.tokenize`), so what is
+(`engine.prompting.PromptBuilder`: `engine.text.templates` + `engine.text.tokenize`), so what is
 measured here is what the engine would run; only the forward pass is transformers'
 (greedy, KV cache), which keeps it independent of the engine's model code.
 
@@ -15,7 +15,7 @@ Token healing (`heal=True`, the prompt's last text ends inside an identifier): s
 rule — the last token is dropped and the first generated token must start with its bytes.
 
 The fresh-line rule (`fresh_line=True`; the caller decides when, as the language server
-does with `efim_lsp.suggest.fresh_line`): serving's `engine.sampler.Sampler` with the
+does with `efim_lsp.suggest.fresh_line`): serving's `engine.text.sampler.Sampler` with the
 tokenizer's `FreshLine` classes chooses the tokens, so a whitespace-only answer cannot end.
 """
 
@@ -27,9 +27,9 @@ import torch
 
 from engine.api import DEFAULT_FRESH_LINE_GUARD, InfillRequest
 from engine.prompting import PromptBuilder
-from engine.sampler import Sampler
-from engine.templates import detect_template
-from engine.tokenize import Encoded, SegmentTokenizer, StreamDecoder
+from engine.text.sampler import Sampler
+from engine.text.templates import detect_template
+from engine.text.tokenize import Encoded, SegmentTokenizer, StreamDecoder
 
 from efim_tools.evaluation.beam import beam_line
 from efim_tools.evaluation.model import EvalModel

@@ -74,7 +74,7 @@ class MergedModel(NamedTuple):
     config: dict  # HF config after the merge (vocab_size grown by the adapter's tokens)
     weights: dict  # HF name -> torch tensor, the adapter merged
     added: list[tuple[int, str]]  # the adapter's tokens (id, content)
-    template: Any  # engine.templates.FimTemplate of the merged vocabulary
+    template: Any  # engine.text.templates.FimTemplate of the merged vocabulary
 
 
 def merged_model(model: str | Path, adapter: str | Path | None) -> MergedModel:
@@ -95,7 +95,7 @@ def merged_model(model: str | Path, adapter: str | Path | None) -> MergedModel:
         read_tokenizer,
         resolve_spec,
     )
-    from engine.templates import detect_template  # noqa: PLC0415
+    from engine.text.templates import detect_template  # noqa: PLC0415
 
     source = resolve_spec(model)
     if not source.is_file():

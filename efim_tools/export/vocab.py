@@ -64,7 +64,7 @@ def extend_vocabulary(
 def fim_token_ids(tokens: list[str], template) -> dict[str, int]:
     """role -> id for the FIM roles llama.cpp should use with this vocabulary.
 
-    `template` (the `engine.templates.FimTemplate` the engine detects for the merged
+    `template` (the `engine.text.templates.FimTemplate` the engine detects for the merged
     vocabulary) decides: pre/suf/mid/sep are its sentinels, so `/infill` builds the
     prompts the engine builds. A suffix-first template without a middle token (the shipped
     adapter's) gets its family's unplaced middle token, because llama.cpp always places one.

@@ -6,7 +6,7 @@ model never saw before its continuation ("rn"). Training on text whose ids are t
 concatenation of independently tokenized fragments teaches the model such boundaries.
 
 Every piece is tokenized as serving tokenizes a prompt segment
-(`engine.tokenize.SegmentTokenizer`): special-token spellings stay text, no word-boundary
+(`engine.text.tokenize.SegmentTokenizer`): special-token spellings stay text, no word-boundary
 space is added in front.
 
 Contract: for any text and any cut positions, decoding the concatenated ids gives the
@@ -19,7 +19,7 @@ import random
 from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
-    from engine.tokenize import SegmentTokenizer
+    from engine.text.tokenize import SegmentTokenizer
 
 
 def random_cuts(text: str, rng: random.Random, mean_chars: float) -> list[int]:

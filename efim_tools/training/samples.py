@@ -12,8 +12,8 @@ carries over, and typing still only appends to the prompt:
     efim  : SUF suffix PRE prefix inc rest EOT
 
 Targets (loss) are everything after the last sentinel for fim/efim and every token for plain.
-The prompt head is rendered by serving's own code: `engine.templates.FimTemplate.render`
-places the sentinels and `engine.tokenize.SegmentTokenizer` tokenizes each text segment
+The prompt head is rendered by serving's own code: `engine.text.templates.FimTemplate.render`
+places the sentinels and `engine.text.tokenize.SegmentTokenizer` tokenizes each text segment
 on its own, so a sample's head is what the engine runs for the same text (tested). With
 fragment tokenization on, the increment is its own segment
 (it ends wherever the random cut fell, usually inside a word) and, with probability
@@ -23,7 +23,7 @@ segment boundary inside the middle — the baseline EFIM's paper compares agains
 
 With `healed_prob`, a share of the samples whose prompt ends with text (every EFIM sample,
 and a suffix-first FIM sample, whose prompt ends with the prefix) is built as serving heals
-it (`engine.tokenize.SegmentTokenizer.encode(heal=True)`): the prompt's last text tokens
+it (`engine.text.tokenize.SegmentTokenizer.encode(heal=True)`): the prompt's last text tokens
 are dropped, and the target is the dropped text plus the middle in ordinary tokenization —
 the first target token covers the dropped text, as healing's constraint asks at serving
 time. Without it, the model only ever sees the middle continue from the prompt's own
@@ -41,8 +41,8 @@ import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from engine.api import InfillRequest
-from engine.templates import FimTemplate, detect_template
-from engine.tokenize import HealingProgress, SegmentTokenizer, whole_indentation
+from engine.text.templates import FimTemplate, detect_template
+from engine.text.tokenize import HealingProgress, SegmentTokenizer, whole_indentation
 
 from efim_tools.training.fragment import encode_text, fragment_encode
 
@@ -57,11 +57,11 @@ SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text"]
 
 FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
 # The suffix-first layout's own spellings (prefix, middle, suffix, pad — the same order, so
-# an adapter's added rows line up across layouts); `engine.templates` knows them as a
+# an adapter's added rows line up across layouts); `engine.text.templates` knows them as a
 # suffix-first family. <spm_middle> is never placed; it is there to keep the four rows.
 SPM_SENTINELS = ("<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>")
 SENTINELS: dict[str, tuple[str, ...]] = {"psm": FIM_SENTINELS, "spm": SPM_SENTINELS}
-# The `engine.templates` family that serves each layout.
+# The `engine.text.templates` family that serves each layout.
 LAYOUT_FAMILY: dict[str, str] = {"psm": "starcoder", "spm": "efim-spm"}
 EOT_TOKEN = "<|endoftext|>"
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 
 from engine.api import EngineError
+from engine.paths import cache_root
 from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.model.preflight import check_memory, check_vocabulary
 from engine.model.quant import WeightSource
@@ -77,17 +78,6 @@ def resolve_dtype(dtype: str | None) -> torch.dtype:
     if dtype not in _DTYPES:
         raise EngineError(f"unknown dtype {dtype!r}; expected one of: auto, bf16, fp32")
     return _DTYPES[dtype]
-
-
-def cache_root() -> Path:
-    """$EFIM_CACHE_DIR, else $XDG_CACHE_HOME/efim-lsp, else ~/.cache/efim-lsp."""
-    import os  # noqa: PLC0415
-
-    if os.environ.get("EFIM_CACHE_DIR"):
-        return Path(os.environ["EFIM_CACHE_DIR"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "efim-lsp"
 
 
 def default_model_path() -> Path:
@@ -208,7 +198,7 @@ def add_fim_tokens(tokenizer, config: dict, weights: dict[str, torch.Tensor]) ->
     the suffix-first `<spm_*>`) gets none: StarCoder's would take over template detection."""
     from tokenizers import AddedToken  # noqa: PLC0415
 
-    from engine.templates import detect_template  # noqa: PLC0415
+    from engine.text.templates import detect_template  # noqa: PLC0415
 
     if detect_template(tokenizer).supports_fim:
         return config, []

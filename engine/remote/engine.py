@@ -3,7 +3,7 @@
 The language server keeps everything it has with the local engine — documents, edit
 sessions, windows, suggestion shaping, typing-through, stats — and only the forward
 passes move to the server. Prompts are rendered and tokenized here by the local engine's
-own code (`engine.templates`, `engine.tokenize`, `engine.prompting.PromptBuilder`, with the
+own code (`engine.text.templates`, `engine.text.tokenize`, `engine.prompting.PromptBuilder`, with the
 tokenizer of the `model` setting: `engine.remote.vocabulary`) and sent as token ids, so
 the last prompt stays an exact token prefix of the next and the server's prefix cache
 (llama.cpp `cache_prompt` + per-slot KV, vLLM automatic prefix caching, SGLang's radix
@@ -71,9 +71,9 @@ from engine.remote.dialects import DIALECTS, Chunk, ServerFacts, Usage
 from engine.remote.ledger import Ledger, merge_usage, summary
 from engine.remote.stream import GarbageAnswer, HttpStatus, ServerError, describe, error_body, sse_payloads
 from engine.remote.vocabulary import load_vocabulary
-from engine.sampler import StopRules
-from engine.templates import detect_template
-from engine.tokenize import SegmentTokenizer
+from engine.text.sampler import StopRules
+from engine.text.templates import detect_template
+from engine.text.tokenize import SegmentTokenizer
 
 log = logging.getLogger(__name__)
 

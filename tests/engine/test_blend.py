@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import kernels
-from engine.blend import BlendCancelled, ReusedSpan, blend_prefill, place_spans
-from engine.chunks import prefill_chunk
+from engine.cacheblend.blend import BlendCancelled, ReusedSpan, blend_prefill, place_spans
+from engine.kv.chunk_store import prefill_chunk
 
 torch.manual_seed(0)
 

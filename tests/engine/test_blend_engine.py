@@ -120,7 +120,7 @@ def test_forget_context_drops_a_files_chunk_kv(engine, texts):
 
 
 def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_factory, texts, monkeypatch):
-    import engine.blend as blend
+    import engine.cacheblend.blend as blend
 
     eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M", check_integrity=True)
     try:

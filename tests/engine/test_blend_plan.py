@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.api import ContextChunk, InfillRequest
-from engine.blend import (
+from engine.cacheblend.blend import (
     BlendRequest,
     blend_prefill,
     blend_request,
@@ -17,11 +17,11 @@ from engine.blend import (
     plan_spans,
     previous_spans,
 )
-from engine.cache import RadixCache
-from engine.chunks import ChunkStore
-from engine.templates import detect_template
+from engine.kv.radix import RadixCache
+from engine.kv.chunk_store import ChunkStore
+from engine.text.templates import detect_template
 from tiny_models import stdlib_sources
-from engine.tokenize import SegmentTokenizer
+from engine.text.tokenize import SegmentTokenizer
 
 CHUNKS = (
     ContextChunk("pkg/a.py", "def alpha(x):\n    return x + 1\n"),

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cache import RadixCache, common_prefix_len, default_budget_bytes, parse_bytes
+from engine.kv.radix import RadixCache, common_prefix_len, default_budget_bytes, parse_bytes
 
 L, H, D = 2, 2, 4
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache import RadixCache
-from engine.chunks import ChunkKV, ChunkStore, chunk_key, prefill_chunk
+from engine.kv.radix import RadixCache
+from engine.kv.chunk_store import ChunkKV, ChunkStore, chunk_key, prefill_chunk
 
 L, H, D = 2, 2, 4
 

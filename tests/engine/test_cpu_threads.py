@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from engine import cpu_threads
-from engine.cpu_threads import ThreadGovernor
+from engine.runtime import cpu_threads
+from engine.runtime.cpu_threads import ThreadGovernor
 
 
 def test_threads_shrink_while_other_processes_hold_cores():

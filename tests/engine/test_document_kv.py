@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.document_kv import MIN_RUN, DocumentPass, cut_pieces, nearest_first
+from engine.cacheblend.document_kv import MIN_RUN, DocumentPass, cut_pieces, nearest_first
 from tiny_models import stdlib_sources
 
 
@@ -92,7 +92,7 @@ def test_a_pass_after_an_edit_tokenizes_only_the_pieces_the_edit_changed(sources
 
 
 def test_a_huge_document_is_cut_only_around_the_cursor(sources):
-    from engine.document_kv import CHARS_PER_TOKEN_BOUND  # noqa: PLC0415
+    from engine.cacheblend.document_kv import CHARS_PER_TOKEN_BOUND  # noqa: PLC0415
 
     huge = sources[0] * 200  # several MB
     seen: list[int] = []

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from engine import faults
+from engine.runtime import faults
 from engine.api import EngineError, InfillRequest
 from engine.local import MAX_RESTARTS, load_engine
 

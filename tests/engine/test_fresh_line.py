@@ -1,5 +1,5 @@
 """The fresh-line rule: a whitespace-only answer cannot end while the rule is on
-(engine.sampler.FreshLine / Sampler), and nothing changes when it is off."""
+(engine.text.sampler.FreshLine / Sampler), and nothing changes when it is off."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from engine.api import InfillRequest
 from engine.local import load_engine
-from engine.sampler import FreshLine, Sampler
+from engine.text.sampler import FreshLine, Sampler
 
 # A 6-token vocabulary: 0 "\n", 1 "    ", 2 "x", 3 " = 1", 4 "\n\n", 5 an end token.
 ENDS = torch.tensor([True, False, False, False, True, True])

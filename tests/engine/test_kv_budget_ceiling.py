@@ -18,7 +18,7 @@ import pytest
 
 from engine.api import ContextChunk, InfillRequest
 from engine.local import load_engine
-from engine.retained import kv_bytes
+from engine.kv.retained import kv_bytes
 from tiny_models import stdlib_sources
 
 BUDGET = 1 << 20  # 1 MiB: a few thousand tokens of the tiny model

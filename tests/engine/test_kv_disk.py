@@ -1,4 +1,4 @@
-"""The KV disk tier (engine.kv_disk, engine.disk_tier): files verified before use, written
+"""The KV disk tier (engine.kv.disk_format, engine.kv.disk_tier): files verified before use, written
 atomically, bounded; a restarted engine's first request reuses what the last one computed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.api import InfillRequest
-from engine.kv_disk import KVDiskStore, list_files
+from engine.kv.disk_format import KVDiskStore, list_files
 from engine.local import load_engine
 from tiny_models import stdlib_sources
 
@@ -115,7 +115,7 @@ def _other_format(path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(path)
-    from engine.kv_disk import read_header
+    from engine.kv.disk_format import read_header
 
     meta = read_header(path)[0]["__metadata__"]
     save_file(tensors, path, metadata={**meta, "format": "999"})
@@ -127,7 +127,7 @@ def test_bad_file_is_ignored_warned_once_and_deleted(tmp_path, caplog, damage):
     ids, k, v = rows(20)
     path = s.save("doc", ids, k, v)
     damage(path)
-    with caplog.at_level(logging.WARNING, logger="engine.kv_disk"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv.disk_format"):
         assert s.load(path) is None
         assert s.load(path) is None  # gone: a miss, no second warning
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -141,7 +141,7 @@ def test_engine_with_a_corrupted_file_prefills_normally(model, request_at, tmp_p
     first.close()
     (path,) = [f.path for f in list_files(tmp_path)]
     _corrupt(path)
-    with caplog.at_level(logging.WARNING, logger="engine.kv_disk"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv.disk_format"):
         second = engine(model, tmp_path)
         try:
             assert second.disk_tier.wait_loaded(30)
@@ -174,7 +174,7 @@ def test_other_models_files_are_neither_loaded_nor_deleted(model, tiny_model_fac
 def test_unwritable_directory_turns_the_tier_off_and_the_engine_serves(model, request_at, tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")  # root ignores chmod; a path under a file fails for anyone
-    with caplog.at_level(logging.WARNING, logger="engine.kv_disk"):
+    with caplog.at_level(logging.WARNING, logger="engine.kv.disk_format"):
         eng = engine(model, blocker / "kv")
         try:
             eng.submit(request_at).result(60)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache import RadixCache
+from engine.kv.radix import RadixCache
 from engine.model import Int8SequenceKV, SequenceKV, load_model
 from engine.model.transformer import kv_dtype_name, quantize_rows
 

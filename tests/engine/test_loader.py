@@ -227,7 +227,7 @@ def test_fim_tokens_add_leaves_an_adapters_own_sentinels_in_charge(tiny_model_fa
     untrained ones next to them (detection would pick those first)."""
     from safetensors.torch import save_file
 
-    from engine.templates import detect_template
+    from engine.text.templates import detect_template
 
     folder = tiny_model_factory("llama", fim_tokens=False)
     names = ["<spm_prefix>", "<spm_middle>", "<spm_suffix>", "<spm_pad>"]

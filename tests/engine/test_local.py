@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.api import Completion, Engine, InfillRequest
-from engine.scheduler import SOLO_CHUNK_FACTOR
+from engine.scheduling.scheduler import SOLO_CHUNK_FACTOR
 from engine.local import load_engine
 from tiny_models import stdlib_sources
 
@@ -303,7 +303,7 @@ def test_random_submit_cancel_keeps_pool_consistent(small_chunk_engine, source, 
 
 def test_fit_to_context_order():
     from engine.prompting import fit_to_context
-    from engine.tokenize import Encoded, SegmentSpan
+    from engine.text.tokenize import Encoded, SegmentSpan
 
     roles = [("chunk", 10), ("sentinel", 1), ("prefix", 40), ("sentinel", 1), ("suffix", 40), ("sentinel", 1),
              ("increment", 5)]

@@ -154,7 +154,7 @@ def test_a_file_larger_than_its_share_keeps_the_pieces_around_the_cursor(tiny_mo
         assert 0 < eng.scheduler.document_tokens() <= eng.document_cap_tokens
         assert eng.scheduler.document_tokens() < eng.count_tokens(big) // 2  # not the whole file
         # The piece under the cursor is among them.
-        from engine.document_kv import cut_pieces  # noqa: PLC0415
+        from engine.cacheblend.document_kv import cut_pieces  # noqa: PLC0415
 
         here = next(p for p in cut_pieces(big) if p.start <= cursor < p.end)
         assert tuple(eng.tokenizer.encode_uncached(big[here.start : here.end])) in {e.ids for e in kept}

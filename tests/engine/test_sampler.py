@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from engine.sampler import Sampler, StopRules, greedy_batch
+from engine.text.sampler import Sampler, StopRules, greedy_batch
 
 
 def test_greedy_and_allowed_mask():

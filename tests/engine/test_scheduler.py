@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.cache import RadixCache
-from engine.sampler import Sampler
-from engine.scheduler import SOLO_CHUNK_FACTOR, Scheduler
-from engine.sequence import Prompt, Sequence
+from engine.kv.radix import RadixCache
+from engine.text.sampler import Sampler
+from engine.scheduling.scheduler import SOLO_CHUNK_FACTOR, Scheduler
+from engine.scheduling.sequence import Prompt, Sequence
 
 
 class Sink:
@@ -189,7 +189,7 @@ def test_warm_chunk_follows_the_measured_prefill_rate():
     """A background chunk is sized to take about `warm_chunk_seconds` at the rate measured
     so far: a first guess before any measurement, multiples of 32, bounded by the request
     chunk; a keystroke's few rows do not move the rate."""
-    from engine.scheduler import PrefillRate
+    from engine.scheduling.scheduler import PrefillRate
 
     rate = PrefillRate()
     assert rate.chunk_for(0.1, 256) == PrefillRate.FIRST_GUESS

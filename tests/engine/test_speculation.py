@@ -1,4 +1,4 @@
-"""Prompt-lookup speculation (engine.speculation): the n-gram proposer, and greedy output
+"""Prompt-lookup speculation (engine.scheduling.speculation): the n-gram proposer, and greedy output
 token-for-token identical to plain decoding on tiny random fp32 models over real stdlib
 code — drafts partly rejected, ends (EOS, max_tokens, stop strings) inside an accepted
 run, deadline, cancellation, alternatives, several sequences decoding together — with the
@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.scheduler as scheduler_module
+import engine.scheduling.scheduler as scheduler_module
 from engine.api import InfillRequest
-from engine.cache import RadixCache
-from engine.sampler import Sampler
-from engine.scheduler import Scheduler
-from engine.sequence import Prompt, Sequence
-from engine.speculation import DraftLength, NgramIndex, VerifyCost, greedy_accept
+from engine.kv.radix import RadixCache
+from engine.text.sampler import Sampler
+from engine.scheduling.scheduler import Scheduler
+from engine.scheduling.sequence import Prompt, Sequence
+from engine.scheduling.speculation import DraftLength, NgramIndex, VerifyCost, greedy_accept
 from tiny_models import stdlib_sources, tiny_tokenizer_json
 
 # ----------------------------------------------------------------------------- proposer

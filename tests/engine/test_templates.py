@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from engine.api import ContextChunk, InfillRequest
-from engine.templates import PREFIX_ONLY, comment_marker, detect_template
+from engine.text.templates import PREFIX_ONLY, comment_marker, detect_template
 
 
 def _tok_with(specials: list[str]) -> Tokenizer:

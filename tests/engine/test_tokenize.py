@@ -7,9 +7,9 @@ import random
 import pytest
 from tokenizers import Tokenizer
 
-from engine.templates import Segment, detect_template
+from engine.text.templates import Segment, detect_template
 from tiny_models import stdlib_sources, tiny_tokenizer_json
-from engine.tokenize import SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
+from engine.text.tokenize import SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_llama_server_infill_builds_the_suffix_first_layout(llama_bin, exported_
     shipped adapter's suffix-first layout from the exported FIM ids: `SUF S PRE P I MID`
     (with `--spm-infill`; llama.cpp always ends with MID, which the engine leaves out, and
     puts its own repo header in front). How often its answer equals the engine's is reported."""
-    from engine.tokenize import SegmentTokenizer
+    from engine.text.tokenize import SegmentTokenizer
 
     result = exported_gguf("q8_0")
     decode = SegmentTokenizer(engine.tokenizer).vocab.text_of

@@ -84,8 +84,8 @@ def cacheblend(model, ids):
     # Two context chunks prefilled alone, placed after a header, 40% of their rows
     # recomputed: exercises rope_shift, kv_deviation, select_top_rows and attention
     # with scattered query rows.
-    from engine.blend import ReusedSpan, blend_prefill
-    from engine.chunks import prefill_chunk
+    from engine.cacheblend.blend import ReusedSpan, blend_prefill
+    from engine.kv.chunk_store import prefill_chunk
 
     header, parts, spans, row = [ids[0]], [], [], 1
     for chunk in (ids[1:7], ids[3:12]):

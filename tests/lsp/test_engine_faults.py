@@ -1,7 +1,7 @@
 """Faults through the real `efim serve` process (tiny model): a model that is missing or
 corrupt at start, a load that fails mid-way, an out-of-memory error during a prefill and a
 crash of the engine thread (both injected with the `EFIM_FAULT` test hook,
-`engine/faults.py`). Each gives one `window/showMessage` and a log line; the server keeps
+`engine/runtime/faults.py`). Each gives one `window/showMessage` and a log line; the server keeps
 answering (empty completions while there is no model; a completion after the fault
 succeeds) and `efim/stats` says the state (`model.state`, `engine`)."""
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from engine.tokenize import SegmentTokenizer
+from engine.text.tokenize import SegmentTokenizer
 from tiny_models import stdlib_sources, tiny_tokenizer_json
 from efim_tools.training.fragment import encode_text, fragment_encode, random_cuts, split_at
 

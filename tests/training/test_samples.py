@@ -9,8 +9,8 @@ from tokenizers import AddedToken, Tokenizer
 
 from engine.api import InfillRequest
 from engine.prompting import PromptBuilder
-from engine.templates import detect_template
-from engine.tokenize import SegmentTokenizer
+from engine.text.templates import detect_template
+from engine.text.tokenize import SegmentTokenizer
 from tiny_models import tiny_tokenizer_json
 from efim_tools.training.data import HELD_OUT_MODULES, Corpus, held_out_files, training_files
 from efim_tools.training.samples import FIM_SENTINELS, SENTINELS, SPM_SENTINELS, FimIds, SampleBuilder, SampleConfig, build_sample, choose_middle, suffix_informed_lines

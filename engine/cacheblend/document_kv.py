@@ -7,7 +7,7 @@ that starts a top-level statement (no indentation) or follows a blank line, once
 holds `min_chars`; and before any line once it holds `max_chars`. An edit therefore
 changes only the pieces it touches (and at most the next one): every other piece keeps
 its text, its token ids, and so its cached KV. Each piece is tokenized on its own and
-prefilled alone after the template's header (`engine.chunks.prefill_chunk`); its rows
+prefilled alone after the template's header (`engine.kv.chunk_store.prefill_chunk`); its rows
 are kept in the `ChunkStore` with the document's key as their origin.
 
 Finding them again: a new prompt's local segments (prefix and suffix windows) are
@@ -15,7 +15,7 @@ tokenized as whole segments, so a piece's ids match the prompt's ids everywhere 
 for a token or two at the piece's edges. `document_spans` finds runs of at least
 `MIN_RUN` tokens of the prompt in the document's pieces (an n-gram index per document,
 rebuilt when its pieces change) and returns them as `ReusedSpan`s; CacheBlend
-(`engine.blend.blend_prefill`) rotates their keys to the new positions and recomputes
+(`engine.cacheblend.blend.blend_prefill`) rotates their keys to the new positions and recomputes
 the rows that deviate most plus every row no piece covers.
 
 Everything here runs on the engine thread.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from engine.blend import ReusedSpan
-from engine.cache import common_prefix_len
+from engine.cacheblend.blend import ReusedSpan
+from engine.kv.radix import common_prefix_len
 
 MIN_RUN = 16  # shortest run of a piece reused in a prompt (shorter: cheap to recompute)
 MAX_HITS = 8  # places remembered per n-gram (code repeats itself: the longest run wins)
@@ -84,7 +84,7 @@ def nearest_first(pieces: Sequence[Piece], cursor: int) -> list[int]:
 
 
 class _Hit(NamedTuple):
-    entry: Any  # engine.chunks.ChunkEntry
+    entry: Any  # engine.kv.chunk_store.ChunkEntry
     at: int  # row inside the entry
 
 

@@ -35,7 +35,7 @@ def _targets(seqs) -> bool:
 
 
 def install(scheduler: Any, kinds: list[str]) -> None:
-    """Patch `scheduler` (an `engine.scheduler.Scheduler`) with the faults `kinds`."""
+    """Patch `scheduler` (an `engine.scheduling.scheduler.Scheduler`) with the faults `kinds`."""
     for kind in kinds:
         if kind == "engine-crash":
             _crash_once(scheduler)

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.document_kv import DocumentPass
+from engine.cacheblend.document_kv import DocumentPass
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class DocumentWork:
         if work is None or ids not in set(work.ids_in_order()):
             return  # replaced or forgotten meanwhile
         h, n = len(self.header), len(ids)
-        from engine.chunks import ChunkKV  # noqa: PLC0415
+        from engine.kv.chunk_store import ChunkKV  # noqa: PLC0415
 
         k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
         rows = ChunkKV(

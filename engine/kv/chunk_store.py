@@ -5,7 +5,7 @@ A chunk (its token ids: the file separator and the `path\\ntext` tokens, as the 
 renders them) is prefilled alone — after the template's fixed header (its BOS ids, if
 any), so its first token is not an attention sink the real prompt never has — and its
 K (after RoPE, at positions header..header+n-1), V and those positions are stored.
-`engine.blend` rotates the keys to wherever the chunk lands (`kernels.rope_shift`).
+`engine.cacheblend.blend` rotates the keys to wherever the chunk lands (`kernels.rope_shift`).
 
 Storage: rows live in the radix cache's token-granular pool (`RadixCache.k/v
 [L, N, H_kv, D]`), in slots taken with `RadixCache.alloc` and kept *held* by this store,
@@ -218,7 +218,7 @@ class ChunkStore:
         assert all_slots.unique().numel() == all_slots.numel(), "a slot is in two chunk entries"
         assert self._n_slots <= self.max_slots, "chunk store over its share of the pool"
         if all_slots.numel():
-            from engine.cache import _HELD  # noqa: PLC0415 - the pool's ownership marks
+            from engine.kv.radix import _HELD  # noqa: PLC0415 - the pool's ownership marks
 
             assert bool((self.cache._owner[all_slots] == _HELD).all()), "a chunk slot is not held in the pool"
         for entry in self._entries.values():

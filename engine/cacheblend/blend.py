@@ -2,7 +2,7 @@
 cached KV computed elsewhere, recomputing only the rows that matter.
 
 Given the prompt's token ids and, for some spans of it, K/V rows cached from another
-context (`ReusedSpan`: typically a chunk prefilled alone, see `engine.chunks`):
+context (`ReusedSpan`: typically a chunk prefilled alone, see `engine.kv.chunk_store`):
 
 1. cached keys are rotated to their new positions (`kernels.rope_shift`, exact for
    RoPE) and placed, with their values, in every layer of the sequence's KV;
@@ -32,8 +32,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import torch
 
 import kernels
-from engine.cache import common_prefix_len
-from engine.chunks import ChunkStore, prefill_chunk
+from engine.kv.radix import common_prefix_len
+from engine.kv.chunk_store import ChunkStore, prefill_chunk
 
 # Recomputed rows run through a layer in up to MAX_BLOCKS blocks of consecutive
 # positions, each attending only to the keys up to its last position: masked attention
@@ -204,7 +204,7 @@ class BlendRequest(NamedTuple):
     segments: tuple[tuple[int, int], ...]  # rows of the local text segments (prefix, suffix)
     origins: tuple[str | None, ...] = ()  # each unit's file, for invalidation
     header: tuple[int, ...] = ()  # the template's fixed header (BOS ids) chunks are prefilled after
-    # Also reuse the document's own stored KV for the local segments (`engine.document_kv`):
+    # Also reuse the document's own stored KV for the local segments (`engine.cacheblend.document_kv`):
     # the scheduler keeps the blend only if those spans cover enough rows.
     local: bool = False
 
@@ -350,7 +350,7 @@ def plan_spans(
 
 def blend_request(request: Any, encoded: Any, template: Any, *, chunks: bool = True, local: bool = False) -> BlendRequest | None:
     """The `BlendRequest` of an `InfillRequest` rendered by `template` and tokenized into
-    `encoded` (`engine.tokenize.Encoded`), or None when it has no chunk to blend (or
+    `encoded` (`engine.text.tokenize.Encoded`), or None when it has no chunk to blend (or
     `chunks` is off) and `local` (reuse the document's own stored KV) is off. ValueError
     for a ratio outside [0, 1]."""
     if not 0.0 <= float(request.blend_ratio) <= 1.0:

@@ -2,7 +2,7 @@
 one CacheBlend pass), one batched decode step or one speculative verify, KV growth.
 
 The runner moves rows and computes; it decides nothing about which sequence runs when
-(that is `engine.scheduler`) and never touches the radix tree's pins or the retained KV
+(that is `engine.scheduling.scheduler`) and never touches the radix tree's pins or the retained KV
 store. Engine thread only.
 
 Contracts:
@@ -21,12 +21,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.blend import blend_sequence, previous_spans
-from engine.document_kv import DocumentIndex, covered_rows, document_spans, span_ranges
-from engine.cache import MatchResult, RadixCache
-from engine.chunks import ChunkStore
-from engine.retained import RetainedSequence
-from engine.sequence import Sequence
+from engine.cacheblend.blend import blend_sequence, previous_spans
+from engine.cacheblend.document_kv import DocumentIndex, covered_rows, document_spans, span_ranges
+from engine.kv.radix import MatchResult, RadixCache
+from engine.kv.chunk_store import ChunkStore
+from engine.kv.retained import RetainedSequence
+from engine.scheduling.sequence import Sequence
 
 
 class PrefillOut(NamedTuple):
@@ -96,7 +96,7 @@ class ModelRunner:
     def prefill_chunk(self, seq: Sequence, limit: int | None = None, preempted=None) -> PrefillOut:
         """Compute the next prompt rows: up to `limit` (default `chunk_tokens`), or — when the
         sequence blends — the whole rest in one CacheBlend pass (it is the cheap part).
-        Raises `engine.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
+        Raises `engine.cacheblend.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
         when `preempted()` turns true between layers (a background sequence giving way)."""
         lo = seq.n_valid
         blended = seq.blend is not None
@@ -128,7 +128,7 @@ class ModelRunner:
         return logits
 
     def verify(self, seq: Sequence, draft: list[int]) -> torch.Tensor:
-        """Prompt-lookup speculation (`engine.speculation`): run `[pending] + draft` at rows
+        """Prompt-lookup speculation (`engine.scheduling.speculation`): run `[pending] + draft` at rows
         `n_valid ..` of `seq`'s KV in one forward; logits [k+1, V], row i after pending and
         draft[:i]. Advances nothing: the caller feeds the rows that stand (`feed_pending`);
         the others stay beyond `n_valid` as garbage. Needs `n_valid + k + 1 <= capacity`."""

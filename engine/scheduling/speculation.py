@@ -27,8 +27,8 @@ import time
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence as Seq
 
 if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
-    from engine.sequence import Sequence
+    from engine.scheduling.model_runner import ModelRunner
+    from engine.scheduling.sequence import Sequence
 
 # N-gram sizes tried, longest first: a longer match predicts better; a match of one token
 # is still worth a short draft. Chosen by replaying the default model's greedy single-line

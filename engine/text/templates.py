@@ -1,7 +1,7 @@
 """FIM prompt templates, detected from a tokenizer's special tokens.
 
 A template turns an `InfillRequest` into an ordered tuple of `Segment`s: sentinel
-tokens as ids, text as strings. `engine.tokenize` tokenizes every text segment on its
+tokens as ids, text as strings. `engine.text.tokenize` tokenizes every text segment on its
 own and concatenates the ids, so a segment's ids never depend on the segments after
 it — that is what lets an EFIM prompt be an exact token prefix of the next keystroke's
 (docs/design.md, "Prefix stability").

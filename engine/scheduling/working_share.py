@@ -15,7 +15,7 @@ sequence that would outgrow its KV ends "length", a blend that would not fit is 
 plainly.
 
 `WorkingShare` keeps the accounting (sizes, what is charged, `make_room`); the scheduler
-(`engine.scheduler`) owns the sequences and decides when to charge: it adds a sequence to
+(`engine.scheduling.scheduler`) owns the sequences and decides when to charge: it adds a sequence to
 the holding set once its KV is charged and removes it when the sequence ends.
 """
 
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine.retained import RetainedKV, RetainedSequence, kv_bytes
-from engine.sequence import Sequence
+from engine.kv.retained import RetainedKV, RetainedSequence, kv_bytes
+from engine.scheduling.sequence import Sequence
 
 if TYPE_CHECKING:
-    from engine.background import DocumentWork
-    from engine.model_runner import ModelRunner
+    from engine.scheduling.background import DocumentWork
+    from engine.scheduling.model_runner import ModelRunner
 
 
 class WorkingShare:

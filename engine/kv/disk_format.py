@@ -2,7 +2,7 @@
 
 Layout: `<dir>/<fp16>-<doc16>-<ids16>.safetensors`, where `fp16` is the first 16 hex of
 the model fingerprint (model files, adapter, dtype, quant, template, `FORMAT_VERSION`;
-`engine.disk_tier.fingerprint`), `doc16` of sha256(document key) and `ids16` of
+`engine.kv.disk_tier.fingerprint`), `doc16` of sha256(document key) and `ids16` of
 sha256(token ids). Tensors: `ids` int64 [n], `k` and `v` [L, H_kv, n, D] in the pool's
 dtype (row i = the token ids[i], keys after RoPE). Metadata (strings): `format`,
 `fingerprint` (full), `document`, `n_tokens`, `ids_sha256`, `sha256` (of the ids', k's
@@ -79,10 +79,10 @@ class BadFile(Exception):
 
 def kv_directory() -> Path:
     """$EFIM_KV_DIR, else `<cache_root>/kv` ($EFIM_CACHE_DIR, $XDG_CACHE_HOME/efim-lsp or
-    ~/.cache/efim-lsp: the convention of `engine.model.loader.cache_root`)."""
+    ~/.cache/efim-lsp: `engine.paths.cache_root`)."""
     if os.environ.get("EFIM_KV_DIR"):
         return Path(os.environ["EFIM_KV_DIR"]).expanduser()
-    from engine.model.loader import cache_root  # noqa: PLC0415
+    from engine.paths import cache_root  # noqa: PLC0415
 
     return cache_root() / "kv"
 

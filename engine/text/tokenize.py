@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
-from engine.templates import Segment, SegmentRole
+from engine.text.templates import Segment, SegmentRole
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -1,14 +1,14 @@
 """The engine thread's loop: admit, order, step and finish sequences — token ids only.
 
-The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes a `Sequence` (`engine.sequence`); the
-scheduler admits it against the radix cache (`engine.cache`) and the document's retained
-KV (`engine.retained`), and asks the `ModelRunner` (`engine.model_runner`) for one prefill
+The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes a `Sequence` (`engine.scheduling.sequence`); the
+scheduler admits it against the radix cache (`engine.kv.radix`) and the document's retained
+KV (`engine.kv.retained`), and asks the `ModelRunner` (`engine.scheduling.model_runner`) for one prefill
 chunk or one batched decode step at a time. Text lives behind each sequence's `TokenSink`
 (`engine.prompting`).
 
 Per sequence:
 1. admit: `sink.prepare()` gives the prompt ids (cut to what the KV budget's working share
-   holds when the whole window would not fit it, see `engine.working_share`); the sequence then
+   holds when the whole window would not fit it, see `engine.scheduling.working_share`); the sequence then
    waits until its working KV can be charged to the budget, and gets it: reuse = the longer of (a) the rows
    still valid in this document's retained KV (common prefix with the ids it holds,
    generated tokens included) and (b) the radix cache match, whose missing rows are
@@ -22,7 +22,7 @@ Per sequence:
 3. decode: one step per loop iteration for all decoding sequences together. A request
    with alternatives (`InfillRequest.n`) forks after its prefill into n sequences, each
    with a copy of the prompt's KV rows, decoded in the same batches (`_fork`). A greedy
-   request decoding alone verifies a prompt-lookup draft instead (`engine.speculation`):
+   request decoding alone verifies a prompt-lookup draft instead (`engine.scheduling.speculation`):
    several tokens for one forward; with others decoding it takes plain batched steps, so
    it never slows them (docs/design.md, "Prompt-lookup speculation").
 4. finish: unpin, keep the KV for the document, count, tell the sink.
@@ -32,13 +32,13 @@ queued, prefilling or decoding: first background sequences (warm-ups: a window p
 where the user just moved, in chunks of `warm_chunk_tokens`; a CacheBlend warm-up gives
 way between layers when a foreground request of another document arrives, and starts
 again later), then — after `idle_grace` seconds without foreground work — the documents'
-pieces (`engine.background.DocumentWork`), one chunk a step. A foreground request of a
+pieces (`engine.scheduling.background.DocumentWork`), one chunk a step. A foreground request of a
 document ends that document's background sequence at admission (its rows stay: committed
 to the radix cache and retained), so the request starts from them. A request therefore
 waits for at most one background chunk (or one layer of a blend).
 
 KV budget (docs/reliability.md, "KV budget"): the working share and its accounting are in
-`engine.working_share` (`Scheduler.share`).
+`engine.scheduling.working_share` (`Scheduler.share`).
 
 Contracts:
 - `submit` and `cancel` are thread-safe and never block on model work.
@@ -59,16 +59,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from engine.api import FinishReason
-from engine.background import DocumentWork
-from engine.blend import BlendCancelled
-from engine.cache import RadixCache, common_prefix_len
-from engine.chunks import ChunkStore
-from engine.document_kv import DocumentIndex, DocumentPass
-from engine.working_share import WorkingShare
-from engine.model_runner import ModelRunner
-from engine.retained import RetainedKV, RetainedSequence
-from engine.sequence import Prompt, Sequence
-from engine.speculation import VerifyCost, draft_for, speculate_step
+from engine.scheduling.background import DocumentWork
+from engine.cacheblend.blend import BlendCancelled
+from engine.kv.radix import RadixCache, common_prefix_len
+from engine.kv.chunk_store import ChunkStore
+from engine.cacheblend.document_kv import DocumentIndex, DocumentPass
+from engine.scheduling.working_share import WorkingShare
+from engine.scheduling.model_runner import ModelRunner
+from engine.kv.retained import RetainedKV, RetainedSequence
+from engine.scheduling.sequence import Prompt, Sequence
+from engine.scheduling.speculation import VerifyCost, draft_for, speculate_step
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +180,7 @@ class Scheduler:
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
         self._holding: dict[Sequence, None] = {}  # every sequence with a working KV, oldest first
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
-        # document piece in flight and the retained KV together (engine.working_share).
+        # document piece in flight and the retained KV together (engine.scheduling.working_share).
         self.share = WorkingShare(
             model, self.runner, working_budget_bytes, retained=self.retained, holding=self._holding,
             document_work=lambda: self.documents, end_background=lambda seq: self._finish(seq, "cancelled"),

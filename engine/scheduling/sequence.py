@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from engine.api import FinishReason, RequestStats
-from engine.cache import RadixNode
-from engine.sampler import Sampler
-from engine.tokenize import HealingProgress
+from engine.kv.radix import RadixNode
+from engine.text.sampler import Sampler
+from engine.text.tokenize import HealingProgress
 
 
 class Prompt(NamedTuple):
     ids: list[int]
     healing: HealingProgress | None = None  # token healing: the dropped text generation spells out first
     healed_tokens: int = 0
-    blend: Any = None  # engine.blend.BlendRequest: prefill the chunks by CacheBlend (context="blend")
+    blend: Any = None  # engine.cacheblend.blend.BlendRequest: prefill the chunks by CacheBlend (context="blend")
 
 
 class TokenSink(Protocol):
@@ -76,16 +76,16 @@ class Sequence:
     healed: int = 0
     t_admit: float = 0.0
     t_first: float = 0.0
-    blend: Any = None  # engine.blend.BlendRequest, while the prompt still has to be blended
+    blend: Any = None  # engine.cacheblend.blend.BlendRequest, while the prompt still has to be blended
     blend_spans: Any = ()  # local segments found in the document's previous sequence (and stored pieces)
     compute_s: float = 0.0  # seconds of model work spent on this sequence (background accounting)
     # Alternatives (InfillRequest.n): one sampler per extra fork, forked after the prefill.
     fork_samplers: tuple[Sampler, ...] = ()
     parent: "Sequence | None" = None  # a fork's request sequence (forks prefill nothing)
-    # Prompt-lookup speculation (engine.speculation): most draft tokens per step (0: off).
+    # Prompt-lookup speculation (engine.scheduling.speculation): most draft tokens per step (0: off).
     speculate: int = 0
     lookup_extra: list[int] = field(default_factory=list)  # other tokens to look up in (the previous suggestion)
-    speculation: Any = None  # engine.speculation.Speculation, built at the first speculative step
+    speculation: Any = None  # engine.scheduling.speculation.Speculation, built at the first speculative step
     decode_steps: int = 0
     verify_steps: int = 0
     draft_tokens: int = 0

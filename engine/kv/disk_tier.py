@@ -1,5 +1,5 @@
 """The disk tier in the engine: retained KV written when idle and at close, read back at
-start (and at a document's first request) into the radix cache. Files: `engine.kv_disk`.
+start (and at a document's first request) into the radix cache. Files: `engine.kv.disk_format`.
 
 Why: a restarted server otherwise starts cold — the first suggestion in every file waits
 for a full prefill although the same prompt was computed an hour ago.
@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from engine.kv_disk import FORMAT_VERSION, KVDiskStore, StoredKV, kv_directory
+from engine.kv.disk_format import FORMAT_VERSION, KVDiskStore, StoredKV, kv_directory
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class DiskTier:
 
     def __init__(
         self,
-        scheduler: Any,  # engine.scheduler.Scheduler
+        scheduler: Any,  # engine.scheduling.scheduler.Scheduler
         store: KVDiskStore,
         *,
         idle_seconds: float = 2.0,
@@ -337,7 +337,7 @@ def attach_disk_tier(
     **options: Any,
 ) -> DiskTier:
     """A started tier for `engine`: `where` is True (the default directory,
-    `engine.kv_disk.kv_directory`) or a directory; `options` go to `DiskTier`."""
+    `engine.kv.disk_format.kv_directory`) or a directory; `options` go to `DiskTier`."""
     directory = kv_directory() if where is True else Path(where)
     cache = engine.cache
     # Files hold rows in the compute dtype; an int8 pool writes its rows dequantised and
