@@ -9,7 +9,8 @@ Each prompt format runs on a fresh server with the same keystrokes: settings
 (the prefix-first layout with untrained sentinels: speed does not depend on what it learned,
 and the shipped suffix-first adapter would make FIM append like EFIM). The
 typist waits for each answer before the next key (no overlap, so latency is not queueing);
-a newline arrives with the next line's indentation in the same edit, as editors auto-indent.
+a newline arrives with the next line's indentation in the same edit, as editors auto-indent
+(`efim_tools.trace.keys.key_presses`, the split the synthetic traces use).
 
 Printed per format: the server's `efim/stats` (reuseRatio; ttftMs = request arrival → first
 generated token, measured in the server) over the typed keystrokes only (the opening request,
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import sysconfig
@@ -32,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.percentiles import percentile
 from efim_tools.trace.client import measured_server_env
+from efim_tools.trace.keys import key_presses
 
 from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
@@ -44,13 +46,6 @@ def plain(obj):
     if isinstance(obj, (list, tuple)):
         return [plain(v) for v in obj]
     return obj
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def blank_function(module: str, function: str) -> tuple[str, int, str]:
@@ -68,23 +63,6 @@ def blank_function(module: str, function: str) -> tuple[str, int, str]:
     indent = " " * line_indent
     text = src[:body_start] + indent + src[body_start + len(body) :]
     return text, body_start + line_indent, body[line_indent:]
-
-
-def keystrokes(body: str) -> list[str]:
-    """What each keystroke inserts: one character, or a newline plus the next line's indentation."""
-    keys: list[str] = []
-    i = 0
-    while i < len(body):
-        if body[i] == "\n":
-            j = i + 1
-            while j < len(body) and body[j] == " ":
-                j += 1
-            keys.append(body[i:j])
-            i = j
-        else:
-            keys.append(body[i])
-            i += 1
-    return keys
 
 
 def position(text: str, offset: int) -> t.Position:
@@ -182,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     text, cursor, body = blank_function(args.module, args.function)
-    keys = keystrokes(body)
+    keys = key_presses(body)
     if args.limit:
         keys = keys[: args.limit]
     results = {}

@@ -35,7 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from bench.team_load import percentile  # nearest rank, nan for none
+from bench.percentiles import percentile  # nearest rank, nan for none
 
 FUNCTION_MODULES = ("textwrap", "shlex", "csv", "fractions", "difflib", "configparser", "calendar", "string")
 

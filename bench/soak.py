@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import shlex
@@ -43,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.percentiles import percentile
 
 # Moderately sized pure-Python modules present in every CPython install.
 STDLIB_MODULES = (
@@ -105,13 +106,6 @@ class SoakResult:
     def ok(self) -> bool:
         return (self.crashed is None and self.alive and self.hangs == 0 and self.unanswered == 0 and not self.errors
                 and self.answered + self.cancelled == self.sent and bool(self.integrity.get("ok")))
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def rss_mb(pid: int) -> float:

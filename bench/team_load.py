@@ -28,12 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import statistics
 import sys
 import time
 from typing import Any, NamedTuple
+
+from bench.percentiles import percentile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +63,6 @@ class Sample(NamedTuple):
     superseded: bool
     error: str | None
     total_ms: float | None = None  # request sent → stream ended (answered requests)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 class Editor:

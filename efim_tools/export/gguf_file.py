@@ -80,11 +80,8 @@ class MergedModel(NamedTuple):
 def merged_model(model: str | Path, adapter: str | Path | None) -> MergedModel:
     """Load `model`'s weights and merge `adapter` exactly as `engine.model.loader.load_model`
     does (same conversion folder, same `merge_adapter`), without building the engine's model."""
-    import gguf  # noqa: PLC0415
-
     from engine.adapters import resolve_adapter  # noqa: PLC0415
-    from engine.api import EngineError  # noqa: PLC0415
-    from engine.model.gguf import convert_gguf  # noqa: PLC0415
+    from engine.model.gguf import convert_gguf, open_gguf  # noqa: PLC0415
     from engine.model.loader import (  # noqa: PLC0415
         adapter_added_tokens,
         add_tokens_with_ids,
@@ -104,10 +101,7 @@ def merged_model(model: str | Path, adapter: str | Path | None) -> MergedModel:
             "(convert the folder with llama.cpp's convert_hf_to_gguf.py, then pass the .gguf)"
         )
     chosen = resolve_adapter(model, adapter)
-    try:
-        reader = gguf.GGUFReader(str(source))
-    except Exception as exc:  # the reader raises ValueError/struct errors on a bad file
-        raise EngineError(f"cannot read {source} as GGUF: {exc}") from None
+    reader = open_gguf(source)  # EngineError for a file that is not a whole GGUF
     folder = convert_gguf(source, cache_root())  # the engine's own converted weights
     config = read_hf_config(folder)
     weights = read_safetensors(folder)
@@ -131,6 +125,8 @@ def export_gguf(
     model, as the engine picks it; "none"; or a LoRA path) to `dest` as a GGUF of
     `export_type` (`tensors.EXPORT_TYPES`). Bad input raises ValueError / FileNotFoundError /
     EngineError with a clear message, and leaves no file behind (nor touches `dest`)."""
+    from engine.model.gguf_metadata import GGUFMetadata  # noqa: PLC0415
+
     export_type = check_type(export_type)
     path = check_destination(dest)
     try:  # claim the temporary name first: an unwritable folder fails before the slow part
@@ -142,10 +138,11 @@ def export_gguf(
     try:
         merged = merged_model(model, adapter)
         fields = {k: f for k, f in merged.reader.fields.items() if not k.startswith("GGUF.")}
+        meta = GGUFMetadata(merged.reader)
         rows = int(merged.weights["model.embed_tokens.weight"].shape[0])
         vocab = extend_vocabulary(
-            _value(fields.get("tokenizer.ggml.tokens")), _value(fields.get("tokenizer.ggml.token_type")),
-            _value(fields.get("tokenizer.ggml.scores")), merged.added, rows,
+            meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type"),
+            meta.get("tokenizer.ggml.scores"), merged.added, rows,
         )
         fim_ids = fim_token_ids(vocab.tokens, merged.template)
         try:
@@ -199,10 +196,6 @@ def _write(tmp: Path, fields: dict, merged: MergedModel, vocab, fim_ids: dict[st
     writer.write_tensors_to_file()
     writer.close()
     return n_tensors
-
-
-def _value(field) -> Any:
-    return None if field is None else field.contents()
 
 
 def _copy_field(writer, key: str, field) -> None:

@@ -5,6 +5,7 @@ live with the server, which writes traces when `efim serve --record DIR` asks it
     document.py  the client's copy of a document (LSP positions, incremental edits)
     blocks.py    function bodies / blocks worth retyping
     typist.py    a person typing a block back (delays, bursts, typos, jumps)
+    keys.py      what each key press inserts (a character; Enter with the auto-indent)
     synth.py     sessions → traces
     edits.py     small edits at one spot (retype a line's tail, new line, paste, undo)
     tour.py      navigation tours: jumps between functions and files → traces

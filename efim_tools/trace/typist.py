@@ -7,8 +7,7 @@ Language-agnostic: it sees only text. What it models, and why:
 - the average rate is scaled to exactly `wpm` words of five characters per minute
   (the default 50 wpm is 250 keys a minute), so `--wpm` means what it says;
 - Enter inserts the line break and the next line's indentation in one edit, as an
-  editor's auto-indent does (a person then adjusts it; the net edit is what the editor
-  sends in one didChange when it is right, and we keep the text exact);
+  editor's auto-indent does (`keys.key_presses`, the split every typist shares);
 - typos: a neighbouring key, sometimes noticed only a key or two later, then fixed with
   one backspace per wrong character;
 - jumps: the cursor leaves for another line (a line break inserted there, a completion
@@ -28,6 +27,7 @@ import re
 from typing import NamedTuple
 
 from efim_tools.trace.blocks import Block
+from efim_tools.trace.keys import key_presses
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _QWERTY = ["1234567890-=", "qwertyuiop[]", "asdfghjkl;'", "zxcvbnm,./"]
@@ -57,28 +57,6 @@ class Keystroke(NamedTuple):
     text: str
     cursor: int  # code-point offset of the cursor after the edit
     kind: str  # "type", "typo", "backspace", "away", "back"
-
-
-def units_of(body: str) -> list[str]:
-    """What one key press inserts: a character, or a line break with the next indentation."""
-    out: list[str] = []
-    i = 0
-    lead = len(body) - len(body.lstrip(" \t"))
-    if lead:
-        out.append(body[:lead])
-        i = lead
-    while i < len(body):
-        m = _LINE_BREAK.match(body, i)
-        if m:
-            j = m.end()
-            while j < len(body) and body[j] in " \t":
-                j += 1
-            out.append(body[i:j])
-            i = j
-        else:
-            out.append(body[i])
-            i += 1
-    return out
 
 
 def _neighbour(ch: str, rng: random.Random) -> str:
@@ -123,7 +101,7 @@ def type_block(original: str, block: Block, style: TypingStyle, rng: random.Rand
     body = original[block.start : block.end]
     blank = original[: block.start] + original[block.end :]
     newline = m.group(0) if (m := _LINE_BREAK.search(original)) else "\n"
-    units = units_of(body)
+    units = key_presses(body)
     clock = _Clock(rng)
     raw: list[tuple[float, int, int, str, int, str]] = []  # (delay, start, end, text, cursor, kind)
     cursor = block.start

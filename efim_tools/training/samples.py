@@ -166,16 +166,9 @@ class SampleConfig(NamedTuple):
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
             raise ValueError("fim_rate and efim_rate must be >= 0 and sum to at most 1")
-        if not 0 <= self.fragment_prob <= 1:
-            raise ValueError("fragment_prob must be in [0, 1]")
-        if not 0 <= self.line_start_prob <= 1:
-            raise ValueError("line_start_prob must be in [0, 1]")
-        if not 0 <= self.suffix_informed_prob <= 1:
-            raise ValueError("suffix_informed_prob must be in [0, 1]")
-        if not 0 <= self.blank_middle_keep <= 1:
-            raise ValueError("blank_middle_keep must be in [0, 1]")
-        if not 0 <= self.healed_prob <= 1:
-            raise ValueError("healed_prob must be in [0, 1]")
+        for name in ("fragment_prob", "line_start_prob", "suffix_informed_prob", "blank_middle_keep", "healed_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1]")
         if self.layout not in SENTINELS:
             raise ValueError(f"layout must be one of {sorted(SENTINELS)}, got {self.layout!r}")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from engine.api import EngineError
+from engine.model.gguf_metadata import GGUFMetadata
 
 if TYPE_CHECKING:  # the annotation only; quant imports torch kernels lazily here
     from engine.model.quant import Int4Groups
@@ -111,30 +112,13 @@ def file_sha256(path: Path, state_dir: Path) -> str:
 # ------------------------------------------------------------------------ metadata
 
 
-class _Meta:
-    def __init__(self, reader) -> None:
-        self.reader = reader
-
-    def get(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        if field is None:
-            return default
-        return field.contents()
-
-    def require(self, key: str) -> Any:
-        value = self.get(key)
-        if value is None:
-            raise EngineError(f"GGUF file lacks the metadata key {key!r}")
-        return value
-
-
 def _f32(value: Any) -> float:
     """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
     9.999999747378752e-06): what the original config most likely said."""
     return float(np.format_float_scientific(np.float32(value), unique=True))
 
 
-def _hf_config(meta: _Meta, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+def _hf_config(meta: GGUFMetadata, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     hidden = int(meta.require(f"{arch}.embedding_length"))
     heads = int(meta.require(f"{arch}.attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
@@ -285,7 +269,7 @@ def forget_readers() -> None:
 def gguf_tensor_types(path: Path) -> dict[str, str]:
     """HF parameter name -> GGML type name ("Q4_1", "F32", ...) of every tensor in the file."""
     reader = open_gguf(path)
-    arch = _Meta(reader).require("general.architecture")
+    arch = GGUFMetadata(reader).require("general.architecture")
     return {name: t.tensor_type.name for t in reader.tensors if (name := _hf_name(t.name, arch)) is not None}
 
 
@@ -297,7 +281,7 @@ def int4_groups(path: Path, names: set[str]) -> dict[str, "Int4Groups"]:
     from engine.model.quant import Int4Groups  # noqa: PLC0415
 
     reader = open_gguf(path)
-    meta = _Meta(reader)
+    meta = GGUFMetadata(reader)
     arch = meta.require("general.architecture")
     config = _hf_config(meta, arch, {t.name for t in reader.tensors})
     out: dict[str, Int4Groups] = {}
@@ -383,7 +367,7 @@ def _byte_level_pre_tokenizer(pre: str | None):
     return pre_tokenizers.ByteLevel(add_prefix_space=False)
 
 
-def build_tokenizer(meta: _Meta):
+def build_tokenizer(meta: GGUFMetadata):
     """A `tokenizers.Tokenizer` equivalent to the file's vocabulary (byte-level BPE), with
     its control tokens as special tokens. SentencePiece vocabularies go through
     transformers' GGUF converter when it is available."""
@@ -409,7 +393,7 @@ def build_tokenizer(meta: _Meta):
     return tok
 
 
-def _sentencepiece_tokenizer(meta: _Meta, kind: str | None):
+def _sentencepiece_tokenizer(meta: GGUFMetadata, kind: str | None):
     try:
         from transformers.integrations.gguf.gguf_tokenizer_mapping import (  # noqa: PLC0415
             GGUF_TOKENIZER_MAPPING,
@@ -461,7 +445,7 @@ def write_hf_folder(path: Path, dest: Path) -> None:
     from safetensors.torch import save_file  # noqa: PLC0415
 
     reader = open_gguf(path)
-    meta = _Meta(reader)
+    meta = GGUFMetadata(reader)
     arch = meta.require("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise EngineError(

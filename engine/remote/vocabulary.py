@@ -14,8 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from engine.api import EngineError
-
 
 class ServedVocabulary(NamedTuple):
     tokenizer: Any  # tokenizers.Tokenizer
@@ -40,27 +38,11 @@ def load_vocabulary(model: str | Path = "default") -> ServedVocabulary:
     return ServedVocabulary(tokenizer, source.name, architecture, int(hf.get("max_position_embeddings") or 4096), eos)
 
 
-class _Metadata:
-    """GGUF metadata by key (what `engine.model.gguf.build_tokenizer` reads)."""
-
-    def __init__(self, reader) -> None:
-        self.reader = reader
-
-    def get(self, key: str, default: Any = None) -> Any:
-        field = self.reader.fields.get(key)
-        return default if field is None else field.contents()
-
-    def require(self, key: str) -> Any:
-        value = self.get(key)
-        if value is None:
-            raise EngineError(f"GGUF file lacks the metadata key {key!r}")
-        return value
-
-
 def _from_gguf(path: Path) -> ServedVocabulary:
     from engine.model.gguf import build_tokenizer, open_gguf  # noqa: PLC0415
+    from engine.model.gguf_metadata import GGUFMetadata  # noqa: PLC0415
 
-    meta = _Metadata(open_gguf(path))
+    meta = GGUFMetadata(open_gguf(path))
     arch = str(meta.require("general.architecture"))
     tokenizer = build_tokenizer(meta)
     eos = tuple(dict.fromkeys(int(i) for i in (meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id"))
