@@ -299,7 +299,7 @@ def quality(engine: Any, docs: Documents, samples: list[JumpCase], ratios, n_gen
 
     from engine.cacheblend.blend import blend_prefill  # noqa: PLC0415
     from engine.cacheblend.document_kv import covered_rows  # noqa: PLC0415
-    from engine.scheduling.scheduler import MIN_LOCAL_COVERAGE  # noqa: PLC0415
+    from engine.scheduling.admission import MIN_LOCAL_COVERAGE  # noqa: PLC0415
 
     model = engine.model
     rows: list[dict[str, Any]] = []

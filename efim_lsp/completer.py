@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 
-from engine.api import Completion, CompletionHandle, ContextChunk, EngineInfo, InfillRequest, StreamEvent
+from engine.api import Completion, CompletionHandle, ContextChunk, Engine, EngineInfo, InfillRequest, StreamEvent
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.engine_slot import EngineSlot
@@ -144,6 +144,14 @@ def budget_for(settings: Settings, info: EngineInfo | None, fmt: str) -> Budget:
     return Budget(prefix, suffix)
 
 
+def _document_pass(engine: Engine, uri: str, text: str, cursor: int) -> None:
+    """The document's background pass (documentKv); a document emptied keeps no pieces."""
+    if text:
+        engine.warm_document(uri, text, cursor)
+    else:
+        engine.forget_document(uri)
+
+
 class Completer:
     def __init__(
         self,
@@ -205,7 +213,7 @@ class Completer:
             state.stop_warming()
         engine = self.slot.engine
         if engine is not None:
-            engine.warm_document(uri, "", 0)  # forget its pieces
+            engine.forget_document(uri)
 
     def reset_sessions(self, reason: str) -> None:
         """Settings that shape prompts changed: every document starts a new session."""
@@ -518,7 +526,7 @@ class Completer:
         if engine is None or doc is None or not self.slot.ready or not settings.document_kv or not settings.cache:
             return
         if doc.in_sync and not doc.unsupported:
-            engine.warm_document(uri, doc.text, cursor)
+            _document_pass(engine, uri, doc.text, cursor)
 
     def warm(self, uri: str, cursor: int) -> bool:
         """Submit the background warm-up for `cursor` now; False when there is nothing to
@@ -531,7 +539,7 @@ class Completer:
         if not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text) or not settings.cache:
             return False
         if settings.document_kv:
-            engine.warm_document(uri, doc.text, cursor)
+            _document_pass(engine, uri, doc.text, cursor)
         if not settings.warm_ahead or state.inflight is not None:
             return False
         if state.session.alive and state.session.cursor == cursor:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.api import EngineStats, RequestStats
+from engine.api import TOKEN_COUNTS, EngineStats, RequestStats
 
 _SERIES_LENGTH = 8192
 
@@ -44,34 +45,49 @@ class LatencySeries:
         return out
 
 
+# `efim/stats` reports each count under its field's name in camelCase (`_counts`), in
+# these groups, in this order.
+_REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "cancelled", *TOKEN_COUNTS)
+_SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
+_WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens")  # under "warmup"
+_DISK_COUNTS = ("kv_disk_loaded_tokens", "kv_disk_saved_files")  # `EngineStats`', under "kvDisk"
+_SPECULATION_COUNTS = ("decode_steps", "verify_steps", "draft_tokens", "accepted_tokens")  # `EngineStats`'
+
+
+@dataclass(eq=False)
 class ServerStats:
-    def __init__(self) -> None:
-        self.reset()
+    """The server's record: its requests and the engine's token counts of those the engine
+    computed (`TOKEN_COUNTS`, named as in `RequestStats`), the suggestions' fate, latency
+    series and its warm-ups' cost. `to_wire` adds the engine's record (`EngineStats`)."""
+
+    requests: int = 0
+    served: int = 0
+    typing_through_hits: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    prefilled_tokens: int = 0
+    generated_tokens: int = 0
+    shown: int = 0
+    accepted: int = 0
+    partially_accepted: int = 0
+    accepted_chars: int = 0
+    declined: Counter[str] = field(default_factory=Counter)
+    ttft: LatencySeries = field(default_factory=LatencySeries)
+    latency: LatencySeries = field(default_factory=LatencySeries)  # every answered request (typing-through hits included)
+    engine_latency: LatencySeries = field(default_factory=LatencySeries)  # requests the engine answered
+    # Background warm-ups (navigation): what they cost, apart from the requests above.
+    warm_submitted: int = 0
+    warm_completed: int = 0
+    warm_cancelled: int = 0
+    warm_prefilled_tokens: int = 0
+    warm_compute_ms: float = 0.0
 
     def reset(self) -> None:
         """Zero every counter and series (`efim/stats` with `{"reset": true}`, for benchmarks)."""
-        self.requests = 0
-        self.served = 0
-        self.typing_through_hits = 0
-        self.cancelled = 0
-        self.prompt_tokens = 0
-        self.reused_tokens = 0
-        self.prefilled_tokens = 0
-        self.generated_tokens = 0
-        self.shown = 0
-        self.accepted = 0
-        self.partially_accepted = 0
-        self.accepted_chars = 0
-        self.declined: Counter[str] = Counter()
-        self.ttft = LatencySeries()
-        self.latency = LatencySeries()  # every answered request (typing-through hits included)
-        self.engine_latency = LatencySeries()  # requests the engine answered
-        # Background warm-ups (navigation): what they cost, apart from the requests above.
-        self.warm_submitted = 0
-        self.warm_completed = 0
-        self.warm_cancelled = 0
-        self.warm_prefilled_tokens = 0
-        self.warm_compute_ms = 0.0
+        fresh = ServerStats()
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
 
     def add_warmup(self, stats: RequestStats, finish_reason: str) -> None:
         if finish_reason == "cancelled":
@@ -82,61 +98,48 @@ class ServerStats:
         self.warm_compute_ms += max(0.0, stats.total_ms - stats.queue_ms)
 
     def add_engine_request(self, stats: RequestStats) -> None:
-        self.prompt_tokens += stats.prompt_tokens
-        self.reused_tokens += stats.reused_tokens
-        self.prefilled_tokens += stats.prefilled_tokens
-        self.generated_tokens += stats.generated_tokens
+        for name in TOKEN_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
 
     @property
     def reuse_ratio(self) -> float:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def to_wire(self, engine: EngineStats | None, sessions_active: int, rebases: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The camelCase payload of `efim/stats`."""
+        """The camelCase payload of `efim/stats` (no engine: its counts are 0)."""
+        e = engine if engine is not None else EngineStats()
         out: dict[str, Any] = {
-            "requests": self.requests,
-            "served": self.served,
-            "typingThroughHits": self.typing_through_hits,
-            "cancelled": self.cancelled,
-            "promptTokens": self.prompt_tokens,
-            "reusedTokens": self.reused_tokens,
-            "prefilledTokens": self.prefilled_tokens,
-            "generatedTokens": self.generated_tokens,
+            **_counts(self, _REQUEST_COUNTS),
             "reuseRatio": round(self.reuse_ratio, 4),
             "ttftMs": self.ttft.summary(),
             "latencyMs": self.latency.summary(),
             "engineLatencyMs": self.engine_latency.summary(),
-            "cacheBytes": engine.cache_bytes_used if engine else 0,
+            "cacheBytes": e.cache_bytes_used,
             # KV the running requests compute in, within the same --kv-budget as cacheBytes.
-            "workingKvBytes": engine.working_kv_bytes if engine else 0,
+            "workingKvBytes": e.working_kv_bytes,
             "sessions": {"active": sessions_active, "rebases": rebases},
-            "shown": self.shown,
-            "accepted": self.accepted,
-            "partiallyAccepted": self.partially_accepted,
-            "acceptedChars": self.accepted_chars,
+            **_counts(self, _SUGGESTION_COUNTS),
             "declined": dict(self.declined),
             "warmup": {
-                "submitted": self.warm_submitted,
-                "completed": self.warm_completed,
-                "cancelled": self.warm_cancelled,
-                "prefilledTokens": self.warm_prefilled_tokens,
+                **_counts(self, _WARM_COUNTS, drop="warm_"),
                 "computeMs": round(self.warm_compute_ms, 1),
-                "documentTokens": engine.document_tokens if engine else 0,
+                "documentTokens": e.document_tokens,
             },
             # Disk tier: "on", "off", or "off: <why>" after a disk failure turned it off.
-            "kvDisk": {
-                "state": engine.kv_disk if engine else "off",
-                "loadedTokens": engine.kv_disk_loaded_tokens if engine else 0,
-                "savedFiles": engine.kv_disk_saved_files if engine else 0,
-            },
+            "kvDisk": {"state": e.kv_disk, **_counts(e, _DISK_COUNTS, drop="kv_disk_")},
             # Prompt-lookup speculation: decode forwards, the verifying ones, drafts and accepted drafts.
-            "speculation": {
-                "decodeSteps": engine.decode_steps if engine else 0,
-                "verifySteps": engine.verify_steps if engine else 0,
-                "draftTokens": engine.draft_tokens if engine else 0,
-                "acceptedTokens": engine.accepted_tokens if engine else 0,
-            },
+            "speculation": _counts(e, _SPECULATION_COUNTS),
         }
         if extra:
             out.update(extra)
         return out
+
+
+def _counts(record: object, names: tuple[str, ...], drop: str = "") -> dict[str, Any]:
+    """`record`'s counts `names` by their wire keys: the name without `drop`, in camelCase."""
+    return {_camel(name.removeprefix(drop)): getattr(record, name) for name in names}
+
+
+def _camel(name: str) -> str:
+    head, *words = name.split("_")
+    return head + "".join(w.capitalize() for w in words)

@@ -13,16 +13,16 @@ Contracts callers rely on:
 
 Thread map (the served process; docs/design.md, "Threads"):
 - asyncio event loop (pygls handlers, the completer): `Engine.submit`, `info`, `stats`,
-  `count_tokens`, `forget_context`, `warm_document`, `CompletionHandle.cancel` / `wait`, and awaiting
-  `check_integrity()`'s future (`asyncio.wrap_future`). Never `result`, `events`,
-  `wait_idle` or `close` — they block.
+  `count_tokens`, `forget_context`, `warm_document`, `forget_document`,
+  `CompletionHandle.cancel` / `wait`, and awaiting `check_integrity()`'s future
+  (`asyncio.wrap_future`). Never `result`, `events`, `wait_idle` or `close` — they block.
 - stream pumps (one executor thread per streamed request, `efim_lsp.completer`):
   `CompletionHandle.events()` (blocking iteration) and `cancel`.
 - engine thread ("efim-engine", one per `LocalEngine`): the scheduler loop — the radix
   cache, chunk store, retained KV, model runner and every `TokenSink` call (prompt
   rendering and tokenization included). Nothing else touches those; other threads reach
-  them only through `submit`, `cancel`, `forget_context`, `warm_document` and
-  `check_integrity`, which enqueue work for it; background warm-ups run there too, between
+  them only through `submit`, `cancel`, `forget_context`, `warm_document`, `forget_document`
+  and `check_integrity`, which enqueue work for it; background warm-ups run there too, between
   (and preempted by) requests.
 - remote engine thread ("efim-remote", one per `engine.remote.RemoteEngine`, which a
   server with `backend` llama.cpp/openai runs instead of a `LocalEngine`): one asyncio loop
@@ -235,6 +235,25 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     kv_disk_loaded_tokens: int = 0  # tokens whose KV came from disk into the radix cache
     kv_disk_saved_files: int = 0
 
+    @classmethod
+    def from_counters(cls, counters: object, **measured: int | float | str) -> EngineStats:
+        """The stats of an engine from its counters record (the scheduler's `Counters`, the
+        remote engine's `Ledger`: any object with attributes): every count named as a
+        field here is taken as it is, a `warm_seconds` count as `warm_ms`, and counts of
+        other names stay the record's own. `measured`: the fields an engine measures when
+        asked (cache bytes, document tokens, the disk tier). One conversion for every
+        engine: a count named alike on both sides needs no copying code."""
+        fields = {name: getattr(counters, name) for name in cls.__struct_fields__ if hasattr(counters, name)}
+        if hasattr(counters, "warm_seconds"):  # the scheduler times its background work in seconds
+            fields["warm_ms"] = getattr(counters, "warm_seconds") * 1e3
+        fields["warm_ms"] = round(fields.get("warm_ms", 0.0), 1)
+        return cls(**{**fields, **measured})
+
+
+# The token counts a request reports (`RequestStats`) and that engines and the language
+# server total under the same names (`EngineStats`, `efim_lsp.stats.ServerStats`).
+TOKEN_COUNTS = ("prompt_tokens", "reused_tokens", "prefilled_tokens", "generated_tokens")
+
 
 class EngineError(Exception):
     """A problem the caller can act on (bad model path, unsupported architecture...)."""
@@ -288,7 +307,14 @@ class Engine(Protocol):
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         """Background: compute and keep the KV of `text`'s pieces (the document `key`),
         nearest `cursor` first, within the memory budget. A newer call for the same key
-        replaces the older; an empty `text` forgets the document's pieces. Never blocks."""
+        replaces the older. An empty `text` has no pieces: the call does nothing (the
+        document's earlier pieces stay until a newer text replaces them or
+        `forget_document` drops them). Never blocks."""
+
+    def forget_document(self, key: str) -> None:
+        """Drop the document `key`'s pieces (`warm_document`) and stop computing them (the
+        document was closed). Any thread; never blocks; takes effect before the engine's
+        next step."""
 
     # Called (kind, message) from the engine's thread when something the user should hear
     # about happened ("engine-crash", "engine-failed", "out-of-memory"); the caller sets it
@@ -311,6 +337,7 @@ __all__ = [
     "Completion",
     "EngineInfo",
     "EngineStats",
+    "TOKEN_COUNTS",
     "EngineError",
     "CompletionHandle",
     "Engine",

@@ -1,12 +1,19 @@
-"""`LocalHandle`: the caller's side of one request to the local engine.
+"""`RequestHandle`: one submitted request, between the engine that computes it and its caller.
 
-The engine thread pushes events (`_push`, `_complete`); the caller streams them
-(`events`), blocks for the completion (`result`), awaits it from an asyncio loop (`wait`)
-or cancels. Implements `engine.api.CompletionHandle`.
+Both engines hand these out (`engine.local.LocalEngine`, `engine.remote.RemoteEngine`).
+The engine writes: `push` a token event, then `complete` once with the terminal event
+(the local engine through its `engine.prompting.RequestSink`, the remote one from its
+loop). The caller reads: streams the events (`events`), blocks for the completion
+(`result`), awaits it from an asyncio loop (`wait`) or cancels. Implements
+`engine.api.CompletionHandle`.
 
-Threads: `_push` / `_complete` run on the engine thread; the rest on any thread. `wait`
-resolves its future on the waiter's own loop (`call_soon_threadsafe`), never on the
-engine thread.
+A cancel goes to the engine through the handle's `Canceller`, with the handle's `work`:
+what the engine computes the request as (the local engine's `Sequence`, the remote
+engine's call), attached by the engine right after it built the handle.
+
+Threads: `push` / `complete` run on the engine's thread (the local engine thread, the
+remote loop); the rest on any thread. `wait` resolves its future on the waiter's own loop
+(`call_soon_threadsafe`), never on the engine's thread.
 """
 
 from __future__ import annotations
@@ -14,36 +21,42 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import Generic, Iterator, Protocol, TypeVar
 
 from engine.api import Completion, StreamEvent
 
-if TYPE_CHECKING:
-    from engine.scheduling.sequence import Sequence
+WorkT = TypeVar("WorkT")
+WorkT_contra = TypeVar("WorkT_contra", contravariant=True)
 
 
-class Canceller(Protocol):
-    def cancel(self, seq: Sequence) -> None: ...
+class Canceller(Protocol[WorkT_contra]):
+    """Where a handle's cancel goes: the engine, handed the request's `work`. Any thread;
+    never blocks; called at most while the request runs."""
+
+    def cancel(self, work: WorkT_contra) -> None: ...
 
 
-class LocalHandle:
+class RequestHandle(Generic[WorkT]):
     """A submitted request: stream its events, wait for its completion, cancel it."""
 
-    def __init__(self, request_id: int, scheduler: Canceller) -> None:
+    def __init__(self, request_id: int, canceller: Canceller[WorkT]) -> None:
         self.request_id = request_id
-        self._scheduler = scheduler
+        self._canceller = canceller
         self._events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
         self._done = threading.Event()
         self._completion: Completion | None = None
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self.sequence: Sequence | None = None
+        self.work: WorkT | None = None  # set by the engine once it built the request's work
 
     # --- engine side
-    def _push(self, event: StreamEvent) -> None:
+    def push(self, event: StreamEvent) -> None:
+        """Engine side: queue a "token" event for the reader."""
         self._events.put(event)
 
-    def _complete(self, event: StreamEvent) -> None:
+    def complete(self, event: StreamEvent) -> None:
+        """Engine side: end the request with its terminal event ("done" or "error", carrying
+        the completion), once; wakes `result` and every `wait`."""
         with self._lock:
             self._completion = event.completion
             # done before the event is queued: a consumer woken by the terminal event may
@@ -87,8 +100,8 @@ class LocalHandle:
         return await fut
 
     def cancel(self) -> None:
-        if self.sequence is not None and not self._done.is_set():
-            self._scheduler.cancel(self.sequence)
+        if self.work is not None and not self._done.is_set():
+            self._canceller.cancel(self.work)
 
     @property
     def done(self) -> bool:
@@ -100,4 +113,4 @@ def _resolve(fut: asyncio.Future, value: Completion | None) -> None:
         fut.set_result(value)
 
 
-__all__ = ["LocalHandle"]
+__all__ = ["RequestHandle", "Canceller"]

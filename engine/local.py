@@ -20,17 +20,18 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
 from engine.runtime import faults
-from engine.kv.radix import RadixCache, default_budget_bytes, parse_bytes
+from engine.kv.budget import default_budget_bytes, parse_bytes
+from engine.kv.radix import RadixCache
 from engine.runtime.cpu_threads import ThreadGovernor
 from engine.kv.disk_tier import DiskTier, attach_disk_tier
 from engine.cacheblend.document_kv import DocumentPass
-from engine.handle import LocalHandle
+from engine.handle import RequestHandle
 from engine.runtime.loading import load_model_for_engine
 from engine.prompting import PromptBuilder, RequestSink
 from engine.text.sampler import FreshLine, Sampler
@@ -38,6 +39,9 @@ from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import Sequence
 from engine.text.templates import FimTemplate, detect_template
 from engine.text.tokenize import SegmentTokenizer
+
+if TYPE_CHECKING:
+    from engine.model.loader import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +86,7 @@ class LocalEngine:
 
     def __init__(
         self,
-        loaded,  # engine.model.loader.LoadedModel
+        loaded: LoadedModel,
         *,
         kv_budget: int | str | None = None,
         chunk_tokens: int = 256,
@@ -159,9 +163,9 @@ class LocalEngine:
         # Called (kind, message) on the engine thread when something the user should hear
         # about happened: "engine-crash", "engine-failed", "out-of-memory". The server sets it.
         self.on_fault: Callable[[str, str], None] | None = None
-        self._canceller = _Canceller(self)
-        self._by_key: dict[str, LocalHandle] = {}
-        self._warming: dict[str, LocalHandle] = {}  # background requests, by key
+        self._canceller = _CancelOnCurrentScheduler(self)
+        self._by_key: dict[str, RequestHandle[Sequence]] = {}
+        self._warming: dict[str, RequestHandle[Sequence]] = {}  # background requests, by key
         # Most tokens of one document's pieces kept: half the chunk store's share of the pool.
         self.document_cap_tokens = max(1, int(self.cache.n_slots * document_share / 2))
         self._closed = False
@@ -278,7 +282,7 @@ class LocalEngine:
             suffix_first=self.template.suffix_first,
         )
 
-    def submit(self, request: InfillRequest) -> LocalHandle:
+    def submit(self, request: InfillRequest) -> RequestHandle[Sequence]:
         """Queue `request`; a running request with the same key and priority is cancelled
         first (a foreground request ends its document's warm-up in the scheduler instead,
         keeping what the warm-up computed)."""
@@ -291,7 +295,7 @@ class LocalEngine:
         self._check_thread()
         if self.state == "failed":
             raise EngineError(f"the engine stopped after repeated crashes (last: {self.last_crash})")
-        handle = LocalHandle(next(self._ids), self._canceller)
+        handle: RequestHandle[Sequence] = RequestHandle(next(self._ids), self._canceller)
         seq = Sequence(
             request_id=handle.request_id,
             key=request.key,
@@ -304,7 +308,7 @@ class LocalEngine:
             fork_samplers=fork_samplers,
             speculate=_speculate(request),
         )
-        handle.sequence = seq
+        handle.work = seq
         tier = self.disk_tier
         if tier is not None and request.cache:
             tier.request(request.key)  # ready for this document's next request, if on disk
@@ -321,18 +325,28 @@ class LocalEngine:
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         """Background: keep the KV of `text`'s pieces (see `engine.cacheblend.document_kv`), nearest
-        `cursor` first, at most `document_cap_tokens` of them; "" forgets the document.
-        Thread-safe and immediate: cutting and tokenizing happen on the engine thread."""
+        `cursor` first, at most `document_cap_tokens` of them; "" has none and does nothing
+        (`forget_document` drops a document's pieces). Thread-safe and immediate: cutting
+        and tokenizing happen on the engine thread."""
         if not isinstance(text, str) or not isinstance(key, str):
             raise TypeError("warm_document(key: str, text: str, cursor: int)")
+        if not text:
+            return  # the scheduler's pass of an empty text is its forget (below)
         cursor = min(max(int(cursor), 0), len(text))
         self.scheduler.plan_document(
             DocumentPass(key, text, cursor, self.tokenizer.encode_uncached, self.document_cap_tokens)
         )
 
-    def _on_finished(self, handle: LocalHandle, completion: Completion) -> None:
+    def forget_document(self, key: str) -> None:
+        """Drop the document's pieces and its pass (in flight included) at the engine's next
+        step. Thread-safe and immediate."""
+        if not isinstance(key, str):
+            raise TypeError("forget_document(key: str)")
+        self.scheduler.plan_document(DocumentPass(key, "", 0, self.tokenizer.encode_uncached, self.document_cap_tokens))
+
+    def _on_finished(self, handle: RequestHandle[Sequence], completion: Completion) -> None:
         with self._lock:
-            seq = handle.sequence
+            seq = handle.work
             if seq is not None:
                 live = self._warming if seq.background else self._by_key
                 if live.get(seq.key) is handle:
@@ -357,29 +371,14 @@ class LocalEngine:
         used += self.scheduler.retained.nbytes()  # retained KV is charged to the same budget
         working = self.scheduler.working_kv_bytes()  # and so is the KV running sequences compute in
         free = max(0, self.kv_budget_bytes - used - working)
-        return EngineStats(
-            requests=c.requests,
-            completed=c.completed,
-            cancelled=c.cancelled,
-            prompt_tokens=c.prompt_tokens,
-            reused_tokens=c.reused_tokens,
-            prefilled_tokens=c.prefilled_tokens,
-            generated_tokens=c.generated_tokens,
+        return EngineStats.from_counters(
+            c,
             evictions=self.cache.evicted_tokens,
             cache_bytes_used=used,
             cache_bytes_free=free,
             cache_bytes_total=self.kv_budget_bytes,
             working_kv_bytes=working,
-            warm_requests=c.warm_requests,
-            warm_completed=c.warm_completed,
-            warm_cancelled=c.warm_cancelled,
-            warm_prefilled_tokens=c.warm_prefilled_tokens,
-            warm_ms=round(c.warm_seconds * 1e3, 1),
             document_tokens=self.scheduler.document_tokens(),
-            decode_steps=c.decode_steps,
-            verify_steps=c.verify_steps,
-            draft_tokens=c.draft_tokens,
-            accepted_tokens=c.accepted_tokens,
             **self._disk_stats(),
         )
 
@@ -451,9 +450,10 @@ def _fork_samplers(request: InfillRequest, fresh_line: FreshLine | None = None) 
     )
 
 
-class _Canceller:
-    """What a handle cancels through: the engine's current scheduler (a handle must not
-    keep a crashed scheduler, and its KV pool, alive)."""
+class _CancelOnCurrentScheduler:
+    """A handle's `Canceller`: cancels on the scheduler the engine runs now, not on the
+    one the request was submitted to (a handle must not keep a crashed scheduler, and its
+    KV pool, alive)."""
 
     __slots__ = ("_engine",)
 
@@ -470,28 +470,17 @@ def _is_out_of_memory(error: str | None) -> bool:
 
 def _abandon(scheduler: Scheduler, reason: str) -> int:
     """End every request of a scheduler whose thread died with "error" (queued ones
-    included) and fail its idle-work futures; returns how many foreground requests were
-    ended. Its state may be half-updated, so each finish is guarded: a handle never hangs."""
-    with scheduler._cond:
-        seqs = list(scheduler._inbox) + scheduler._waiting + scheduler._prefilling + scheduler._decoding
-        scheduler._inbox.clear()
-        idle_work = list(scheduler._when_idle)
-        scheduler._when_idle.clear()
-    ended = 0
-    for seq in dict.fromkeys(seqs):  # once each, in order
-        ended += not seq.background
-        try:
-            scheduler._finish(seq, "error", reason)
-        except Exception:
-            log.exception("finishing request %d after the crash failed", seq.request_id)
-            handle = getattr(seq.sink, "handle", None)
-            if handle is not None and not handle.done:
-                completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=reason)
-                handle._complete(StreamEvent(kind="error", completion=completion, error=reason))
-    for _, fut in idle_work:
-        if fut.set_running_or_notify_cancel():
-            fut.set_exception(RuntimeError(reason))
-    return ended
+    included) and fail its idle-work futures (`Scheduler.abandon`); returns how many
+    foreground requests were ended. A request whose finish failed (the scheduler's state
+    may be half-updated) has its handle completed here: a handle never hangs."""
+
+    def complete_handle(seq: Sequence) -> None:
+        handle = getattr(seq.sink, "handle", None)
+        if handle is not None and not handle.done:
+            completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=reason)
+            handle.complete(StreamEvent(kind="error", completion=completion, error=reason))
+
+    return scheduler.abandon(reason, complete_handle)
 
 
 def load_engine(

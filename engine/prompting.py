@@ -20,8 +20,8 @@ import torch
 
 from engine.api import Completion, FinishReason, InfillRequest, RequestStats, StreamEvent
 from engine.cacheblend.blend import blend_request
-from engine.handle import LocalHandle
-from engine.scheduling.sequence import Prompt
+from engine.handle import RequestHandle
+from engine.scheduling.sequence import Prompt, Sequence
 from engine.text.sampler import FreshLine, StopRules
 from engine.text.templates import FimTemplate
 from engine.text.tokenize import Encoded, SegmentTokenizer, StreamDecoder, ends_with_blank, whole_indentation
@@ -108,10 +108,10 @@ class RequestSink:
         self,
         prompts: PromptBuilder,
         request: InfillRequest,
-        handle: LocalHandle,
+        handle: RequestHandle[Sequence],
         *,
         end_ids: frozenset[int],
-        on_finished: Callable[[LocalHandle, Completion], None],
+        on_finished: Callable[[RequestHandle[Sequence], Completion], None],
     ) -> None:
         self.prompts = prompts
         self.request = request
@@ -145,7 +145,7 @@ class RequestSink:
     def on_token(self, token_id: int) -> FinishReason | None:
         text = self.decoder.feed(token_id)
         chk = self.rules.on_token(token_id, text)
-        self.handle._push(StreamEvent(kind="token", text=chk.emit))
+        self.handle.push(StreamEvent(kind="token", text=chk.emit))
         return chk.finish
 
     def on_finish(self, reason: FinishReason, stats: RequestStats, error: str | None) -> None:
@@ -153,7 +153,7 @@ class RequestSink:
             held = self.rules.finish_text()  # appended to rules.text
             flushed = self.decoder.flush()  # an unfinished UTF-8 character, if any
             if held or flushed:
-                self.handle._push(StreamEvent(kind="token", text=held + flushed))
+                self.handle.push(StreamEvent(kind="token", text=held + flushed))
             text = self.rules.text + flushed
         else:
             text = self.rules.text
@@ -176,7 +176,7 @@ class RequestSink:
             )
         self.on_finished(self.handle, completion)
         kind = "error" if completion.finish_reason == "error" else "done"
-        self.handle._complete(StreamEvent(kind=kind, completion=completion, error=completion.error))
+        self.handle.complete(StreamEvent(kind=kind, completion=completion, error=completion.error))
 
 
 class ForkSink:

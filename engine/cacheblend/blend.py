@@ -331,14 +331,14 @@ def plan_spans(
         if e <= start:
             continue  # inside the exact prefix already
         chunk = list(ids[s:e])
-        entry = store.lookup(chunk)
+        entry = store.match(chunk)
         if entry is not None:
             cached = store.load(entry)
             hits += 1
         else:
             _check(cancelled)  # before each chunk prefilled alone: the expensive part
             cached = prefill_chunk(model, chunk, header)
-            store.add(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
+            store.insert(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
             misses += 1
             prefilled += len(chunk)
         cut = max(0, start - s)  # rows before `start` are an exact prefix: keep only the rest

@@ -7,14 +7,15 @@ any), so its first token is not an attention sink the real prompt never has — 
 K (after RoPE, at positions header..header+n-1), V and those positions are stored.
 `engine.cacheblend.blend` rotates the keys to wherever the chunk lands (`kernels.rope_shift`).
 
-Storage: rows live in the radix cache's token-granular pool (`RadixCache.k/v
-[L, N, H_kv, D]`), in slots taken with `RadixCache.alloc` and kept *held* by this store,
-so chunk KV and prefix KV share one byte budget and `RadixCache.check_integrity()`
-still balances (held slots are counted). The store keeps itself within `max_fraction`
-of the pool, evicting its own least recently used entries; the radix tree's eviction
-does not see these slots (see `docs/cacheblend.md`).
+Storage: rows live in the radix cache's token-granular pool (`engine.kv.pool.SlotPool`,
+[L, N, H_kv, D]), in slots taken with `RadixCache.alloc` (which may evict radix leaves to
+make room) and kept *held* by this store, so chunk KV and prefix KV share one byte budget
+and the pool's integrity check still balances (held slots are counted). The store keeps
+itself within `max_fraction` of the pool, evicting its own least recently used entries;
+the radix tree's eviction does not see these slots (see `docs/cacheblend.md`).
 
-Keys: a hash of the token ids; a hit compares the ids (no false sharing on collisions).
+Keys: a chunk's token ids (`engine.kv.store.ChunkIds`; a `KVStore` matched exactly),
+stored under a hash of them; a hit compares the ids (no false sharing on collisions).
 All methods run on the engine thread; nothing here locks.
 """
 
@@ -27,6 +28,9 @@ from array import array
 from typing import Any, NamedTuple, Sequence
 
 import torch
+
+from engine.kv.radix import RadixCache
+from engine.kv.store import ChunkIds
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +79,14 @@ def prefill_chunk(model: Any, ids: Sequence[int], header: Sequence[int] = ()) ->
 
 
 class ChunkStore:
-    """Chunk KV in held slots of a `RadixCache` pool, LRU within `max_fraction` of it."""
+    """Chunk KV in held slots of a `RadixCache`'s pool, LRU within `max_fraction` of it."""
 
-    def __init__(self, cache: Any, *, max_fraction: float = 0.25) -> None:
+    def __init__(self, cache: RadixCache, *, max_fraction: float = 0.25) -> None:
         if not 0.0 < max_fraction <= 1.0:
             raise ValueError(f"max_fraction must be in (0, 1], got {max_fraction}")
-        self.cache = cache
-        self.max_slots = max(1, int(cache.n_slots * max_fraction))
+        self.cache = cache  # allocates (evicting radix leaves when the pool is full)
+        self.pool = cache.pool  # holds, reads, writes and frees the rows
+        self.max_slots = max(1, int(self.pool.n_slots * max_fraction))
         self._entries: collections.OrderedDict[bytes, ChunkEntry] = collections.OrderedDict()  # LRU first
         self._n_slots = 0
         self.hits = self.misses = self.evictions = 0
@@ -91,12 +96,13 @@ class ChunkStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, ids: Sequence[int]) -> bool:
+    def __contains__(self, ids: ChunkIds) -> bool:
         entry = self._entries.get(chunk_key(ids))
         return entry is not None and entry.ids == tuple(ids)
 
-    def lookup(self, ids: Sequence[int]) -> ChunkEntry | None:
-        """The entry for exactly these ids (marks it recently used), or None."""
+    def match(self, ids: ChunkIds) -> ChunkEntry | None:
+        """The entry for exactly these ids (marks it recently used, counts a hit), or None
+        (counts a miss)."""
         key = chunk_key(ids)
         entry = self._entries.get(key)
         if entry is None or entry.ids != tuple(ids):
@@ -121,7 +127,7 @@ class ChunkStore:
 
     def load_rows(self, entry: ChunkEntry, at: int, n: int) -> ChunkKV:
         """Copy rows at..at+n-1 of an entry out of the pool."""
-        k, v = self.cache.read_slots(entry.slots[at : at + n])  # [L, n, H_kv, D]
+        k, v = self.pool.read_slots(entry.slots[at : at + n])  # [L, n, H_kv, D]
         self.touch(entry)
         return ChunkKV(k, v, entry.positions[at : at + n])
 
@@ -130,17 +136,17 @@ class ChunkStore:
 
     def load(self, entry: ChunkEntry) -> ChunkKV:
         """Copy an entry's rows out of the pool."""
-        k, v = self.cache.read_slots(entry.slots)  # [L, n, H_kv, D]
+        k, v = self.pool.read_slots(entry.slots)  # [L, n, H_kv, D]
         return ChunkKV(k, v, entry.positions)
 
-    def add(self, ids: Sequence[int], kv: ChunkKV, origin: str | None = None) -> ChunkEntry | None:
+    def insert(self, ids: ChunkIds, kv: ChunkKV, origin: str | None = None) -> ChunkEntry | None:
         """Store a chunk's rows (replacing an entry with the same ids). Evicts this store's
         LRU entries to stay within its share, and lets the pool evict radix leaves; returns
         None (storing nothing) when the pool cannot make room."""
         ids = tuple(ids)
         n = len(ids)
         if kv.k.shape[1] != n or kv.v.shape[1] != n or kv.positions.shape[0] != n:
-            raise ValueError(f"add: {n} ids but K/V/positions rows {kv.k.shape[1]}/{kv.v.shape[1]}/{kv.positions.shape[0]}")
+            raise ValueError(f"insert: {n} ids but K/V/positions rows {kv.k.shape[1]}/{kv.v.shape[1]}/{kv.positions.shape[0]}")
         if n == 0 or n > self.max_slots:
             return None
         key = chunk_key(ids)
@@ -154,7 +160,7 @@ class ChunkStore:
             slots = self.cache.alloc(n)
         if slots is None:
             return None
-        self.cache.write_slots(slots, kv.k, kv.v)  # [L, n, H_kv, D]; quantised in an int8 pool
+        self.pool.write_slots(slots, kv.k, kv.v)  # [L, n, H_kv, D]; quantised in an int8 pool
         entry = ChunkEntry(key, ids, slots, kv.positions.clone(), origin)
         self._entries[key] = entry
         self._n_slots += n
@@ -195,15 +201,19 @@ class ChunkStore:
         entry = self._entries.pop(key)
         self.version += 1
         self._origin_versions[entry.origin] += 1
-        self.cache.free(entry.slots)
+        self.pool.free(entry.slots)
         self._n_slots -= entry.slots.numel()
         return entry.slots.numel()
+
+    def nbytes(self) -> int:
+        """Bytes of the pool slots this store holds."""
+        return self._n_slots * self.pool.bytes_per_slot
 
     def stats(self) -> ChunkStats:
         return ChunkStats(
             entries=len(self._entries),
             tokens=self._n_slots,
-            bytes_used=self._n_slots * self.cache.bytes_per_slot,
+            bytes_used=self.nbytes(),
             hits=self.hits,
             misses=self.misses,
             evictions=self.evictions,
@@ -218,9 +228,7 @@ class ChunkStore:
         assert all_slots.unique().numel() == all_slots.numel(), "a slot is in two chunk entries"
         assert self._n_slots <= self.max_slots, "chunk store over its share of the pool"
         if all_slots.numel():
-            from engine.kv.radix import _HELD  # noqa: PLC0415 - the pool's ownership marks
-
-            assert bool((self.cache._owner[all_slots] == _HELD).all()), "a chunk slot is not held in the pool"
+            assert self.pool.is_held(all_slots), "a chunk slot is not held in the pool"
         for entry in self._entries.values():
             assert len(entry.ids) == entry.slots.numel() == entry.positions.numel(), "entry rows disagree"
             assert chunk_key(entry.ids) == entry.key, "entry stored under a wrong key"

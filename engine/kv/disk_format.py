@@ -18,13 +18,16 @@ Contracts:
   its fingerprint) is warned about once and deleted; `load` returns None. A file that
   vanished (another process evicted it) is a plain miss, without a warning.
 - A write that fails for the disk's sake (no space, read-only, permissions) turns the store
-  off (`disabled` says why, logged once); it never raises. Afterwards `save` and `load` are
-  no-ops; the engine serves as before.
+  off (`disable`; `disabled` says why, logged once); it never raises. Afterwards `save` and
+  `load` are no-ops; the engine serves as before.
 - Files are 0600 in a 0700 directory (one the store creates; an existing one is left as is). After each write the directory is kept within
   `budget_bytes`: files are removed oldest first by mtime (`load` touches a file, so this
   is least recently used), whatever their fingerprint (two models share one budget).
   Files of other fingerprints are never loaded and never deleted as bad: they belong to
   another model the user switches to, not to garbage.
+
+`KVDiskStore` is the disk tier's `KVStore` (`engine.kv.store`), keyed by document:
+`match` loads its newest file, `insert` writes `DocumentRows`, `evict(n)` frees bytes.
 
 Thread-safe by construction: no state but `disabled` and the warned-about set; called from
 the disk tier's thread (and from the closing thread at shutdown), never the engine thread.
@@ -45,6 +48,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from engine.kv.store import DocumentKey
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -53,6 +58,14 @@ _TMP_PREFIX = ".tmp-"
 _STALE_TMP_SECONDS = 3600.0  # a temp file this old belongs to a writer that died
 # Errors that mean "this disk will not take our files", as opposed to a bug.
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST}
+
+
+class DocumentRows(NamedTuple):
+    """What `KVDiskStore.insert` writes for a document: its ids and their rows."""
+
+    ids: list[int]
+    k: torch.Tensor  # [L, H_kv, n, D]
+    v: torch.Tensor  # [L, H_kv, n, D]
 
 
 class StoredKV(NamedTuple):
@@ -195,7 +208,9 @@ class KVDiskStore:
         return [p for _, p in sorted(dated, key=lambda t: t[0], reverse=True)]
 
     # ------------------------------------------------------------ writing
-    def _disable(self, why: str) -> None:
+    def disable(self, why: str) -> None:
+        """Turn the store off for good (a disk that will not take our files): `save` and
+        `load` do nothing from now on. Logged once; the first reason stays."""
         if self.disabled is None:
             self.disabled = why
             log.warning("KV disk tier off: %s (the server keeps serving without it)", why)
@@ -239,7 +254,7 @@ class KVDiskStore:
             self._write_atomically(path, save({"ids": ids_t, "k": k, "v": v}, metadata=meta))
         except OSError as exc:
             if exc.errno in _DISK_ERRNOS or isinstance(exc, (PermissionError, NotADirectoryError, FileExistsError)):
-                self._disable(f"cannot write {self.directory}: {exc.strerror or exc}")
+                self.disable(f"cannot write {self.directory}: {exc.strerror or exc}")
                 return None
             raise
         files = self.files_of(key)  # newest first
@@ -261,14 +276,20 @@ class KVDiskStore:
             _unlink(Path(tmp))
             raise
 
-    def evict(self) -> int:
-        """Remove the least recently used files (any fingerprint) until the directory is
-        within budget, and temp files of writers that died; returns bytes removed."""
+    def insert(self, key: DocumentKey, rows: DocumentRows) -> Path | None:
+        """`save` document `key`'s `rows`: the file's path, None when the store is off or
+        the write failed."""
+        return self.save(key, rows.ids, rows.k, rows.v)
+
+    def evict(self, n: int = 0) -> int:
+        """Remove the least recently used files (any fingerprint) until at least `n` bytes
+        are freed and the directory is within budget, and temp files of writers that died;
+        returns bytes of KV files removed."""
         files = list_files(self.directory)
         total = sum(f.nbytes for f in files)
         freed = 0
         for f in files:
-            if total - freed <= self.budget_bytes:
+            if total - freed <= self.budget_bytes and freed >= n:
                 break
             if _unlink(f.path):
                 freed += f.nbytes
@@ -281,7 +302,27 @@ class KVDiskStore:
                 continue
         return freed
 
+    def nbytes(self) -> int:
+        """Bytes of the directory's KV files, every fingerprint's (they share the budget)."""
+        total = 0
+        for path in self.directory.glob("*" + SUFFIX):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:  # evicted by another process meanwhile
+                continue
+        return total
+
     # ------------------------------------------------------------ reading
+    def match(self, key: DocumentKey) -> StoredKV | None:
+        """Document `key`'s newest file of this fingerprint, verified and loaded (`load`);
+        None when there is none, it is bad, or it belongs to another document whose name
+        hashes alike."""
+        for path in self.files_of(key)[:1]:
+            stored = self.load(path)
+            if stored is not None and stored.key == key:
+                return stored
+        return None
+
     def load(self, path: Path) -> StoredKV | None:
         """The verified contents of `path`; None (and the file deleted, one warning) when it
         is bad, None without a word when it is gone or the store is off."""
@@ -335,6 +376,29 @@ class KVDiskStore:
         return meta.get("document", ""), ids_t.tolist(), k, v, size
 
 
+    # ------------------------------------------------------------ checks
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless every file of this fingerprint is whole as far as its
+        header tells: this format and fingerprint, named for the document and ids it holds,
+        exactly as long as it declares (the bytes' checksum is verified at `load`). The
+        budget is not checked: processes sharing the directory may be between a write and
+        its eviction."""
+        for path in self.recent():
+            try:
+                header, declared = read_header(path)
+                size = path.stat().st_size
+            except FileNotFoundError:  # evicted by another process meanwhile
+                continue
+            except (BadFile, OSError) as exc:
+                raise AssertionError(f"{path.name}: {exc}") from None
+            meta = header.get("__metadata__") or {}
+            assert size == declared, f"{path.name}: {size} bytes, its header declares {declared}"
+            assert meta.get("format") == str(FORMAT_VERSION), f"{path.name}: format {meta.get('format')!r}"
+            assert meta.get("fingerprint") == self.fingerprint, f"{path.name}: another fingerprint under this one's name"
+            want = self.path_for(str(meta.get("document")), str(meta.get("ids_sha256")))
+            assert path == want, f"{path.name}: named for another document or other ids than it holds"
+
+
 def _unlink(path: Path) -> bool:
     try:
         path.unlink()
@@ -343,4 +407,4 @@ def _unlink(path: Path) -> bool:
         return False
 
 
-__all__ = ["KVDiskStore", "StoredKV", "DiskFile", "BadFile", "FORMAT_VERSION", "kv_directory", "list_files", "clear", "describe", "digest"]
+__all__ = ["KVDiskStore", "DocumentRows", "StoredKV", "DiskFile", "BadFile", "FORMAT_VERSION", "kv_directory", "list_files", "clear", "describe", "digest"]

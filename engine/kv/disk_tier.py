@@ -34,11 +34,13 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
-from engine.kv.disk_format import FORMAT_VERSION, KVDiskStore, StoredKV, kv_directory
+from engine.kv.disk_format import FORMAT_VERSION, DocumentRows, KVDiskStore, StoredKV, kv_directory
+from engine.kv.radix import RadixCache
+from engine.kv.retained import RetainedKV
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,35 @@ class _Snapshot(NamedTuple):
     k: torch.Tensor  # [L, H_kv, n, D] (a clone: the engine reuses the retained rows)
     v: torch.Tensor  # [L, H_kv, n, D]
     signature: tuple[int, int]
+
+
+class Activity(Protocol):
+    """The scheduler's counters the tier watches to tell when the engine went idle
+    (`engine.scheduling.scheduler.Counters`)."""
+
+    completed: int
+    cancelled: int
+    errors: int
+    warm_completed: int
+    warm_cancelled: int
+
+
+class TierScheduler(Protocol):
+    """What the tier uses of `engine.scheduling.scheduler.Scheduler`: the two stores it
+    copies rows between, the counters that tell activity, and its idle queue."""
+
+    @property
+    def cache(self) -> RadixCache: ...
+
+    @property
+    def retained(self) -> RetainedKV: ...
+
+    @property
+    def counters(self) -> Activity: ...
+
+    def run_when_idle(self, fn: Callable[[], Any]) -> Future: ...
+
+    def idle(self) -> bool: ...
 
 
 class DiskTierStats(NamedTuple):
@@ -119,7 +150,7 @@ class DiskTier:
 
     def __init__(
         self,
-        scheduler: Any,  # engine.scheduling.scheduler.Scheduler
+        scheduler: TierScheduler,
         store: KVDiskStore,
         *,
         idle_seconds: float = 2.0,
@@ -187,7 +218,7 @@ class DiskTier:
         Tests and benchmarks; the tier's thread does the same after `idle_seconds` idle."""
         return self._save(self._take_snapshot(timeout))
 
-    def close(self, retained: Any | None, timeout: float = 10.0) -> int:
+    def close(self, retained: RetainedKV | None, timeout: float = 10.0) -> int:
         """Stop the tier's thread; then write `retained`'s sequences not on disk yet (pass
         the engine's RetainedKV only once the engine thread has stopped; None skips).
         Returns files written."""
@@ -244,10 +275,9 @@ class DiskTier:
             self._hand_over(stored)
 
     def _load_key(self, key: str) -> None:
-        for path in self.store.files_of(key)[:1]:
-            stored = self.store.load(path)
-            if stored is not None and stored.key == key:
-                self._hand_over(stored)
+        stored = self.store.match(key)
+        if stored is not None:
+            self._hand_over(stored)
 
     def _hand_over(self, stored: StoredKV) -> None:
         self.loaded_bytes += stored.nbytes
@@ -287,9 +317,9 @@ class DiskTier:
             if self.store.disabled is not None:
                 break
             try:
-                path = self.store.save(snap.key, snap.ids, snap.k, snap.v)
+                path = self.store.insert(snap.key, DocumentRows(snap.ids, snap.k, snap.v))
             except Exception as exc:  # an unexpected I/O error: off, like a full disk
-                self.store._disable(f"writing failed: {type(exc).__name__}: {exc}")
+                self.store.disable(f"writing failed: {type(exc).__name__}: {exc}")
                 break
             if path is None:
                 continue
@@ -339,16 +369,16 @@ def attach_disk_tier(
     """A started tier for `engine`: `where` is True (the default directory,
     `engine.kv.disk_format.kv_directory`) or a directory; `options` go to `DiskTier`."""
     directory = kv_directory() if where is True else Path(where)
-    cache = engine.cache
+    pool = engine.cache.pool
     # Files hold rows in the compute dtype; an int8 pool writes its rows dequantised and
     # quantises what it loads, under a fingerprint of its own (a dense engine must not take
     # rows that went through int8, nor the other way round).
-    kv_format = f"int8/{cache.dtype}" if cache.int8 else cache.dtype
+    kv_format = f"int8/{pool.dtype}" if pool.int8 else pool.dtype
     fp = fingerprint(engine.loaded, engine.template, kv_format, engine.quant, adapter)
-    shape = (cache.n_layers, cache.n_kv_heads, cache.head_dim)
-    store = KVDiskStore(directory, fp, budget_bytes, shape, cache.dtype)
-    options.setdefault("preload_tokens", cache.n_slots // 2)  # half the pool at most
+    shape = (pool.n_layers, pool.n_kv_heads, pool.head_dim)
+    store = KVDiskStore(directory, fp, budget_bytes, shape, pool.dtype)
+    options.setdefault("preload_tokens", pool.n_slots // 2)  # half the pool at most
     return DiskTier(engine.scheduler, store, **options).start()
 
 
-__all__ = ["DiskTier", "DiskTierStats", "attach_disk_tier", "fingerprint"]
+__all__ = ["DiskTier", "DiskTierStats", "TierScheduler", "attach_disk_tier", "fingerprint"]

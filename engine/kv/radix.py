@@ -1,21 +1,20 @@
-"""KV pool with a hard byte budget and a radix tree over token ids (prefix reuse).
+"""A radix tree over token ids (prefix reuse) whose rows live in a `SlotPool`.
 
-Layout: `k, v: [L, N_slots, H_kv, D]` — one slot per token (kernels/reference.py).
-This deliberately departs from nano-vllm / vLLM's 16-token blocks: EFIM adds 1–3
-tokens per keystroke, and with pages the partly filled last page would have to be
-copied or re-prefilled on every keystroke. Token slots make "append 2 tokens" cost
-exactly 2 rows.
+The rows are token slots of `engine.kv.pool.SlotPool` (one slot per token, under the
+KV budget); the tree owns the slots of the sequences it stores. It is a `KVStore`
+(`engine.kv.store`) keyed by token ids: `match` finds the longest cached prefix.
 
 The radix tree is shared by all documents. A node holds a run of token ids and the
 slots of their K/V rows; its children are keyed by their first id. A node is split
 when a new sequence diverges inside it and merged back into its only child when
 nothing refers to it on its own, so a document typed for an hour is still a short
 path. The model computes in a contiguous per-sequence workspace (`SequenceKV`):
-`gather` copies a matched prefix from the pool into it (one `index_select` over all
-layers), `commit` copies newly computed rows from it into fresh slots.
+`SlotPool.gather` copies a matched prefix from the pool into it (one `index_select` over
+all layers), `commit` copies newly computed rows from it into fresh slots.
 
 Ownership: each slot is free, owned by exactly one tree node, or held by a caller
-between `alloc` and `insert`/`free`. `check_integrity()` verifies this at any time.
+between `alloc` and `insert`/`free` (the pool keeps the marks). `check_integrity()`
+verifies this at any time.
 
 Eviction removes (or trims the tail of) unreferenced leaves in LRU order, taking the
 leaves that are not on any document's latest sequence first. A request pins its path
@@ -28,13 +27,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import re
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
-_FREE, _TREE, _HELD = 0, 1, 2
-_GIB = 1 << 30
+from engine.kv.pool import SlotPool
 
 
 class RadixNode:
@@ -102,73 +99,35 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return hi
 
 
-def parse_bytes(text: str | int) -> int:
-    """'512M', '2G', '1.5GiB', '300000000' -> bytes (binary units)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(text))
-    if not m:
-        raise ValueError(f"cannot read {text!r} as a size; use e.g. '512M', '2G' or a number of bytes")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
-
-
-def default_budget_bytes() -> int:
-    """min(25 % of MemAvailable, 4 GiB); 1 GiB when /proc/meminfo is unreadable."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return min(int(line.split()[1]) * 1024 // 4, 4 * _GIB)
-    except OSError:
-        pass
-    return _GIB
-
-
 class RadixCache:
-    """Token-granular KV pool + radix prefix tree under a hard byte budget."""
+    """Radix prefix tree over a token-granular KV pool under a hard byte budget."""
 
     def __init__(
         self,
         *,
-        n_layers: int,
-        n_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        budget_bytes: int,
+        pool: SlotPool | None = None,
+        n_layers: int | None = None,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        budget_bytes: int | None = None,
         min_evict: int = 64,
         kv_dtype: str | None = None,
     ) -> None:
-        """`dtype`: the model's compute dtype. `kv_dtype` "int8": the pool stores int8 rows
-        with one scale (in `dtype`) per token and kv head, as `Int8SequenceKV` does, so a
-        slot takes (D + scale bytes) / (D x itemsize) of the dense bytes — about half at
-        bf16, twice the tokens per budget; gather and commit copy rows and scales as they
-        are. Anything else: rows in `dtype`."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        self.int8 = kv_dtype == "int8"
-        self.dtype = dtype
-        self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
-        row = head_dim + itemsize if self.int8 else head_dim * itemsize  # bytes per token, layer, head, K or V
-        self.bytes_per_slot = 2 * n_layers * n_kv_heads * row
-        n_slots = int(budget_bytes) // self.bytes_per_slot
-        if n_slots < 1:
-            raise ValueError(
-                f"KV budget {budget_bytes} bytes holds no token (one token needs {self.bytes_per_slot} bytes)"
+        """A tree over `pool`, or over a new `SlotPool` of the shape, dtype, budget and
+        `kv_dtype` given (see `SlotPool`). `min_evict`: slots an `alloc` that must evict
+        frees at least, so a keystroke's few rows do not walk the tree each time."""
+        shape = (n_layers, n_kv_heads, head_dim, dtype, budget_bytes)
+        if pool is None:
+            if any(x is None for x in shape):
+                raise TypeError("RadixCache: give a pool, or n_layers, n_kv_heads, head_dim, dtype and budget_bytes")
+            pool = SlotPool(
+                n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, dtype=dtype,
+                budget_bytes=budget_bytes, kv_dtype=kv_dtype,
             )
-        self.n_slots = n_slots
-        # torch.empty reserves address space; pages are touched only as slots fill.
-        if self.int8:
-            self.k8 = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=torch.int8)  # [L, N, H_kv, D]
-            self.k_scale = torch.empty(n_layers, n_slots, n_kv_heads, dtype=dtype)  # [L, N, H_kv]
-            self.v8 = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=torch.int8)  # [L, N, H_kv, D]
-            self.v_scale = torch.empty(n_layers, n_slots, n_kv_heads, dtype=dtype)  # [L, N, H_kv]
-        else:
-            self.k = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
-            self.v = torch.empty(n_layers, n_slots, n_kv_heads, head_dim, dtype=dtype)  # [L, N, H_kv, D]
-        self._free = torch.arange(n_slots, dtype=torch.int64)  # stack; [:_n_free] are free
-        self._n_free = n_slots
-        self._owner = torch.zeros(n_slots, dtype=torch.int8)  # _FREE / _TREE / _HELD
-        self._n_held = 0
+        elif any(x is not None for x in shape) or kv_dtype is not None:
+            raise TypeError("RadixCache: a given pool has its own shape and budget")
+        self.pool = pool
         self.root = RadixNode([], torch.empty(0, dtype=torch.int64), None)
         self._latest: dict[str, RadixNode] = {}
         self._clock = itertools.count(1)
@@ -224,41 +183,63 @@ class RadixCache:
             node = node.parent
         self._merge_into_child(end)
 
-    # ------------------------------------------------------------------ slots
+    # ------------------------------------------------------------------ the pool
+    # What callers outside engine/kv ask of the cache about its pool: the pool's answers.
+    @property
+    def n_slots(self) -> int:
+        return self.pool.n_slots
+
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.pool.bytes_per_slot
+
+    @property
+    def int8(self) -> bool:
+        return self.pool.int8
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.pool.dtype
+
+    @property
+    def n_layers(self) -> int:
+        return self.pool.n_layers
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.pool.n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.pool.head_dim
+
     @property
     def n_free(self) -> int:
-        return self._n_free
+        return self.pool.n_free
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """`n` free slots, held by the caller until `insert` (or `free`). Evicts
         unpinned leaves if needed; None when even eviction cannot make room (nothing
         is evicted in vain in that case only if the pinned part is too large)."""
-        if n <= 0:
-            return torch.empty(0, dtype=torch.int64)
-        if n > self._n_free:
-            self.evict(max(n - self._n_free, self._min_evict))
-            if n > self._n_free:
-                return None
-        out = self._free[self._n_free - n : self._n_free].clone()  # [n]
-        self._n_free -= n
-        self._owner[out] = _HELD
-        self._n_held += n
-        return out
+        if n > self.pool.n_free:
+            self.evict(max(n - self.pool.n_free, self._min_evict))
+        return self.pool.alloc(n)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return held slots (from `alloc`, not inserted) to the free list."""
-        if slots.numel() == 0:
-            return
-        if not bool((self._owner[slots] == _HELD).all()):
-            raise RuntimeError("free() of slots that are not held by the caller")
-        self._release(slots)
-        self._n_held -= slots.numel()
+        self.pool.free(slots)
 
-    def _release(self, slots: torch.Tensor) -> None:
-        n = slots.numel()
-        self._free[self._n_free : self._n_free + n] = slots
-        self._n_free += n
-        self._owner[slots] = _FREE
+    def gather(self, slots: torch.Tensor, kv: Any, start: int = 0) -> None:
+        """`SlotPool.gather`: pool rows `slots` into workspace `kv` at rows start.."""
+        self.pool.gather(slots, kv, start)
+
+    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`SlotPool.read_slots`: rows `slots` in the compute dtype, [L, n, H_kv, D] each."""
+        return self.pool.read_slots(slots)
+
+    def write_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """`SlotPool.write_slots`: k, v [L, n, H_kv, D] into `slots`."""
+        self.pool.write_slots(slots, k, v)
 
     # ------------------------------------------------------------------ insert
     def insert(self, ids: Sequence[int], slots: torch.Tensor, key: str | None = None) -> InsertResult:
@@ -272,15 +253,14 @@ class RadixCache:
         now = next(self._clock)
         existing = 0
         tail = self.match(ids).n_tokens
-        if tail < n and not bool((self._owner[slots[tail:]] == _HELD).all()):
+        if tail < n and not self.pool.is_held(slots[tail:]):
             raise RuntimeError("insert: slots for new tokens must be held (from alloc)")
         while i < n:
             child = node.children.get(ids[i])
             if child is None:
                 new = RadixNode(list(ids[i:]), slots[i:].clone(), node)
                 new.last_used = now
-                self._owner[new.slots] = _TREE
-                self._n_held -= n - i
+                self.pool.adopt(new.slots)
                 node.children[ids[i]] = new
                 node, i = new, n
                 break
@@ -290,7 +270,7 @@ class RadixCache:
             dup = slots[i : i + k]
             extra = dup[dup != child.slots]
             if extra.numel():
-                self.free(extra)
+                self.pool.free(extra)
             child.last_used = now
             node, i, existing = child, i + k, existing + k
         if key is not None:
@@ -345,68 +325,6 @@ class RadixCache:
         node.parent = None
 
     # ------------------------------------------------------------------ KV rows
-    def gather(self, slots: torch.Tensor, kv: Any, start: int = 0) -> None:
-        """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],
-        or with an int8 pool an Int8SequenceKV: rows and scales as they are) at rows
-        start..start+n-1. One index_select over all layers per tensor."""
-        n = slots.shape[0]
-        if n == 0:
-            return
-        self._check_format(kv)
-        rows = slice(start, start + n)
-        if self.int8:
-            kv.k8[:, :, rows].copy_(self.k8.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
-            kv.k_scale[:, :, rows].copy_(self.k_scale.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n]
-            kv.vt8[:, :, :, rows].copy_(self.v8.index_select(1, slots).permute(0, 2, 3, 1))  # [L, H_kv, D, n]
-            kv.v_scale[:, :, rows].copy_(self.v_scale.index_select(1, slots).transpose(1, 2))
-            return
-        kv.k[:, :, rows].copy_(self.k.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
-        kv.v[:, :, rows].copy_(self.v.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
-
-    def _check_format(self, kv: Any) -> None:
-        if bool(getattr(kv, "quantized", False)) != self.int8:
-            raise TypeError(f"a {type(kv).__name__} does not fit a pool of {'int8' if self.int8 else self.dtype} rows")
-
-    def _store(self, slots: torch.Tensor, kv: Any, lo: int, hi: int) -> None:
-        """Workspace rows lo..hi-1 of `kv` -> pool `slots`: as they are when the formats
-        match; dense rows (the disk tier's) are quantised into an int8 pool."""
-        if self.int8 and not getattr(kv, "quantized", False):
-            k, v = kv.read(lo, hi)  # [L, H_kv, n, D]
-            self.write_slots(slots, k.transpose(1, 2), v.transpose(1, 2))
-            return
-        self._check_format(kv)
-        if self.int8:
-            self.k8.index_copy_(1, slots, kv.k8[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
-            self.k_scale.index_copy_(1, slots, kv.k_scale[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv]
-            self.v8.index_copy_(1, slots, kv.vt8[:, :, :, lo:hi].permute(0, 3, 1, 2))  # [L, n, H_kv, D]
-            self.v_scale.index_copy_(1, slots, kv.v_scale[:, :, lo:hi].transpose(1, 2))
-            return
-        self.k.index_copy_(1, slots, kv.k[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
-        self.v.index_copy_(1, slots, kv.v[:, :, lo:hi].transpose(1, 2))  # [L, n, H_kv, D]
-
-    def read_slots(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # ([L, n, H_kv, D], [L, n, H_kv, D])
-        """Rows `slots` in the compute dtype (dequantised from an int8 pool): new tensors."""
-        if self.int8:
-            k = self.k8.index_select(1, slots).to(self.dtype).mul_(self.k_scale.index_select(1, slots).unsqueeze(-1))
-            v = self.v8.index_select(1, slots).to(self.dtype).mul_(self.v_scale.index_select(1, slots).unsqueeze(-1))
-            return k, v
-        return self.k.index_select(1, slots), self.v.index_select(1, slots)
-
-    def write_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [L, n, H_kv, D] (any float dtype) in `slots` (quantised in an int8 pool)."""
-        if self.int8:
-            from engine.model.transformer import quantize_rows  # noqa: PLC0415 - the model's own rounding
-
-            k8, ks = quantize_rows(k, self.dtype)
-            v8, vs = quantize_rows(v, self.dtype)
-            self.k8.index_copy_(1, slots, k8)
-            self.k_scale.index_copy_(1, slots, ks)
-            self.v8.index_copy_(1, slots, v8)
-            self.v_scale.index_copy_(1, slots, vs)
-            return
-        self.k.index_copy_(1, slots, k.to(self.dtype))
-        self.v.index_copy_(1, slots, v.to(self.dtype))
-
     def commit(self, ids: Sequence[int], kv: Any, upto: int, key: str | None = None) -> CommitResult:
         """Store workspace rows for `ids[:upto]` that the tree lacks (rows 0..upto-1 of `kv`
         must be valid). Stores what fits: when the budget cannot hold the missing rows,
@@ -426,16 +344,15 @@ class RadixCache:
             return CommitResult(None, 0, m.n_tokens)
         lo = m.n_tokens
         try:
-            self._store(new, kv, lo, upto)
+            self.pool.store_rows(new, kv, lo, upto)
             # Re-match: alloc may have evicted or trimmed parts of an unpinned branch.
             m2 = self.match(ids[:lo])
             if m2.n_tokens < lo:  # cannot happen while pinned; keep the tree exact regardless
-                self.free(new)
+                self.pool.free(new)
                 return CommitResult(None, 0, m2.n_tokens)
             res = self.insert(ids[:upto], torch.cat((m2.slots, new)), key)
         except BaseException:
-            held = new[self._owner[new] == _HELD]  # not yet owned by the tree: give them back
-            self.free(held)
+            self.pool.free(self.pool.held_among(new))  # not yet owned by the tree: give them back
             raise
         return CommitResult(res.node, need, upto)
 
@@ -468,11 +385,11 @@ class RadixCache:
             self.evicted_tokens += take
             freed += take
             if take < len(node.ids):  # trim the tail; the head stays a valid prefix
-                self._release(node.slots[-take:])
+                self.pool.release(node.slots[-take:])
                 node.slots = node.slots[:-take]
                 node.ids = node.ids[:-take]
                 break
-            self._release(node.slots)
+            self.pool.release(node.slots)
             parent = node.parent
             del parent.children[node.ids[0]]
             node.parent = None
@@ -507,15 +424,7 @@ class RadixCache:
         are keyed by their first id; latest marks point at live nodes."""
         nodes = self.nodes()
         tree = torch.cat([n.slots for n in nodes]) if nodes else torch.empty(0, dtype=torch.int64)
-        free = self._free[: self._n_free]
-        assert self._n_free + tree.numel() + self._n_held == self.n_slots, (
-            f"free {self._n_free} + tree {tree.numel()} + held {self._n_held} != total {self.n_slots}"
-        )
-        assert tree.unique().numel() == tree.numel(), "a slot is owned by two nodes"
-        assert free.unique().numel() == free.numel(), "a slot is on the free list twice"
-        assert bool((self._owner[tree] == _TREE).all()), "a tree slot is not marked as owned by the tree"
-        assert bool((self._owner[free] == _FREE).all()), "a free slot is marked as used"
-        assert int((self._owner == _HELD).sum()) == self._n_held, "held-slot count drifted"
+        self.pool.check_integrity(tree)
         for node in nodes:
             assert node.ref >= 0, f"negative refcount on {node!r}"
             assert node.ref <= node.parent.ref, f"child pinned more than its parent: {node!r}"
@@ -526,17 +435,21 @@ class RadixCache:
         for key, node in self._latest.items():
             assert id(node) in live and key in node.latest_keys, f"latest mark of {key!r} points at a dead node"
 
+    def nbytes(self) -> int:
+        """Bytes of the rows the tree stores (its slots; not the free or held ones)."""
+        return self.pool.n_tree * self.pool.bytes_per_slot
+
     def usage(self) -> tuple[int, int]:
-        """(bytes used, bytes free) without walking the tree (safe to read from any thread)."""
-        free = self._n_free
-        return (self.n_slots - free) * self.bytes_per_slot, free * self.bytes_per_slot
+        """The whole pool's (bytes used, bytes free) without walking the tree (safe to read
+        from any thread)."""
+        return self.pool.usage()
 
     def stats(self) -> CacheStats:
-        used = self.n_slots - self._n_free
+        used = self.n_slots - self.pool.n_free
         return CacheStats(
             bytes_total=self.n_slots * self.bytes_per_slot,
             bytes_used=used * self.bytes_per_slot,
-            bytes_free=self._n_free * self.bytes_per_slot,
+            bytes_free=self.pool.n_free * self.bytes_per_slot,
             slots_total=self.n_slots,
             slots_used=used,
             nodes=len(self.nodes()),
@@ -553,6 +466,4 @@ __all__ = [
     "CommitResult",
     "CacheStats",
     "common_prefix_len",
-    "parse_bytes",
-    "default_budget_bytes",
 ]

@@ -12,6 +12,8 @@ Contracts:
 - `take` removes the entry: a sequence owns its KV exclusively while it runs.
 - The scheduler also drops entries (`evict_oldest`) to make room for running sequences'
   working KV, which shares the KV budget with this store (docs/reliability.md).
+- A `KVStore` (`engine.kv.store`) keyed by document: `match` is `peek`, `insert` is
+  `keep` (the scheduler's words), `evict(n)` frees at least `n` bytes.
 - Engine thread only, except `nbytes` (a best-effort read for stats from any thread).
 """
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import collections
 from typing import Any, NamedTuple
+
+from engine.kv.store import DocumentKey
 
 
 class RetainedSequence(NamedTuple):
@@ -39,15 +43,19 @@ class RetainedKV:
         self.budget_bytes = budget_bytes  # None: count only
         self._by_key: collections.OrderedDict[str, RetainedSequence] = collections.OrderedDict()
 
-    def take(self, key: str) -> RetainedSequence | None:
+    def take(self, key: DocumentKey) -> RetainedSequence | None:
         """Remove and return `key`'s entry (None when there is none)."""
         return self._by_key.pop(key, None)
 
-    def peek(self, key: str) -> RetainedSequence | None:
+    def match(self, key: DocumentKey) -> RetainedSequence | None:
         """`key`'s entry, left in place (None when there is none)."""
         return self._by_key.get(key)
 
-    def evict_oldest(self, spare: str | None = None) -> int:
+    def peek(self, key: DocumentKey) -> RetainedSequence | None:
+        """`match`, in the scheduler's words."""
+        return self.match(key)
+
+    def evict_oldest(self, spare: DocumentKey | None = None) -> int:
         """Drop the least recently kept entry other than `spare`'s; returns its bytes (0 when
         there is none to drop)."""
         for key in self._by_key:
@@ -55,7 +63,17 @@ class RetainedKV:
                 return kv_bytes(self._by_key.pop(key).kv)
         return 0
 
-    def keep(self, key: str, seq: RetainedSequence) -> None:
+    def evict(self, n: int, spare: DocumentKey | None = None) -> int:
+        """Drop the least recently kept entries other than `spare`'s until at least `n`
+        bytes are freed or none is left; returns the bytes freed."""
+        freed = 0
+        for key in [k for k in self._by_key if k != spare]:  # least recently kept first
+            if freed >= n:
+                break
+            freed += kv_bytes(self._by_key.pop(key).kv)
+        return freed
+
+    def insert(self, key: DocumentKey, seq: RetainedSequence) -> None:
         """Keep `seq` as the document's latest; then drop the least recently kept beyond the
         count and byte limits."""
         self._by_key[key] = seq
@@ -65,6 +83,10 @@ class RetainedKV:
             len(self._by_key) > self.max_entries or (limit is not None and self.nbytes() > limit)
         ):
             self._by_key.popitem(last=False)
+
+    def keep(self, key: DocumentKey, seq: RetainedSequence) -> None:
+        """`insert`, in the scheduler's words."""
+        self.insert(key, seq)
 
     def entries(self) -> list[tuple[str, RetainedSequence]]:
         """(key, sequence) of every kept document, least recently kept first (the disk
@@ -88,7 +110,7 @@ class RetainedKV:
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: DocumentKey) -> bool:
         return key in self._by_key
 
 

@@ -15,8 +15,8 @@ Threads: one asyncio loop on a thread of its own ("efim-remote") runs every HTTP
 the backend's state (`engine.remote.connection.Link`). `submit`, `cancel` and `close` only
 hand work to that loop (`call_soon_threadsafe`); they never block on the network.
 `count_tokens` runs on the caller's thread (the segment tokenizer's `count` is
-thread-safe). Handles are the local engine's (`engine.handle.LocalHandle`): events are
-pushed from the loop thread, consumed anywhere.
+thread-safe). Handles are the local engine's kind (`engine.handle.RequestHandle`): events
+are pushed from the loop thread, consumed anywhere.
 
 Per request:
 - supersession: a newer request with the same key cancels the older one, which closes its
@@ -29,7 +29,8 @@ Per request:
   servers have no common way to constrain the text (`logit_bias` would bias every token,
   not only the first): there the prompt keeps its last token (docs/deploy.md);
 - `context: "blend"` is sent as plain prefix context (CacheBlend needs the engine's KV);
-  `warm_document`, `forget_context` do nothing; `check_integrity` has no KV to check;
+  `warm_document`, `forget_document`, `forget_context` do nothing; `check_integrity` has no
+  KV to check;
 - a background request (warm-ahead) prefills the prompt on the server (llama.cpp
   `n_predict: 0`, OpenAI `max_tokens: 1`) so the first keystroke there finds it cached;
 - faults never raise into the caller: every handle ends with one terminal event, an
@@ -64,7 +65,7 @@ from engine.api import (
     RequestStats,
     StreamEvent,
 )
-from engine.handle import LocalHandle
+from engine.handle import RequestHandle
 from engine.prompting import PromptBuilder
 from engine.remote.connection import Link, api_key_from_env, parse_endpoint
 from engine.remote.dialects import DIALECTS, Chunk, ServerFacts, Usage
@@ -89,7 +90,7 @@ class _Call:
 
     __slots__ = ("request", "handle", "task", "submitted", "stopped", "background")
 
-    def __init__(self, request: InfillRequest, handle: LocalHandle) -> None:
+    def __init__(self, request: InfillRequest, handle: RequestHandle[_Call]) -> None:
         self.request = request
         self.handle = handle
         self.task: asyncio.Task | None = None
@@ -104,8 +105,9 @@ class _Call:
             self.task.cancel()
 
 
-class _Canceller:
-    """What a `LocalHandle` cancels through: the call's stop, run on the loop thread."""
+class _StopOnLoop:
+    """A handle's `Canceller`: stops the call on the loop thread (the caller's thread only
+    hands it over)."""
 
     __slots__ = ("_engine",)
 
@@ -150,6 +152,7 @@ class RemoteEngine:
         self._on_fault: Callable[[str, str], None] | None = None
         self.link = Link(self._report)
         self.counters = Ledger()
+        self._canceller = _StopOnLoop(self)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._live: dict[tuple[str, bool], _Call] = {}
@@ -301,16 +304,16 @@ class RemoteEngine:
             suffix_first=self.template.suffix_first,
         )
 
-    def submit(self, request: InfillRequest) -> LocalHandle:
+    def submit(self, request: InfillRequest) -> RequestHandle[_Call]:
         if not isinstance(request, InfillRequest):
             raise TypeError(f"submit() takes an InfillRequest, not {type(request).__name__}")
         if not 1 <= request.n <= MAX_ALTERNATIVES:
             raise ValueError(f"n must be in 1..{MAX_ALTERNATIVES}; got {request.n}")
         if not (request.temperature >= 0 and 0 < request.top_p <= 1):
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature}, {request.top_p}")
-        handle = LocalHandle(next(self._ids), _Canceller(self))
+        handle: RequestHandle[_Call] = RequestHandle(next(self._ids), self._canceller)
         call = _Call(request, handle)
-        handle.sequence = call  # what the canceller is handed (LocalHandle.cancel)
+        handle.work = call
         with self._lock:
             if self._closed:
                 raise EngineError("engine is closed")
@@ -341,14 +344,7 @@ class RemoteEngine:
             self._finish(call, "", call.stopped or "cancelled", RequestStats())
 
     def stats(self) -> EngineStats:
-        c = self.counters
-        return EngineStats(
-            requests=c.requests, completed=c.completed, cancelled=c.cancelled,
-            prompt_tokens=c.prompt_tokens, reused_tokens=c.reused_tokens,
-            prefilled_tokens=c.prefilled_tokens, generated_tokens=c.generated_tokens,
-            warm_requests=c.warm_requests, warm_completed=c.warm_completed, warm_cancelled=c.warm_cancelled,
-            warm_prefilled_tokens=c.warm_prefilled_tokens,
-        )
+        return EngineStats.from_counters(self.counters)
 
     def count_tokens(self, text: str) -> int:
         return self.tokenizer.count(text)
@@ -358,6 +354,9 @@ class RemoteEngine:
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         """Nothing: document pieces assembled by CacheBlend need the engine's own KV."""
+
+    def forget_document(self, key: str) -> None:
+        """Nothing: no document pieces are kept (`warm_document`)."""
 
     def check_integrity(self) -> Future[None]:
         fut: Future[None] = Future()
@@ -521,7 +520,7 @@ class RemoteEngine:
                                 continue
                         check = rules.on_token(-1, text)
                         if check.emit:
-                            call.handle._push(StreamEvent(kind="token", text=check.emit))
+                            call.handle.push(StreamEvent(kind="token", text=check.emit))
                         if check.finish is not None:
                             finish, own_stop = "stop", True
                     for index, why in chunk.finished.items():
@@ -574,7 +573,7 @@ class RemoteEngine:
         if finish not in ("stop", "error"):
             held = rules.finish_text()  # text held back in case it started a stop string: it did not
             if held:
-                call.handle._push(StreamEvent(kind="token", text=held))
+                call.handle.push(StreamEvent(kind="token", text=held))
         text = rules.text
         stats = self.counters.request_stats(call.submitted, call.background, usage, first, generated)
         if healed:
@@ -609,7 +608,7 @@ class RemoteEngine:
         completion = Completion(text=text, finish_reason=reason, stats=stats, error=error,
                                 alternatives=alternatives, alternatives_finish=alternatives_finish)
         kind = "error" if reason == "error" else "done"
-        call.handle._complete(StreamEvent(kind=kind, completion=completion, error=error))
+        call.handle.complete(StreamEvent(kind=kind, completion=completion, error=error))
 
     def _sentinel_texts(self) -> tuple[str, ...]:
         """The template's end tokens as text: sent as stop strings (a server that prints

@@ -9,14 +9,15 @@ import math
 import time
 from collections import deque
 
-from engine.api import FinishReason, RequestStats
+from engine.api import TOKEN_COUNTS, FinishReason, RequestStats
 from engine.remote.dialects import Usage
 
 _SERIES = 2048
 
 
 class Ledger:
-    """Counters of one remote engine (see the module docstring)."""
+    """Counters of one remote engine (see the module docstring), named as the
+    `EngineStats` fields they become (`EngineStats.from_counters`)."""
 
     def __init__(self) -> None:
         self.requests = self.completed = self.cancelled = 0
@@ -69,10 +70,8 @@ class Ledger:
         self.requests += 1
         self.cancelled += reason == "cancelled"
         self.completed += reason != "cancelled"
-        self.prompt_tokens += stats.prompt_tokens
-        self.reused_tokens += stats.reused_tokens
-        self.prefilled_tokens += stats.prefilled_tokens
-        self.generated_tokens += stats.generated_tokens
+        for name in TOKEN_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
 
 
 def merge_usage(old: Usage, new: Usage) -> Usage:

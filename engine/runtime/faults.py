@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from engine.scheduling.scheduler import Scheduler
+    from engine.scheduling.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +34,12 @@ class InjectedCrash(BaseException):
     """Raised by the `engine-crash` fault: not an Exception, so no `except Exception` stops it."""
 
 
-def _targets(seqs) -> bool:
+def _targets(seqs: Iterable[Sequence]) -> bool:
     return any("fault" in getattr(s, "key", "") for s in seqs)
 
 
-def install(scheduler: Any, kinds: list[str]) -> None:
-    """Patch `scheduler` (an `engine.scheduling.scheduler.Scheduler`) with the faults `kinds`."""
+def install(scheduler: Scheduler, kinds: list[str]) -> None:
+    """Patch `scheduler` with the faults `kinds`."""
     for kind in kinds:
         if kind == "engine-crash":
             _crash_once(scheduler)
@@ -47,14 +51,14 @@ def install(scheduler: Any, kinds: list[str]) -> None:
         log.warning("%s: fault %r armed (test hook)", ENV, kind)
 
 
-def install_from_env(scheduler: Any) -> None:
+def install_from_env(scheduler: Scheduler) -> None:
     raw = os.environ.get(ENV, "")
     kinds = [k.strip() for k in raw.split(",") if k.strip()]
     if kinds:
         install(scheduler, kinds)
 
 
-def _crash_once(scheduler: Any) -> None:
+def _crash_once(scheduler: Scheduler) -> None:
     step = scheduler.step
     fired = False
 
@@ -68,7 +72,7 @@ def _crash_once(scheduler: Any) -> None:
     scheduler.step = crashing_step
 
 
-def _oom_once(scheduler: Any) -> None:
+def _oom_once(scheduler: Scheduler) -> None:
     import torch
 
     runner = scheduler.runner
@@ -76,7 +80,7 @@ def _oom_once(scheduler: Any) -> None:
     prefill_chunk, forward = runner.prefill_chunk, model.forward
     state = {"armed": False, "fired": False}
 
-    def armed_prefill_chunk(seq, *args, **kwargs):
+    def armed_prefill_chunk(seq: Sequence, *args, **kwargs):
         state["armed"] = not state["fired"] and _targets([seq])
         try:
             return prefill_chunk(seq, *args, **kwargs)

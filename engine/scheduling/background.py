@@ -155,7 +155,7 @@ class DocumentWork:
             v.transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
             torch.arange(h, h + n, dtype=torch.int64),
         )
-        if self.store.add(ids, rows, key) is None:
+        if self.store.insert(ids, rows, key) is None:
             log.info("document KV for %s: the pool has no room for more pieces; stopping its pass", key)
             self._passes.pop(key, None)
             return

@@ -78,7 +78,7 @@ class ModelRunner:
             if keep:
                 kv.copy_rows(prev.kv, keep)
         if reuse > have:
-            self.cache.gather(match.slots[have:reuse], kv, have)
+            self.cache.pool.gather(match.slots[have:reuse], kv, have)
         seq.kv, seq.n_valid, seq.reused = kv, reuse, reuse
 
     def add_document_spans(self, seq: Sequence, index: DocumentIndex | None, reuse: int) -> int:

@@ -6,27 +6,32 @@ forks; a CacheBlend pass's copied spans while it blends), and the document piece
 — plus the retained KV stay within it at every moment (the pool, preallocated, is the rest
 of `--kv-budget`). KV is charged before it is allocated (admission, fork, grow, a new
 document piece) and given back when its sequence ends (moved to the retained store). To
-make room (`WorkingShare.make_room`) the scheduler drops retained KV (least recently kept
+make room (`WorkingShare.reclaim`) the engine drops retained KV (least recently kept
 first), then the document piece in flight, then — for foreground work only — running
 background sequences; never a running request's rows. What still does not fit: a request
-waits in `Scheduler._waiting` for running ones to finish (a request alone always fits: its
+waits in `Admission.waiting` for running ones to finish (a request alone always fits: its
 window is cut at admission), an alternative is not forked (fewer alternatives, logged), a
 sequence that would outgrow its KV ends "length", a blend that would not fit is prefilled
 plainly.
 
-`WorkingShare` keeps the accounting (sizes, what is charged, `make_room`); the scheduler
-(`engine.scheduling.scheduler`) owns the sequences and decides when to charge: it adds a sequence to
-the holding set once its KV is charged and removes it when the sequence ends.
+`WorkingShare` keeps the accounting: the sizes, what is charged (`holding`: the sequences
+whose KV it charged, `hold` / `release`; the piece in flight of `documents`) and what to drop
+for room (`reclaim`). It ends no sequence itself: `reclaim` names the running background
+sequences to end, one at a time, and the caller ends them (`engine.scheduling.finishing`,
+`Finisher.make_room`). Admission (`engine.scheduling.admission`), forks and growth
+(`engine.scheduling.steps`) and the document pieces (`engine.scheduling.scheduler`) decide when to charge.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Iterator
 
 from engine.kv.retained import RetainedKV, RetainedSequence, kv_bytes
 from engine.scheduling.sequence import Sequence
 
 if TYPE_CHECKING:
+    from engine.cacheblend.blend import BlendRequest
+    from engine.model.transformer import Transformer
     from engine.scheduling.background import DocumentWork
     from engine.scheduling.model_runner import ModelRunner
 
@@ -35,27 +40,22 @@ class WorkingShare:
     """The KV budget's working share (None: unlimited): running sequences' working KV, the
     document piece in flight and the retained KV together (module docstring).
 
-    It reads the scheduler's state and owns none of it: `holding` (every sequence with a
-    working KV, oldest first), the `retained` store, `document_work()` (the scheduler's
-    current `DocumentWork`: it replaces it after a failure), and ends a running background
-    sequence through `end_background` (the scheduler's finish, "cancelled") to make room."""
+    It owns `holding` (every sequence whose working KV it charged, oldest first) and reads
+    the `retained` store and `documents` (the engine's `DocumentWork`, set by its owner —
+    again when it replaces it after a failure — for the piece in flight)."""
 
     def __init__(
         self,
-        model: Any,
+        model: Transformer,
         runner: ModelRunner,
         working_budget_bytes: int | None,
         *,
         retained: RetainedKV,
-        holding: dict[Sequence, None],
-        document_work: Callable[[], DocumentWork],
-        end_background: Callable[[Sequence], None],
     ) -> None:
         self.runner = runner
         self.retained = retained
-        self.holding = holding
-        self.document_work = document_work
-        self.end_background = end_background
+        self.holding: dict[Sequence, None] = {}
+        self.documents: DocumentWork | None = None
         self.working_limit = working_budget_bytes
         one = model.new_kv(1)  # the allocation unit of a KV format (1 row for both formats today)
         self.row_align = one.capacity
@@ -77,10 +77,29 @@ class WorkingShare:
         spans) and the document piece in flight (a best-effort read from any thread)."""
         try:
             held = sum(self.charge_of(s) for s in list(self.holding))
-            piece = self.document_work().kv_in_flight()
+            piece = self.piece_in_flight()
         except (RuntimeError, AttributeError):  # changed under the read
             return 0
         return held + (kv_bytes(piece) if piece is not None else 0)
+
+    def hold(self, seq: Sequence) -> None:
+        """`seq`'s working KV is charged from now on (after the room for it was made)."""
+        self.holding[seq] = None
+
+    def release(self, seq: Sequence) -> None:
+        """`seq` ended: its working KV is given back (or now counted as retained)."""
+        self.holding.pop(seq, None)
+
+    def holds(self, seq: Sequence) -> bool:
+        return seq in self.holding
+
+    def piece_in_flight(self) -> Any | None:
+        """The KV of the document piece being computed, if any."""
+        return self.documents.kv_in_flight() if self.documents is not None else None
+
+    def nothing_charged(self) -> bool:
+        """No running sequence and no piece in flight: nothing that ends will free room."""
+        return not self.holding and self.piece_in_flight() is None
 
     def charge_of(self, seq: Sequence) -> int:
         """What `seq` holds of the working share: its KV, and while it is still to blend, room
@@ -92,7 +111,7 @@ class WorkingShare:
         return held
 
     @staticmethod
-    def blend_rows(seq: Sequence, reuse: int, blend: Any) -> int:
+    def blend_rows(seq: Sequence, reuse: int, blend: BlendRequest) -> int:
         """Rows a CacheBlend pass from row `reuse` copies besides the sequence's KV: the reused
         spans (at most the rows still to compute) and one chunk prefilled alone after the
         header (at most as many again)."""
@@ -130,15 +149,21 @@ class WorkingShare:
         """Bytes of the working share not charged (engine thread)."""
         return self.working_limit - self.retained.nbytes() - self.working_kv_bytes()
 
-    def make_room(self, nbytes: int, spare: str | None, foreground: bool) -> bool:
-        """Room in the working share for `nbytes` more: drop retained KV (least recently kept
-        first, never `spare`'s), then the document piece in flight, then — for foreground
-        work — running background sequences, newest first. Drops nothing and returns False
-        when all of that would not be enough (running requests' rows are never taken)."""
-        if self.working_limit is None or nbytes <= 0 or nbytes <= self.room():
-            return True
+    def fits(self, nbytes: int) -> bool:
+        """Room for `nbytes` more in the working share now."""
+        return self.working_limit is None or nbytes <= 0 or nbytes <= self.room()
+
+    def reclaim(self, nbytes: int, spare: str | None, foreground: bool) -> Iterator[Sequence]:
+        """Make room for `nbytes` more: drop retained KV (least recently kept first, never
+        `spare`'s), then the document piece in flight, then — for foreground work — yield
+        running background sequences, newest first, for the caller to end (its KV is then
+        given back, or kept as retained KV and dropped here) before the next is decided.
+        Drops and yields nothing when all of that would not be enough (running requests'
+        rows are never taken); `fits(nbytes)` says afterwards whether the room was made."""
+        if self.fits(nbytes):
+            return
         spared = self.retained.peek(spare) if spare is not None else None
-        piece = self.document_work().kv_in_flight()
+        piece = self.piece_in_flight()
         warm = [s for s in self.holding if s.background] if foreground else []
         can_free = (
             self.retained.nbytes() - (kv_bytes(spared.kv) if spared is not None else 0)
@@ -146,18 +171,17 @@ class WorkingShare:
             + sum(self.charge_of(s) for s in warm)
         )
         if nbytes > self.room() + can_free:
-            return False
+            return
         while nbytes > self.room() and self.retained.evict_oldest(spare):
             pass
         if nbytes > self.room() and piece is not None:
-            self.document_work().drop_in_flight()
+            self.documents.drop_in_flight()
         for bg in reversed(warm):
             if nbytes <= self.room():
                 break
-            self.end_background(bg)  # its rows stay committed; its KV is kept, then dropped below
+            yield bg  # the caller ends it: its rows stay committed; its KV is kept, then dropped below
             while nbytes > self.room() and self.retained.evict_oldest(spare):
                 pass
-        return nbytes <= self.room()
 
 
 __all__ = ["WorkingShare"]

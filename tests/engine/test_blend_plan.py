@@ -164,6 +164,6 @@ def test_a_chunk_cut_by_the_exact_prefix_keeps_its_cached_tail(tiny):
     plan = plan_spans(model, store, enc.ids, units, start=s + 3)
     first = plan.spans[0]
     assert first.start == s + 3 and first.end == e
-    whole = store.load(store.lookup(enc.ids[s:e]))
+    whole = store.load(store.match(enc.ids[s:e]))
     assert torch.equal(first.k, whole.k[:, 3:]) and torch.equal(first.positions, whole.positions[3:])
     assert len(plan.spans) == len(units)

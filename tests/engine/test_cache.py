@@ -10,7 +10,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.kv.radix import RadixCache, common_prefix_len, default_budget_bytes, parse_bytes
+from engine.kv.budget import default_budget_bytes, parse_bytes
+from engine.kv.radix import RadixCache, common_prefix_len
 
 L, H, D = 2, 2, 4
 

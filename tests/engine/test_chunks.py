@@ -30,10 +30,10 @@ def test_add_lookup_load_roundtrip():
     cache = _cache(64)
     store = ChunkStore(cache, max_fraction=0.5)
     kv = _kv(5, 0)
-    entry = store.add([1, 2, 3, 4, 5], kv, origin="a.py")
+    entry = store.insert([1, 2, 3, 4, 5], kv, origin="a.py")
     assert entry is not None and [1, 2, 3, 4, 5] in store
-    assert store.lookup([1, 2, 3, 4, 5]) is entry
-    assert store.lookup([1, 2, 3, 4]) is None
+    assert store.match([1, 2, 3, 4, 5]) is entry
+    assert store.match([1, 2, 3, 4]) is None
     got = store.load(entry)
     assert torch.equal(got.k, kv.k) and torch.equal(got.v, kv.v) and torch.equal(got.positions, kv.positions)
     assert cache.n_free == 64 - 5  # the same pool, the same budget
@@ -47,15 +47,15 @@ def test_lru_eviction_within_its_share_and_forget_origin():
     cache = _cache(40)
     store = ChunkStore(cache, max_fraction=0.5)  # 20 slots
     for i in range(3):
-        assert store.add([10 * i + j for j in range(6)], _kv(6, i), origin=f"f{i}.py") is not None
-    store.lookup([0, 1, 2, 3, 4, 5])  # chunk 0 becomes most recently used
-    assert store.add(list(range(100, 106)), _kv(6, 9), origin="f1.py") is not None  # 24 > 20: evicts chunk 1
+        assert store.insert([10 * i + j for j in range(6)], _kv(6, i), origin=f"f{i}.py") is not None
+    store.match([0, 1, 2, 3, 4, 5])  # chunk 0 becomes most recently used
+    assert store.insert(list(range(100, 106)), _kv(6, 9), origin="f1.py") is not None  # 24 > 20: evicts chunk 1
     assert [10, 11, 12, 13, 14, 15] not in store and [0, 1, 2, 3, 4, 5] in store
     assert store.stats().evictions == 1
     _check(cache, store)
     assert store.forget_origin("f1.py") == 1
     assert list(range(100, 106)) not in store
-    assert store.add(list(range(50)), _kv(50, 1)) is None  # larger than its share: refused, nothing lost
+    assert store.insert(list(range(50)), _kv(50, 1)) is None  # larger than its share: refused, nothing lost
     _check(cache, store)
     store.clear()
     assert cache.n_free == 40
@@ -71,18 +71,18 @@ def test_chunk_store_and_radix_tree_share_the_pool():
     kv.v = torch.randn(L, H, 30, D)
     res = cache.commit(list(range(30)), kv, 30, key="doc")
     assert res.n_stored == 30
-    assert store.add([7] * 8, _kv(8, 3)) is not None
+    assert store.insert([7] * 8, _kv(8, 3)) is not None
     assert cache.match(list(range(30))).n_tokens < 30
     _check(cache, store)
     # A full pool that eviction cannot free: the store gives back its own entries first...
     filler = cache.alloc(cache.n_free)
-    assert store.add([8] * 8, _kv(8, 4)) is not None
+    assert store.insert([8] * 8, _kv(8, 4)) is not None
     assert [7] * 8 not in store and store.stats().evictions == 1
     _check(cache, store)
     # ...and with nothing of its own left to give, it stores nothing and says so.
     store.clear()
     more = cache.alloc(cache.n_free)
-    assert store.add([9] * 4, _kv(4, 5)) is None
+    assert store.insert([9] * 4, _kv(4, 5)) is None
     assert len(store) == 0
     cache.free(filler)
     cache.free(more)
@@ -95,12 +95,12 @@ def test_keys_are_content_hashes_checked_on_hit():
     assert chunk_key([1, 2, 3]) != chunk_key([3, 2, 1])
     cache = _cache(16)
     store = ChunkStore(cache, max_fraction=1.0)
-    entry = store.add([1, 2, 3], _kv(3, 0))
+    entry = store.insert([1, 2, 3], _kv(3, 0))
     # Forge a collision: the same key with other ids is a miss, never a wrong hit.
     store._entries[entry.key] = entry._replace(ids=(9, 9, 9))
-    assert store.lookup([1, 2, 3]) is None
+    assert store.match([1, 2, 3]) is None
     with pytest.raises(ValueError, match="rows"):
-        store.add([1, 2], _kv(3, 0))
+        store.insert([1, 2], _kv(3, 0))
 
 
 def test_prefill_chunk_drops_the_header_rows(tiny_model_factory):

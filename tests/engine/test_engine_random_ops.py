@@ -5,8 +5,9 @@ sequence (`Engine.check_integrity`, on the engine thread once it is idle).
 A sequence is 3-10 random operations on three documents: foreground requests, background
 warm-ups (`background=True`) that later foreground requests preempt (another document)
 or take over (the same document), cancels right away or after a random pause, pauses,
-and `warm_document` calls. After the sequence every handle must end with exactly one
-terminal event, none with an error, and the contracts of `engine.api` must hold:
+and `warm_document` / `forget_document` calls. After the sequence every handle must end
+with exactly one terminal event, none with an error, and the contracts of `engine.api`
+must hold:
 - a background request ends "length" (its prefill done) or "cancelled" — it samples nothing;
 - a foreground request nobody cancelled or superseded (a newer foreground request of the
   same key) is never "cancelled": background work never supersedes it.
@@ -86,7 +87,10 @@ def _run_sequence(engine, text: str, rng: random.Random) -> list[_Tracked]:
             time.sleep(rng.random() * 0.03)
         else:
             at = rng.randrange(len(text))
-            engine.warm_document(key, text if rng.random() < 0.8 else "", at)
+            if rng.random() < 0.8:
+                engine.warm_document(key, text, at)
+            else:
+                engine.forget_document(key)
     return tracked
 
 

@@ -27,7 +27,7 @@ BUDGET = 1 << 20  # 1 MiB: a few thousand tokens of the tiny model
 def pool_bytes(cache) -> int:
     """The pool's allocated bytes, from its tensors (an int8 pool's scales included)."""
     names = ("k8", "k_scale", "v8", "v_scale") if getattr(cache, "int8", False) else ("k", "v")
-    return sum(getattr(cache, name).nbytes for name in names)
+    return sum(getattr(cache.pool, name).nbytes for name in names)
 
 
 class Ceiling:

@@ -47,9 +47,28 @@ def test_document_pieces_are_computed_in_the_background_and_forgotten(engine, te
     entries = engine.scheduler.chunk_store.entries_of("doc")
     assert entries and engine.scheduler.document_tokens() == sum(len(e.ids) for e in entries)
     assert engine.stats().document_tokens > 0 and engine.stats().warm_prefilled_tokens > 0
-    engine.warm_document("doc", "", 0)
+    engine.forget_document("doc")
     settle(engine)
     assert engine.scheduler.chunk_store.entries_of("doc") == []
+
+
+def test_an_empty_text_keeps_the_pieces_and_forget_document_drops_them_even_in_flight(engine, text):
+    engine.warm_document("doc", text, len(text) // 2)
+    settle(engine)
+    kept = [e.ids for e in engine.scheduler.chunk_store.entries_of("doc")]
+    assert kept
+    engine.warm_document("doc", "", 0)  # an empty text has no pieces: not a forget
+    engine.forget_document("other")  # another document's forget leaves these alone
+    settle(engine)
+    assert [e.ids for e in engine.scheduler.chunk_store.entries_of("doc")] == kept
+    engine.forget_document("doc")
+    settle(engine)
+    assert engine.scheduler.chunk_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
+    # A forget right after a pass starts ends the pass too: nothing of it is computed later.
+    engine.warm_document("doc", text, len(text) // 2)
+    engine.forget_document("doc")
+    settle(engine)
+    assert engine.scheduler.chunk_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
 
 
 def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one(engine, text):

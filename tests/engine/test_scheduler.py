@@ -189,7 +189,7 @@ def test_warm_chunk_follows_the_measured_prefill_rate():
     """A background chunk is sized to take about `warm_chunk_seconds` at the rate measured
     so far: a first guess before any measurement, multiples of 32, bounded by the request
     chunk; a keystroke's few rows do not move the rate."""
-    from engine.scheduling.scheduler import PrefillRate
+    from engine.scheduling.steps import PrefillRate
 
     rate = PrefillRate()
     assert rate.chunk_for(0.1, 256) == PrefillRate.FIRST_GUESS

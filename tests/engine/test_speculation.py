@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.scheduling.scheduler as scheduler_module
+import engine.scheduling.steps as steps_module
 from engine.api import InfillRequest
 from engine.kv.radix import RadixCache
 from engine.text.sampler import Sampler
@@ -194,7 +194,7 @@ def steps(monkeypatch):
     """Every verify step the scheduler runs: (seq, draft, StepResult, sequences decoding,
     ended, tokens generated before it)."""
     seen = Steps()
-    real = scheduler_module.speculate_step
+    real = steps_module.speculate_step
 
     def spy(runner, seq, draft, accept, cost=None):
         decoding, generated = len(seen.scheduler._decoding), seq.generated
@@ -202,7 +202,7 @@ def steps(monkeypatch):
         seen.append((seq, list(draft), out, decoding, seq.kv is None, generated))
         return out
 
-    monkeypatch.setattr(scheduler_module, "speculate_step", spy)
+    monkeypatch.setattr(steps_module, "speculate_step", spy)
     return seen
 
 

@@ -124,6 +124,7 @@ class FakeEngine:
         self.closed = False
         self.forgotten: list[str] = []
         self.document_warms: list[tuple[str, int, int]] = []
+        self.documents_forgotten: list[str] = []
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -177,6 +178,9 @@ class FakeEngine:
 
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         self.document_warms.append((key, len(text), cursor))
+
+    def forget_document(self, key: str) -> None:
+        self.documents_forgotten.append(key)
 
     on_fault = None  # the slot sets it; a fake has no faults to report
 

@@ -94,4 +94,13 @@ async def test_closing_a_document_cancels_its_pending_warm_up_and_forgets_its_pi
     rig.completer.closed(URI)
     await asyncio.sleep(SETTLE)
     assert _warmups(rig.engine) == []
-    assert rig.engine.document_warms[-1] == (URI, 0, 0)
+    assert rig.engine.documents_forgotten[-1] == URI
+
+
+async def test_a_document_emptied_forgets_its_pieces_instead_of_warming_an_empty_text():
+    rig = await Rig(FakeEngine(), warmAhead=False, documentKv=True).start()
+    rig.edit(0, len(SRC), "")
+    rig.completer.cursor_moved(URI, 0)
+    await asyncio.sleep(SETTLE)
+    assert rig.engine.documents_forgotten == [URI]
+    assert all(length > 0 for _, length, _ in rig.engine.document_warms)

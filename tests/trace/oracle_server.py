@@ -184,6 +184,9 @@ class OracleEngine:
     def warm_document(self, key: str, text: str, cursor: int) -> None:
         pass  # nothing to precompute for an oracle
 
+    def forget_document(self, key: str) -> None:
+        pass  # nothing kept
+
     on_fault = None  # the slot sets it; an oracle has no faults to report
 
     def health(self) -> dict:
