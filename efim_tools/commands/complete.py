@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the text")
     p.add_argument("--dtype", help="bf16 or fp32 (default: bf16 where the CPU has native bf16)")
-    p.add_argument("--quant", choices=("none", "int8", "int4", "auto"), help="weight format (docs/model.md)")
+    p.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), help="weight format (docs/model.md)")
     p.add_argument(
         "--fim-tokens",
         choices=("auto", "add"),

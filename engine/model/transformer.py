@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 import kernels
 from engine.model.config import ModelConfig
-from engine.model.quant import Int8Linear, Linear, make_linear
+from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 
 
 KV_DTYPES = ("auto", "model", "bf16", "fp16", "fp32", "int8")
@@ -314,14 +314,18 @@ class Transformer:
         device: torch.device | str = "cpu",
         quant: str | None = None,
         kv_dtype: str | None = None,
+        dense_prefill: bool = False,
     ) -> None:
         """`weights`: Hugging Face parameter names -> tensors (any float dtype). Consumed:
         entries are popped as they are converted, so peak memory stays near one copy.
-        `kv_dtype`: the format of the KV `new_kv` makes (`set_kv_dtype`)."""
+        `kv_dtype`: the format of the KV `new_kv` makes (`set_kv_dtype`). `dense_prefill`: the
+        layers' packed (int8 / int4) weights also keep a bf16 copy that many-row steps use
+        (`engine.model.quant.MixedLinear`: quant "mixed")."""
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
         self.quant = quant
+        self.dense_prefill = dense_prefill
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
         self._rms_norm = kernels.resolve("rms_norm", self.inv_freq)
@@ -360,8 +364,8 @@ class Transformer:
             t = take(name, required)
             return None if t is None else t.to(dt)
 
-        def linear(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-            return make_linear(weight, bias, dt, self.quant)
+        def linear(weight: torch.Tensor, bias: torch.Tensor | None, *, dense_copy: bool = self.dense_prefill) -> Linear:
+            return make_linear(weight, bias, dt, self.quant, dense_copy=dense_copy)
 
         def norm(prefix: str) -> _Norm:
             rms = c.norm == "rms"
@@ -403,7 +407,8 @@ class Transformer:
         head = take("lm_head.weight", required=False)
         if head is None or c.tie_embeddings:
             head = embed
-        self.lm_head: Linear = linear(head, None)
+        # No bf16 copy of the head: a prefill computes logits for a few rows only.
+        self.lm_head: Linear = linear(head, None, dense_copy=False)
         if isinstance(self.lm_head, Int8Linear) and head is embed:
             # Tied int8: the embedding lookup reads rows of the lm_head's int8 matrix
             # (its per-row scale is exactly a per-vocabulary-entry scale), so the table
@@ -416,8 +421,17 @@ class Transformer:
     def weight_bytes(self) -> int:
         """Bytes of parameters a decode step reads (all linear layers incl. lm_head, norms)."""
         n = sum(
-            lin.nbytes() for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down)
+            lin.step_nbytes() if isinstance(lin, MixedLinear) else lin.nbytes()
+            for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down)
         ) + self.lm_head.nbytes()
+        return n
+
+    def resident_bytes(self) -> int:
+        """Bytes of every weight kept (a mixed model's two forms, the embedding table)."""
+        n = sum(lin.nbytes() for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down))
+        n += self.lm_head.nbytes()
+        if self.embed_weight is not None:
+            n += self.embed_weight.numel() * self.embed_weight.element_size()
         return n
 
     # ------------------------------------------------------------------- RoPE

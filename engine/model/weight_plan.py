@@ -32,6 +32,8 @@ class WeightPlan(NamedTuple):
     kinds: dict[str, str]  # weight name -> kind, where it differs from model_quant
     kept: frozenset[str]  # names whose int4 groups are read from the GGUF's own blocks
     head: str  # the lm_head's weight (the embedding when tied)
+    # quant "mixed": the packed layer weights also keep a bf16 copy for prefill (MixedLinear).
+    dense_prefill: bool = False
 
     def kind(self, name: str) -> str:
         return self.kinds.get(name, self.model_quant or "dense")
@@ -47,6 +49,8 @@ class WeightPlan(NamedTuple):
                 n *= d
             linear = name.endswith(_LINEAR_SUFFIXES) or name == self.head
             total += n * (_BYTES_PER_WEIGHT.get(self.kind(name), dense) if linear else dense)
+            if self.dense_prefill and linear and name != self.head and self.kind(name) != "dense":
+                total += n * dense  # the bf16 copy prefill multiplies on
             if name == "model.embed_tokens.weight" == self.head and self.kind(name) != "int8":
                 total += n * dense  # the lookup table stays dense beside a dense or int4 lm_head
         return int(total)
@@ -69,7 +73,7 @@ def plan_weights(source: Path, config: ModelConfig, shapes: dict[str, tuple[int,
     head = "lm_head.weight" if "lm_head.weight" in shapes and not config.tie_embeddings else "model.embed_tokens.weight"
     linears = [n for n in shapes if n.endswith(_LINEAR_SUFFIXES) or n == head]
     types: dict[str, str] = {}
-    if source.is_file() and quant in ("int4", "auto"):
+    if source.is_file() and quant in ("int4", "mixed", "auto"):
         from engine.model.gguf import gguf_tensor_types  # noqa: PLC0415
 
         types = gguf_tensor_types(source)
@@ -93,7 +97,7 @@ def plan_weights(source: Path, config: ModelConfig, shapes: dict[str, tuple[int,
                 kept.add(name)
             elif kind != "dense":
                 requantise(ggml, kind)
-    elif quant == "int4":
+    elif quant in ("int4", "mixed"):
         model_quant = "int4"
         kinds[head] = "int8"  # as llama.cpp's Q4 files keep the output matrix at 6-8 bits
         for name in linears:
@@ -110,7 +114,7 @@ def plan_weights(source: Path, config: ModelConfig, shapes: dict[str, tuple[int,
             source.name,
             ", ".join(f"{t} ({n} tensors -> {kind})" for t, (n, kind) in sorted(requantised.items())),
         )
-    return WeightPlan(source, model_quant, kinds, frozenset(kept), head)
+    return WeightPlan(source, model_quant, kinds, frozenset(kept), head, dense_prefill=quant == "mixed")
 
 
 __all__ = ["WeightPlan", "plan_weights"]

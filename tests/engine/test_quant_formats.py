@@ -275,3 +275,47 @@ def test_an_adapter_runs_beside_kept_int4_groups(tiny_model_factory, tmp_path, c
     assert kl < 1e-4 and top1 >= 0.95
     rows = torch.randn(128, 256)  # the dequantise-then-GEMM path adds the same term
     torch.testing.assert_close(qkv(rows), rows @ qkv.dequantize().T, atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- mixed: int4 decode, bf16 prefill
+
+
+def test_mixed_linear_sends_few_rows_to_the_packed_weight_and_many_to_the_bf16_copy():
+    from engine.model.quant import MIXED_PACKED_ROWS, DenseLinear, MixedLinear
+
+    torch.manual_seed(1)
+    w, bias = torch.randn(128, 64) * 0.05, torch.randn(128) * 0.1
+    lin = make_linear(w, bias, torch.float32, "int4", dense_copy=True)
+    assert isinstance(lin, MixedLinear) and isinstance(lin.packed, Int4Linear) and isinstance(lin.dense, DenseLinear)
+    # A float checkpoint: the copy keeps the original values (prefill at full precision).
+    torch.testing.assert_close(lin.dense.dense_weight().float(), w, atol=1e-6, rtol=0)
+    few, many = torch.randn(MIXED_PACKED_ROWS, 64), torch.randn(MIXED_PACKED_ROWS + 1, 64)
+    torch.testing.assert_close(lin(few), lin.packed(few))
+    torch.testing.assert_close(lin(many), many @ w.T + bias, atol=1e-4, rtol=1e-4)
+    # Kept int4 groups (a GGUF's blocks): the copy holds the groups' own values.
+    groups = quantize_groups(w, torch.float32)
+    kept = make_linear(WeightSource("int4", groups=groups), None, torch.float32, "int4", dense_copy=True)
+    torch.testing.assert_close(kept.dense.dense_weight().float(), groups.dequantize(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kept(many), kept.packed(many), atol=1e-4, rtol=1e-4)
+    assert lin.step_nbytes() == lin.packed.nbytes() < lin.nbytes()
+    # A dense layer needs no second form.
+    assert isinstance(make_linear(w, bias, torch.float32, None, dense_copy=True), DenseLinear)
+
+
+def test_a_mixed_model_prefills_like_bf16_and_decodes_like_int4(tiny_model_factory, tmp_path, cache_dir):
+    """quant "mixed" on a Q4_1 file: the layers keep the file's groups for decode steps and a
+    bf16 copy of the same values for prefill chunks; the head is int8 as under "int4"; the
+    resident bytes stay within 1.5x of the bf16 model's."""
+    from engine.model.quant import MixedLinear
+
+    path = tiny_gguf(tiny_model_factory, tmp_path, "Q4_1")
+    bf16, int4 = load_model(path, dtype="bf16", quant="none"), load_model(path, dtype="bf16", quant="int4")
+    mixed = load_model(path, dtype="bf16", quant="mixed")
+    assert isinstance(mixed.model.layers[0].up, MixedLinear) and isinstance(mixed.model.lm_head, Int8Linear)
+    # Prefill (64 rows): the bf16 copy, so the logits are bf16's up to the int8 head.
+    kl, top1 = kl_top1(logits_of(bf16), logits_of(mixed))
+    assert kl < 0.01 and top1 >= 0.8
+    # Decode-sized steps (a few rows): exactly the int4 model's arithmetic.
+    torch.testing.assert_close(logits_of(mixed, n=4), logits_of(int4, n=4), atol=0, rtol=0)
+    assert mixed.model.weight_bytes() == int4.model.weight_bytes()
+    assert mixed.model.resident_bytes() <= 1.5 * bf16.model.resident_bytes()
