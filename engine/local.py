@@ -331,7 +331,7 @@ class LocalEngine:
         if not isinstance(text, str) or not isinstance(key, str):
             raise TypeError("warm_document(key: str, text: str, cursor: int)")
         if not text:
-            return  # the scheduler's pass of an empty text is its forget (below)
+            return
         cursor = min(max(int(cursor), 0), len(text))
         self.scheduler.plan_document(
             DocumentPass(key, text, cursor, self.tokenizer.encode_uncached, self.document_cap_tokens)
@@ -342,7 +342,7 @@ class LocalEngine:
         step. Thread-safe and immediate."""
         if not isinstance(key, str):
             raise TypeError("forget_document(key: str)")
-        self.scheduler.plan_document(DocumentPass(key, "", 0, self.tokenizer.encode_uncached, self.document_cap_tokens))
+        self.scheduler.forget_document(key)
 
     def _on_finished(self, handle: RequestHandle[Sequence], completion: Completion) -> None:
         with self._lock:

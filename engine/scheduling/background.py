@@ -67,21 +67,23 @@ class DocumentWork:
 
     # ------------------------------------------------------------ engine thread
     def plan(self, work: DocumentPass) -> None:
-        """Make `work` the document's pass (most recent first); an empty text forgets it."""
+        """Make `work` the document's pass (most recent first)."""
         old = self._passes.pop(work.key, None)
         if old is not None:
             work.memo = old.memo or work.memo
         else:
             work.memo = self._memos.pop(work.key, work.memo)
-        if not work.text:
-            if self._inflight is not None and self._inflight.key == work.key:
-                self._inflight = None
-            self.store.forget_origin(work.key)
-            self.origins.discard(work.key)
-            self._memos.pop(work.key, None)
-            return
         self._passes[work.key] = work
         self._passes.move_to_end(work.key, last=False)
+
+    def forget(self, key: str) -> None:
+        """Drop the document's pass (in flight included), its pieces and its memo."""
+        self._passes.pop(key, None)
+        if self._inflight is not None and self._inflight.key == key:
+            self._inflight = None
+        self.store.forget_origin(key)
+        self.origins.discard(key)
+        self._memos.pop(key, None)
 
     def pending(self) -> bool:
         return self._inflight is not None or bool(self._passes)

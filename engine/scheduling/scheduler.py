@@ -105,7 +105,8 @@ class Scheduler:
         # document piece in flight and the retained KV together (engine.scheduling.working_share).
         self.share = WorkingShare(model, self.runner, working_budget_bytes, retained=self.retained)
         self.documents = self._document_work(model, header)
-        self._plans: collections.deque[DocumentPass] = collections.deque()  # from any thread
+        # Document passes to plan, or (a str) documents whose pieces to forget, in arrival order (any thread).
+        self._plans: collections.deque[DocumentPass | str] = collections.deque()
         self._last_foreground = 0.0  # perf_counter when foreground work last ran
         self.check_after_steps = check_integrity  # debugging: check every store whenever idle
         self.counters = Counters()
@@ -204,9 +205,18 @@ class Scheduler:
             self._cond.notify()
 
     def plan_document(self, work: DocumentPass) -> None:
-        """Make `work` its document's background pass (thread-safe; an empty text forgets)."""
+        """Make `work` its document's background pass (thread-safe)."""
+        if not work.text:
+            raise ValueError("a document pass needs the document's text (forget_document drops a document)")
         with self._cond:
             self._plans.append(work)
+            self._cond.notify()
+
+    def forget_document(self, key: str) -> None:
+        """Drop the document's pieces and its pass, in flight included, at the next step
+        (thread-safe; ordered with `plan_document`)."""
+        with self._cond:
+            self._plans.append(key)
             self._cond.notify()
 
     def forget_chunks(self, origin: str) -> None:
@@ -342,7 +352,11 @@ class Scheduler:
             while self._forget:
                 self.chunk_store.forget_origin(self._forget.popleft())
             while self._plans:
-                self.documents.plan(self._plans.popleft())
+                item = self._plans.popleft()
+                if isinstance(item, str):
+                    self.documents.forget(item)
+                else:
+                    self.documents.plan(item)
             # Admit what had arrived when the step began, not what arrives meanwhile: under a
             # flood (many documents typed at once) admitting until the inbox is empty never
             # ends, and every admitted sequence holds a KV the size of its window. Sequences
