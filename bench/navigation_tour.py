@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         efim = [sys.executable, "-m", "efim_tools.cli"]
         synth = [*efim, "trace", "synth", "--tour", *map(str, sources), "-o", str(out), "--files", str(args.files),
                  "--visits", str(args.visits), "--sessions", str(args.sessions), "--seed", str(args.seed),
-                 "--no-pause-rate", str(args.no_pause_rate), "--settle", str(args.settle)]
+                 "--no-pause-rate", str(args.no_pause_rate), "--settle", str(args.settle),
+                 "--client-styles", "ours", "--late-open-rate", "0"]  # the tours of docs/navigation.md's tables
         print("$ " + shlex.join(synth), file=sys.stderr, flush=True)
         subprocess.run(synth, check=True)
         settings = {"model": args.model}  # the default configuration: the navigation switches are the only difference

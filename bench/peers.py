@@ -64,7 +64,7 @@ def _synth(kind: str, out: Path, seed: int, visits: int) -> list[Path]:
     else:
         picked = [str(m) for m in modules[seed % 3 : seed % 3 + 3]]
         cmd = [*efim, "--tour", *picked, "-o", str(folder), "--seed", str(seed), "--visits", str(visits),
-               "--files", "3"]
+               "--files", "3", "--client-styles", "ours", "--late-open-rate", "0"]  # one trace per tour, as before client styles
     subprocess.run(cmd, check=True)
     return sorted(folder.glob("*.jsonl"))
 

@@ -27,10 +27,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help='settings merged into every configuration, e.g. \'{"fimTokens": "add"}\' (a JSON object or a file holding one; repeatable)',
     )
     p.add_argument(
-        "--compare", nargs="?", const="standard", choices=("standard", "navigation", "adapters"), metavar="SET",
+        "--compare", nargs="?", const="standard", choices=("standard", "navigation", "clients", "adapters"), metavar="SET",
         help="replay under several configurations, each on a fresh server: `standard` (the default set: "
         "fim-nocache, fim, efim) or `navigation` (today, warm-ahead, document-kv, all: the navigation settings "
-        "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump) or `adapters` "
+        "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump) or `clients` "
+        "(tours by client style — plain, insert-enter, ours, from each trace's header — each style's traces on a "
+        "fresh server with the same settings, paced: the first answer after a jump per style and jump pattern, "
+        "client side and server TTFT) or `adapters` "
         "(base: the model without its FIM adapter, adapter: with it — characters saved is the number to read)",
     )
     p.add_argument(
@@ -43,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--speed", choices=("realtime", "max", "paced"), default=None,
         help="realtime: keep the recorded gaps (a key press cancels the running request); "
         "max: next key as soon as the answer arrives (default); paced: wait for each answer and keep every "
-        "recorded pause (default of --compare navigation)",
+        "recorded pause (default of --compare navigation and clients)",
     )
     p.add_argument("--limit", type=int, metavar="N", help="only the first N completion requests of each trace")
     p.add_argument("--no-accept", dest="accept", action="store_false", help="never accept suggestions (type every key)")
@@ -146,7 +149,7 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
 
     from efim_lsp.trace_format import read_traces
     from efim_tools.trace.replay import STANDARD_CONFIGS, Config, Observer, ReplayOptions, parse_server_command, replay_config
-    from efim_tools.trace import navigation, report
+    from efim_tools.trace import clients, navigation, report
 
     if args.users < 1:
         raise ValueError("--users must be at least 1")
@@ -165,8 +168,19 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
         raise ValueError("no traces to replay")
     extra = parse_config(args.config)
     navigating = args.compare == "navigation"
-    speed = args.speed or ("paced" if navigating else "max")
-    if navigating:  # the configuration's own switches win over --config
+    by_client = args.compare == "clients"
+    speed = args.speed or ("paced" if navigating or by_client else "max")
+    runs = None  # (configuration, its traces); None: every configuration replays every trace
+    if by_client:  # one configuration per client style, named after it, on that style's traces
+        runs = [(Config(style, dict(extra)), group) for style, group in clients.group_by_style(traces).items()]
+        configs = [config for config, _ in runs]
+    elif navigating:  # the configuration's own switches win over --config
+        styles = [s for s in clients.group_by_style(traces) if s in clients.CLIENT_STYLES]
+        if len(styles) > 1:  # one server replays every trace: a style replayed after another would find its documents warm
+            raise ValueError(
+                f"--compare navigation measures server settings on one client style; these traces hold {', '.join(styles)}: "
+                "pass one style's traces (e.g. tours/*-ours.jsonl) or use --compare clients"
+            )
         configs = [Config(name, {**extra, **settings}) for name, settings in navigation.NAVIGATION_CONFIGS]
     elif args.compare == "adapters":
         configs = [Config(name, {**extra, **settings}) for name, settings in chosen]
@@ -178,21 +192,21 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
         server=parse_server_command(args.server),
         users=args.users,
         speed=speed,
-        request_stats=navigating,
+        request_stats=navigating or by_client,
         limit=args.limit,
         accept=args.accept,
         ready_timeout_s=args.ready_timeout,
     )
     progress = Progress(not args.quiet)
-    total = planned_requests(traces, args.users, args.limit)
+    runs = runs or [(config, traces) for config in configs]
     base = observer or Observer()
     watch = Observer(base.on_answer, base.on_accept, lambda n: (progress.update(n), base.on_request and base.on_request(n)))
 
     async def run_all():
         results = []
-        for config in configs:
-            progress.begin(config.name, total)
-            result = await replay_config(config, traces, options, watch)
+        for config, replayed in runs:
+            progress.begin(config.name, planned_requests(replayed, args.users, args.limit))
+            result = await replay_config(config, replayed, options, watch)
             summary = report.summarize(result)
             progress.end(
                 f"{summary.requests} requests in {result.wall_s:.1f} s"
@@ -205,6 +219,9 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
     if navigating:
         nav = {r.name: navigation.summarize_navigation(r) for r in results}
         print(navigation.table(nav), file=out, flush=True)
+    elif by_client:
+        styles = {r.name: clients.summarize_clients(r) for r in results}
+        print(clients.table(styles), file=out, flush=True)
     else:
         summaries = {r.name: report.summarize(r) for r in results}
         print(report.table(summaries), file=out, flush=True)
@@ -222,7 +239,12 @@ def execute(args: argparse.Namespace, observer=None, out=None) -> int:
             "settings": {c.name: c.settings for c in configs},
             "argv": sys.argv,
         }
-        data = navigation.to_json(nav, meta) if navigating else report.to_json(summaries, meta)
+        if navigating:
+            data = navigation.to_json(nav, meta)
+        elif by_client:
+            data = clients.to_json(styles, meta | {"traces_by_style": {c.name: [t.path for t in group] for c, group in runs}})
+        else:
+            data = report.to_json(summaries, meta)
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     if args.plot:
         report.plot(results, args.plot)

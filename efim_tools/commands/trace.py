@@ -33,16 +33,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = s.add_argument_group(
         "navigation tours (--tour)",
         "instead of retyping one body: open 2-3 files and jump between their functions, editing a little at each "
-        "stop (retype a line's tail, add a line, paste, undo), with the cursor notification our clients send at "
-        "each jump and a person's pauses; the first completion request after each jump is marked in the header",
+        "stop (delete a line's tail at once or Backspace by Backspace and retype it, Enter and a new line, paste, "
+        "undo), with a person's pauses; each tour is written once per client style (what the client tells the "
+        "server at a jump); the first completion request after each jump is marked in the header",
     )
-    t.add_argument("--tour", action="store_true", help="synthesise navigation tours (one trace per tour)")
+    t.add_argument("--tour", action="store_true", help="synthesise navigation tours (one trace per tour and client style)")
     t.add_argument("--visits", type=int, default=12, metavar="N", help="stops per tour (default 12)")
     t.add_argument("--files", type=int, default=3, metavar="N", help="files open in one tour (default 3)")
     t.add_argument("--same-file-rate", type=float, default=0.5, metavar="R", help="chance a jump stays in the same file (default 0.5)")
     t.add_argument("--settle", type=float, default=0.0, metavar="S", help="seconds the files are open before the first jump (a person who had them open a while; default 0)")
     t.add_argument("--no-pause-rate", type=float, default=0.3, metavar="R", help="chance the first key follows a jump at once (default 0.3)")
     t.add_argument("--undo-rate", type=float, default=0.3, metavar="R", help="chance a new line or paste is undone (default 0.3)")
+    t.add_argument(
+        "--client-styles", metavar="S,S",
+        help="client styles to write each tour in (default: all): plain (didChange and inlineCompletion only), "
+        "insert-enter (like Neovim 0.12: also a completion request at the jump, before any edit), ours "
+        "(efim/didMoveCursor at each jump, as our editor clients send it); files tour-NNN-STYLE.jsonl "
+        "(tour-NNN.jsonl for one style)",
+    )
+    t.add_argument(
+        "--late-open-rate", type=float, default=0.5, metavar="R",
+        help="chance a file but the first is opened only when the tour first switches to it, like a file opened by "
+        "go-to-definition (default 0.5; 0: every file open from the start, as tours were before client styles)",
+    )
     s.set_defaults(func=run_synth)
 
     i = actions.add_parser("info", help="summarise traces (header, events, duration)")
@@ -91,7 +104,7 @@ def run_synth(args: argparse.Namespace) -> int:
 
 def run_tour(args: argparse.Namespace) -> int:
     from efim_lsp.trace_format import write_trace
-    from efim_tools.trace.tour import TourOptions, synthesize_tours
+    from efim_tools.trace.tour import CLIENT_STYLES, TourOptions, synthesize_tours
 
     options = TourOptions(
         seed=args.seed,
@@ -102,17 +115,27 @@ def run_tour(args: argparse.Namespace) -> int:
         no_pause_rate=args.no_pause_rate,
         settle_ms=args.settle * 1000.0,
         undo_rate=args.undo_rate,
+        client_styles=tuple(s.strip() for s in args.client_styles.split(",")) if args.client_styles else CLIENT_STYLES,
+        late_open_rate=args.late_open_rate,
     ).check()
-    paths = output_paths(args.output, args.sessions, stem="tour")
+    styles = options.client_styles
+    if Path(args.output).suffix == ".jsonl" and len(styles) > 1:
+        raise ValueError(f"-o {args.output}: a .jsonl file holds one trace; give a directory for {len(styles)} client styles, or --client-styles with one")
+    paths = [
+        path.with_name(f"{path.stem}-{style}.jsonl") if len(styles) > 1 else path
+        for path in output_paths(args.output, args.sessions, stem="tour")
+        for style in styles
+    ]
     for path, tour in zip(paths, synthesize_tours(args.sources, options)):
         write_trace(path, tour.trace)
         meta = tour.trace.header.meta
         jumps = meta["jumps"]
         paused = sum(1 for j in jumps if j["pause_ms"] >= 500.0)
         print(
-            f"{path}: {', '.join(Path(f).name for f in meta['files'])} — {len(jumps)} jumps "
-            f"({sum(1 for j in jumps if j['switch'])} switching files, {paused} after a pause >= 0.5 s), "
-            f"{tour.trace.completions} completion requests, {tour.trace.events[-1].t / 1000:.0f} s",
+            f"{path}: {tour.style}, {', '.join(Path(f).name for f in meta['files'])} — {len(jumps)} jumps "
+            f"({sum(1 for j in jumps if j['switch'])} switching files, {paused} after a pause >= 0.5 s; "
+            + ", ".join(f"{n} {p}" for p, n in meta["patterns"].items())
+            + f"), {tour.trace.completions} completion requests, {tour.trace.events[-1].t / 1000:.0f} s",
             file=sys.stderr,
         )
     return 0

@@ -84,7 +84,9 @@ def _ttft(record: RequestRecord, per_request: bool) -> float | None:
     return record.latency_ms
 
 
-def _warmup(result: ConfigResult) -> dict[str, float] | None:
+def warmup_spent(result: ConfigResult) -> dict[str, float] | None:
+    """The background warm-up over the replay: efim/stats "warmup" after minus before; None:
+    the server reports none."""
     after = (result.stats_after or {}).get("warmup") if isinstance(result.stats_after, dict) else None
     if not isinstance(after, dict):
         return None
@@ -132,7 +134,7 @@ def summarize_navigation(result: ConfigResult) -> NavigationSummary:
         prefilled_per_jump=sum(jump_prefill) / len(jump_prefill) if jump_prefill else None,
         prefilled_per_jump_p50=percentile(jump_prefill, 50),
         prefilled_per_key=sum(key_prefill) / len(key_prefill) if key_prefill else None,
-        warmup=_warmup(result),
+        warmup=warmup_spent(result),
         ttft_source=source,
         latency_fallbacks=fallbacks if per_request else 0,
         requests=len(records),

@@ -23,8 +23,10 @@ What the person does with each event of the trace:
   one's, so they are not forwarded; recorded `cancel` events are.
 
 A completion request that is the first after a jump (`jumps.py`) is recorded with the
-pause before it. Only the first `limit` completion requests of each trace are sent (the
-edits before each still apply). All times are `time.perf_counter()` on this side of the pipe.
+pause before it; every request after a jump with that jump's pattern, and the first after
+the jump's first edit as such (`first_key`). Only the first `limit` completion requests
+of each trace are sent (the edits before each still apply). All times are
+`time.perf_counter()` on this side of the pipe.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import msgspec
 
 from efim_tools.trace.client import LspClient, Pending, ResponseError, ServerCrashed
 from efim_tools.trace.document import TextDocument
-from efim_tools.trace.jumps import JumpMark, jump_marks
+from efim_tools.trace.jumps import JumpMark, first_keys, jump_marks, stop_patterns
 from efim_lsp.trace_format import Event, Trace
 
 log = logging.getLogger(__name__)
@@ -70,11 +72,15 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     # the first request after a jump: the pause before it (ms) and whether it switched files
     jump_pause_ms: float | None = None
     jump_switch: bool = False
+    pattern: str | None = None  # the pattern of the jump this request follows (`tour.PATTERNS`), when the trace says
+    first_key: bool = False  # the first request after a jump's first edit (most clients: the jump's first request)
     # this request's share of the server's counters (`probe.RequestProbe`, serial replays)
     prompt_tokens: float | None = None
     prefilled_tokens: float | None = None
     warmup_tokens: float | None = None  # background warm-up since the previous request
     warmup_ms: float | None = None
+    warmup_submitted: float | None = None  # warm-ups the server started since the previous request
+    warmup_cancelled: float | None = None
 
 
 class Moment(NamedTuple):
@@ -218,6 +224,8 @@ class Person:
         self.probe = stage.probe
         self.request_probe = stage.request_probe
         self.marks = jump_marks(trace)
+        self.keys = first_keys(trace)
+        self.patterns = stop_patterns(trace)
         self.encoding = trace.header.position_encoding
         self.docs: dict[str, TextDocument] = {}
         self.inflight: dict[str, tuple[Pending, RequestRecord, asyncio.Task | None]] = {}
@@ -272,7 +280,7 @@ class Person:
                 elif kind == "complete":
                     if self.options.limit is not None and self.completes >= self.options.limit:
                         break
-                    await self._complete(event, self.marks.get(i))
+                    await self._complete(event, self.marks.get(i), self.patterns.get(i), i in self.keys)
                 elif kind == "cursor":
                     await self._cursor(event)
                 elif kind == "cancel":
@@ -337,7 +345,7 @@ class Person:
             self.result.cancels_sent += 1
             record.outcome = "cancelled"  # provisional: becomes "late" if an answer still comes
 
-    async def _complete(self, event: Event, jump: JumpMark | None = None) -> None:
+    async def _complete(self, event: Event, jump: JumpMark | None = None, pattern: str | None = None, first_key: bool = False) -> None:
         uri = self.uri(event.uri)
         await self._supersede(uri)
         doc = self.docs.get(uri)
@@ -356,6 +364,8 @@ class Person:
             index=self.completes,
             sent_ms=(pending.sent - self.clock0) * 1000.0,
             outcome="answered",
+            pattern=pattern,
+            first_key=first_key,
         )
         if jump is not None:
             record.jump_pause_ms = jump.pause_ms

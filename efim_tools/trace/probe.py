@@ -109,6 +109,8 @@ class RequestProbe:
         if isinstance(warm, dict):
             record.warmup_tokens = _number(warm.get("prefilledTokens"))
             record.warmup_ms = _number(warm.get("computeMs"))
+            record.warmup_submitted = _number(warm.get("submitted"))
+            record.warmup_cancelled = _number(warm.get("cancelled"))
 
     async def finish(self) -> dict[str, Any] | None:
         """The last segment (what was still running), then the replay's totals."""

@@ -1,23 +1,39 @@
 """Synthetic navigation tours: a person moving between functions and files, editing a little at each stop.
 
-A tour opens 2–3 real files at once (an editor restoring its tabs) and makes `visits`
-stops. Each stop is a jump — to another function of the same file, or to another file —
-then one small edit from `edits.py` (retype a line's tail, add a line, paste, sometimes
-undo it). What goes into the trace, as our editor clients send it:
+A tour opens 2–3 real files at once (an editor restoring its tabs; with `late_open_rate`
+some of them only when the tour first switches to them: a file opened by go-to-definition)
+and makes `visits` stops. Each stop is a jump — to another function of the same file, or
+to another file — then one small edit from `edits.py` (retype a line's tail, add a line,
+paste, sometimes undo it). The same person, the same edits at the same times, goes into
+one trace per client style (`CLIENT_STYLES`), since clients tell a server different
+things about a jump:
 
-- a file switch: `efim/didMoveCursor` where the cursor was in that file (the document
-  became the active one), then, after finding the spot (0.3–0.9 s), the jump;
-- a jump: `efim/didMoveCursor` at the landing position, sent `DEBOUNCE_MS` after the
-  cursor settled (clients debounce it);
-- the pause before the first key, counted from that notification: reading, 0.3–2 s, or,
-  for `no_pause_rate` of the jumps, none at all (0–60 ms);
-- every key press: one `didChange`, then one completion request at the cursor; keys
-  80–250 ms apart.
+- `ours` (what our editor clients send): on a file switch `efim/didMoveCursor` where the
+  cursor was in that file (the document became the active one), then, after finding the
+  spot (0.3–0.9 s), the jump: `efim/didMoveCursor` at the landing position, sent
+  `DEBOUNCE_MS` after the cursor settled (clients debounce it);
+- `insert-enter` (Neovim 0.12's built-in inline completion): no notification; at the
+  moment `ours` notifies the landing, a completion request there (insert mode entered),
+  before any edit;
+- `plain` (any LSP client): nothing of ours; the server hears of a jump from its first
+  `didChange` (or a `didOpen`, for a file opened at the switch).
 
-The first completion request after each jump is listed in `meta["jumps"]` (`jumps.py`
-reads it) with its pause. Every document's text after every event is what the planned
-edits say (`Tour.expected`); the edits never make a Python file that parsed unparseable,
-so later stops still find its functions.
+Then, in every style: the pause before the first key, counted from the landing
+notification's moment: reading, 0.3–2 s, or, for `no_pause_rate` of the jumps, none at
+all (0–60 ms); every key press: one `didChange`, then one completion request at the
+cursor; keys 80–250 ms apart.
+
+Each jump has a pattern (`PATTERNS`, `jump_pattern`): a file switch, or within a file the
+edit it starts with — a line's tail deleted at once (one selection deleted), Backspace by
+Backspace, Enter and a new line under the cursor's line, a paste. The first completion
+request after each jump is listed in `meta["jumps"]` (`jumps.py` reads it) with its
+pause, its pattern and the request after the first edit (`key_id`). Every document's text
+after every event is what the planned edits say (`Tour.expected`); the edits never make a
+Python file that parsed unparseable, so later stops still find its functions.
+
+Deterministic by `seed`; the stops and edits are drawn from one stream and which files
+open late from another, so `client_styles=("ours",)` with `late_open_rate=0` writes the
+tours this module wrote before it had client styles.
 """
 
 from __future__ import annotations
@@ -42,6 +58,8 @@ DEBOUNCE_MS = 80.0  # clients send the cursor notification this long after the c
 NAVIGATE_MS = (300.0, 900.0)  # from switching to a file to landing on the spot
 BETWEEN_MS = (200.0, 1500.0)  # after a stop's last key, before the next jump
 ACTION_WEIGHTS = (("retype-tail", 0.45), ("new-line", 0.30), ("paste", 0.25))
+CLIENT_STYLES = ("plain", "insert-enter", "ours")
+PATTERNS = ("file-switch", "tail-deleted", "backspaces", "new-line", "paste")
 MIN_FUNCTIONS = 2  # a file worth touring has functions to jump between
 PLAN_TRIES = 8
 
@@ -55,13 +73,21 @@ class TourOptions(NamedTuple):
     no_pause_rate: float = 0.3  # chance the first key follows a jump at once
     undo_rate: float = 0.3  # chance a new line or a paste is taken back
     settle_ms: float = 0.0  # how long the files were open before the first jump (a person who had them open a while)
+    # One trace per style and tour, in this order. The library's defaults write the tours
+    # as before client styles existed (`efim trace synth --tour` asks for every style and
+    # opens half the files late).
+    client_styles: tuple[str, ...] = ("ours",)
+    late_open_rate: float = 0.0  # chance a file (not the first) is opened only when the tour first switches to it
 
     def check(self) -> "TourOptions":
         if self.sessions < 1 or self.visits < 1 or self.files < 1:
             raise ValueError("--sessions, --visits and --files must be at least 1")
         if not 0.0 <= self.settle_ms <= 3_600_000.0:
             raise ValueError(f"--settle must be in [0, 3600] seconds, got {self.settle_ms / 1000:g}")
-        for name in ("same_file_rate", "no_pause_rate", "undo_rate"):
+        unknown = [s for s in self.client_styles if s not in CLIENT_STYLES]
+        if unknown or not self.client_styles or len(set(self.client_styles)) < len(self.client_styles):
+            raise ValueError(f"--client-styles: each of {', '.join(CLIENT_STYLES)} at most once, got {','.join(self.client_styles) or 'none'}")
+        for name in ("same_file_rate", "no_pause_rate", "undo_rate", "late_open_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
         return self
@@ -81,6 +107,7 @@ class Tour(NamedTuple):
     # (event index, uri, sha1 of the document's text after that event), one per change:
     # what the planned edits say the text is, computed on plain strings
     expected: list[tuple[int, str, str]]
+    style: str = "ours"  # the client style the trace was written as (`CLIENT_STYLES`)
 
 
 def sites(text: str, path: Path) -> list[Site]:
@@ -112,27 +139,72 @@ def _parses(text: str, path: Path) -> bool:
     return True
 
 
-class _Writer:
-    """Events of one tour; keeps each document twice — a plain string the edits are
-    planned on, and a `TextDocument` that turns them into LSP changes — and checks
-    after every step that both agree."""
+def jump_pattern(action: edits.Action, switch: bool) -> str:
+    """What a jump looks like to a server (`PATTERNS`): a file switch, or the first edit at the spot."""
+    if switch:
+        return "file-switch"
+    if action.kind == "retype-tail":
+        first = action.steps[0]
+        return "tail-deleted" if first.end - first.start > 1 else "backspaces"
+    return action.kind
 
-    def __init__(self) -> None:
+
+class _Writer:
+    """Events of one tour as one client style sends them; keeps each document twice — a
+    plain string the edits are planned on, and a `TextDocument` that turns them into LSP
+    changes — and checks after every step that both agree. A document is known (its text
+    planned on) from the start and opened (`didOpen`) when `open` says."""
+
+    def __init__(self, style: str = "ours") -> None:
+        self.style = style
         self.events: list[Event] = []
         self.docs: dict[str, TextDocument] = {}
         self.texts: dict[str, str] = {}
         self.expected: list[tuple[int, str, str]] = []
+        self.jumps: list[dict] = []
         self.request_id = 0
 
-    def open(self, uri: str, text: str, language: str) -> None:
+    def load(self, uri: str, text: str) -> None:
         self.docs[uri] = TextDocument(uri, text, version=1)
         self.texts[uri] = text
-        item = {"uri": uri, "languageId": language, "version": 1, "text": text}
-        self.events.append(Event(t=0.0, kind="open", params={"textDocument": item}))
+
+    def open(self, t: float, uri: str, language: str) -> None:
+        item = {"uri": uri, "languageId": language, "version": 1, "text": self.texts[uri]}
+        self.events.append(Event(t=round(t, 1), kind="open", params={"textDocument": item}))
 
     def cursor(self, t: float, uri: str, offset: int) -> None:
         position = self.docs[uri].position_at(offset).to_lsp()
         self.events.append(Event(t=round(t, 1), kind="cursor", params={"textDocument": {"uri": uri}, "position": position}))
+
+    def activated(self, t: float, uri: str, offset: int) -> None:
+        """The document became the active one, its cursor at `offset`: only our clients say so."""
+        if self.style == "ours":
+            self.cursor(t, uri, offset)
+
+    def landed(self, t: float, uri: str, offset: int) -> int | None:
+        """The cursor settled at `offset` after a jump: our clients notify, a client that
+        asks on entering insert mode asks (returns that request's id), a plain one is silent."""
+        if self.style == "ours":
+            self.cursor(t, uri, offset)
+        elif self.style == "insert-enter":
+            return self.request(t, uri, offset)
+        return None
+
+    def request(self, t: float, uri: str, offset: int) -> int:
+        self.request_id += 1
+        self.events.append(
+            Event(
+                t=round(t, 1),
+                kind="complete",
+                id=self.request_id,
+                params={
+                    "textDocument": {"uri": uri},
+                    "position": self.docs[uri].position_at(offset).to_lsp(),
+                    "context": {"triggerKind": 2},  # Automatic: the editor asked, not the user
+                },
+            )
+        )
+        return self.request_id
 
     def step(self, t: float, uri: str, step: edits.Step) -> int:
         """One key press: its change and its completion request; returns the request's id."""
@@ -146,20 +218,7 @@ class _Writer:
         t = round(t, 1)
         self.events.append(Event(t=t, kind="change", params={"textDocument": {"uri": uri, "version": doc.version}, "contentChanges": [change]}))
         self.expected.append((len(self.events) - 1, uri, hashlib.sha1(self.texts[uri].encode("utf-8", "surrogatepass")).hexdigest()))
-        self.request_id += 1
-        self.events.append(
-            Event(
-                t=round(t + 1.0, 1),
-                kind="complete",
-                id=self.request_id,
-                params={
-                    "textDocument": {"uri": uri},
-                    "position": doc.position_at(step.cursor).to_lsp(),
-                    "context": {"triggerKind": 2},  # Automatic: the editor asked, not the user
-                },
-            )
-        )
-        return self.request_id
+        return self.request(t + 1.0, uri, step.cursor)
 
 
 class _Planner:
@@ -228,89 +287,123 @@ class _Planner:
         return edits.retype_tail(text, rng.choice(candidates).end, rng)
 
 
-def tour_trace(sources: list[tuple[Path, str]], options: TourOptions, rng: random.Random, index: int) -> Tour:
-    """One tour over `sources` (each (path, text); the first is where it starts)."""
-    writer = _Writer()
+def tour_traces(sources: list[tuple[Path, str]], options: TourOptions, rng: random.Random, index: int) -> list[Tour]:
+    """One tour over `sources` (each (path, text); the first is open from the start), one
+    trace per `options.client_styles`."""
+    writers = [_Writer(style) for style in options.client_styles]
+    lead = writers[0]  # the planner reads its texts: every writer's are the same
     files: list[tuple[str, Path]] = []
     names: Counter[str] = Counter()
+    languages: dict[str, str] = {}
+    late_rng = random.Random(f"efim-tour-late-open/{options.seed}/{index}")  # not the stops' stream
+    unopened: list[str] = []
     for k, (path, text) in enumerate(sources):
         names[path.name] += 1
         folder = f"t{index:03d}" if names[path.name] == 1 else f"t{index:03d}/{k}"
         uri = f"file:///efim-tour/{folder}/{path.name}"
-        writer.open(uri, text, LANGUAGE_IDS.get(path.suffix, "plaintext"))
+        languages[uri] = LANGUAGE_IDS.get(path.suffix, "plaintext")
+        late = k > 0 and late_rng.random() < options.late_open_rate
+        for w in writers:
+            w.load(uri, text)
+            if not late:
+                w.open(0.0, uri, languages[uri])
+        if late:
+            unopened.append(uri)
         files.append((uri, path))
-    planner = _Planner(writer, files, options, rng)
+    opened_late = [str(p) for uri, p in files if uri in unopened]
+    planner = _Planner(lead, files, options, rng)
     remembered = {uri: 0 for uri, _ in files}  # each document's cursor, as the editor keeps it
-    jumps, actions = [], Counter()
+    actions, patterns = Counter(), Counter()
     current: tuple[str, int] | None = None  # (uri, function index)
     t = rng.uniform(400.0, 1200.0) + options.settle_ms  # the editor comes up; the person looks around
     for visit in range(options.visits):
         switch = current is None or (len(files) > 1 and rng.random() >= options.same_file_rate)
+        opened = False
         if switch:
             others = [f for f in files if current is None or f[0] != current[0]]
             uri, path = rng.choice(others)
-            writer.cursor(t + DEBOUNCE_MS, uri, remembered[uri])  # the document became the active one
+            if uri in unopened:  # opened now (go-to-definition, the file picker)
+                unopened.remove(uri)
+                opened = True
+                for w in writers:
+                    w.open(t, uri, languages[uri])
+            for w in writers:
+                w.activated(t + DEBOUNCE_MS, uri, remembered[uri])
             t += DEBOUNCE_MS + rng.uniform(*NAVIGATE_MS)
         else:
             uri, path = current[0], dict(files)[current[0]]
         found = planner.sites(uri, path)
         elsewhere = [s for s in found if switch or s.function != current[1]]
         candidates = elsewhere or found
-        before = writer.texts[uri]
+        before = lead.texts[uri]
         action = planner.plan(uri, path, candidates)
         function = next((s.function for s in found if s.start <= action.landing <= s.end), -1)
         t += DEBOUNCE_MS
-        writer.cursor(t, uri, action.landing)
+        landed = [w.landed(t, uri, action.landing) for w in writers]
         paused = rng.random() >= options.no_pause_rate
         pause = rng.uniform(*(READING_MS if paused else NO_PAUSE_MS))
         t += pause
-        first_id = None
+        keys: list[int] = []
         for n, step in enumerate(action.steps):
             t += 0.0 if n == 0 else step.gap_ms
-            request_id = writer.step(t, uri, step)
-            first_id = first_id or request_id
-        jumps.append(meta_entry(first_id, pause, switch, visit=visit, action=action.kind, uri=uri))
+            ids = [w.step(t, uri, step) for w in writers]
+            keys = keys or ids
+        pattern = jump_pattern(action, switch)
+        for w, first, key in zip(writers, landed, keys):
+            w.jumps.append(meta_entry(first or key, pause, switch, visit=visit, action=action.kind, uri=uri,
+                                      pattern=pattern, key_id=key, opened=opened))
         actions[action.kind] += 1
-        if writer.texts[uri] != action.after:
+        patterns[pattern] += 1
+        if lead.texts[uri] != action.after:
             raise AssertionError(f"{uri}: a {action.kind} did not leave the text it planned")
         cursor = action.steps[-1].cursor
         if action.inserted is not None and rng.random() < options.undo_rate:
             taken_back = edits.undo(before, action, rng)
             t += taken_back.steps[0].gap_ms
-            writer.step(t, uri, taken_back.steps[0])
-            if writer.texts[uri] != before:
+            for w in writers:
+                w.step(t, uri, taken_back.steps[0])
+            if lead.texts[uri] != before:
                 raise AssertionError(f"{uri}: an undo did not restore the text")
             actions["undo"] += 1
             cursor = taken_back.steps[0].cursor
         remembered[uri] = cursor
         current = (uri, function)
         t += rng.uniform(*BETWEEN_MS)
-    for uri, _ in files:
-        writer.events.append(Event(t=round(t + 1000.0, 1), kind="close", params={"textDocument": {"uri": uri}}))
-    header = Header(
-        created=utc_now(),
-        source="synth",
-        client={"name": "efim trace synth --tour"},
-        meta={
-            "tour": True,
-            "files": [str(p) for _, p in files],
-            "visits": options.visits,
-            "seed": options.seed,
-            "session": index,
-            "same_file_rate": options.same_file_rate,
-            "no_pause_rate": options.no_pause_rate,
-            "undo_rate": options.undo_rate,
-            "settle_ms": options.settle_ms,
-            "actions": dict(sorted(actions.items())),
-            "jumps": jumps,
-        },
-    )
-    return Tour(Trace(header=header, events=writer.events), writer.expected)
+    tours = []
+    for w in writers:
+        for uri, _ in files:
+            if uri not in unopened:
+                w.events.append(Event(t=round(t + 1000.0, 1), kind="close", params={"textDocument": {"uri": uri}}))
+        header = Header(
+            created=utc_now(),
+            source="synth",
+            client={"name": "efim trace synth --tour"},
+            meta={
+                "tour": True,
+                "client_style": w.style,
+                "files": [str(p) for _, p in files],
+                "opened_late": opened_late,
+                "visits": options.visits,
+                "seed": options.seed,
+                "session": index,
+                "same_file_rate": options.same_file_rate,
+                "no_pause_rate": options.no_pause_rate,
+                "undo_rate": options.undo_rate,
+                "late_open_rate": options.late_open_rate,
+                "settle_ms": options.settle_ms,
+                "actions": dict(sorted(actions.items())),
+                "patterns": dict(sorted(patterns.items())),
+                "jumps": w.jumps,
+            },
+        )
+        tours.append(Tour(Trace(header=header, events=w.events), w.expected, w.style))
+    return tours
 
 
 def synthesize_tours(paths: list[str | Path], options: TourOptions) -> list[Tour]:
     """`options.sessions` tours, each over `options.files` of the usable sources (chosen
-    at random, deterministic by `options.seed`)."""
+    at random, deterministic by `options.seed`): tour by tour, one trace per client style
+    in `options.client_styles` order."""
     options.check()
     sources = load_tour_sources(paths)
     if not sources:
@@ -319,5 +412,5 @@ def synthesize_tours(paths: list[str | Path], options: TourOptions) -> list[Tour
     tours = []
     for index in range(options.sessions):
         chosen = rng.sample(sources, min(options.files, len(sources)))
-        tours.append(tour_trace(chosen, options, rng, index))
+        tours.extend(tour_traces(chosen, options, rng, index))
     return tours

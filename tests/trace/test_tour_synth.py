@@ -213,7 +213,8 @@ def test_sources_without_functions_are_refused(tmp_path):
 
 def test_tour_command_writes_readable_traces(tmp_path, capsys):
     out = tmp_path / "tours"
-    argv = ["trace", "synth", "--tour", *map(str, SOURCES), "-o", str(out), "--sessions", "2", "--visits", "4", "--seed", "1"]
+    argv = ["trace", "synth", "--tour", *map(str, SOURCES), "-o", str(out), "--sessions", "2", "--visits", "4", "--seed", "1",
+            "--client-styles", "ours"]  # one style: the file names tours had before styles (the default: tests/trace/test_client_styles.py)
     assert cli.main(argv) == 0
     files = sorted(out.glob("tour-*.jsonl"))
     assert len(files) == 2
