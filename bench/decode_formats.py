@@ -24,7 +24,7 @@ from bench import model_shapes, speed_probes
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("bf16", "int8", "int4")
+FORMATS = ("bf16", "int8", "int4", "mixed")
 
 
 class DecodeRow(NamedTuple):

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # Mirrors of bench.model_shapes.SHAPES / bench.decode_formats.FORMATS: the argument parser
 # is built by `efim --help`, which must not import torch.
 SHAPES = ("135m", "0.5b", "1.5b")
-FORMATS = ("bf16", "int8", "int4")
+FORMATS = ("bf16", "int8", "int4", "mixed")
 
 _SOURCE = "argparse.py"  # long, ordinary Python: classes, methods, docstrings
 

@@ -106,6 +106,8 @@ def random_model(config: dict[str, Any], quant: str | None, dtype: str = "bf16",
 
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     w = dict(weights) if weights is not None else random_weights(config, seed)
+    if quant == "mixed":  # int4 for decode steps, a bf16 copy of each layer weight for prefill
+        return Transformer(ModelConfig.from_hf(config), w, dtype=torch_dtype, quant="int4", dense_prefill=True)
     return Transformer(ModelConfig.from_hf(config), w, dtype=torch_dtype, quant=quant)
 
 
