@@ -13,6 +13,11 @@ Speed: decode ms/token after a 128-token prompt and prefill tokens/s of 512 toke
 `Int4Linear` crossover: fused int4 GEMV vs dequantise-then-GEMM by row count on the
 model's shapes.
 
+`--decode`: each format as serving runs it — the window prefilled in 256-row chunks, its last
+`--kv-decode` tokens then fed one at a time, teacher-forced — against the bf16 model run the
+same way, per part (prefill rows, decode rows), with the shipped adapter merged: this is where
+"mixed" (int4 decode steps, bf16 prefill) differs from bf16, since its decode rows run int4.
+
 `--kv`: the int8 KV cache against the model-dtype KV on the same model (docs/model.md
 "int8 KV cache"), per weight format (bf16 and int4, the shipped adapter merged: what
 `efim serve` runs), over `--windows` windows of `--kv-window` tokens of real code: the
@@ -95,6 +100,34 @@ def _kv_logits(model, ids: list[int], n_decode: int, chunk: int = 256):
     for pos in range(cut, n):
         out.append(model.forward(x[pos : pos + 1], kv, pos, "all"))
     return torch.cat(out), cut
+
+
+def decode_quality(models: dict, ids_list: list[list[int]], n_decode: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Per format: top-1 agreement and mean KL(bf16 || format) over prefill rows and over
+    one-token decode rows, every model run by `_kv_logits` (chunked prefill, then steps)."""
+    import torch
+
+    sums = {q: {part: {"kl": 0.0, "top1": 0.0, "n": 0} for part in ("prefill", "decode")} for q in models if q != "none"}
+    with torch.inference_mode():
+        for ids in ids_list:
+            ref, cut = _kv_logits(models["none"].model, ids, n_decode)
+            lp = torch.log_softmax(ref.float(), -1)
+            for q, loaded in models.items():
+                if q == "none":
+                    continue
+                got, _ = _kv_logits(loaded.model, ids, n_decode)
+                lq = torch.log_softmax(got.float(), -1)
+                kl = (lp.exp() * (lp - lq)).sum(-1)  # [T]
+                same = ref.argmax(-1) == got.argmax(-1)  # [T]
+                for part, rows in (("prefill", slice(0, cut)), ("decode", slice(cut, None))):
+                    s = sums[q][part]
+                    s["kl"] += kl[rows].sum().item()
+                    s["top1"] += same[rows].sum().item()
+                    s["n"] += int(same[rows].numel())
+    return {
+        q: {part: {"top1": s["top1"] / s["n"], "kl": s["kl"] / s["n"], "positions": s["n"]} for part, s in parts.items()}
+        for q, parts in sums.items()
+    }
 
 
 def kv_quality(model, ids_list: list[list[int]], n_decode: int) -> dict[str, dict[str, float]]:
@@ -183,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-window", type=int, default=2048)
     ap.add_argument("--kv-decode", type=int, default=64)
     ap.add_argument("--kv-formats", default="none,int4", help="weight formats of the --kv comparison")
+    ap.add_argument("--decode", action="store_true",
+                    help="formats run as serving runs them (chunked prefill, then one-token steps) vs bf16, per part")
+    ap.add_argument("--decode-formats", default="none,int4,mixed", help="weight formats of the --decode comparison")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     skip = set(args.skip.split(","))
@@ -190,6 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from engine.runtime.loading import load_model_for_engine
+
+    if args.decode:
+        fmts = args.decode_formats.split(",")
+        if fmts[0] != "none":
+            fmts.insert(0, "none")
+        models = {q: load_model_for_engine(args.model, dtype="bf16", quant=q, adapter="auto").loaded for q in fmts}
+        ids_list = windows(models["none"].tokenizer, args.windows, args.kv_window)
+        report = {"window": args.kv_window, "decode": args.kv_decode, "windows": len(ids_list)}
+        report.update(decode_quality(models, ids_list, args.kv_decode))
+        if args.json:
+            print(json.dumps(report, indent=1))
+            return 0
+        print(f"vs bf16, {args.kv_window}-token windows of stdlib code ({len(ids_list)}), last {args.kv_decode} decoded one at a time, adapter merged")
+        for q in fmts[1:]:
+            for part, v in report[q].items():
+                print(f"weights {q:6} {part:8} top1 {v['top1']:.4f}  KL {v['kl']:.5f}  ({v['positions']} positions)")
+        return 0
 
     if args.kv:
         report = {"threads": torch.get_num_threads(), "window": args.kv_window, "decode": args.kv_decode}
