@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 # backend also (backend, endpoint, remote_model, api_key_env) as keywords. The serve command
 # wraps engine.local.load_engine and engine.remote.open_remote_engine; tests inject their own.
 EngineFactory = Callable[..., Engine]
+# preflight(model, **factory options): a new local model's checks that read no weights
+# (`engine.local.check_model`); it raises when the model cannot load.
+Preflight = Callable[..., None]
 
 SlotState = Literal["empty", "loading", "ready", "failed"]
 
@@ -80,14 +83,14 @@ class _NoProgress:
 
 
 class EngineSlot:
-    def __init__(self, factory: EngineFactory, preflight: Callable[..., None] | None = None):
+    def __init__(self, factory: EngineFactory, preflight: Preflight | None = None):
         """`preflight(model, **factory options)`: the new local model's checks that read no
         weights (`engine.local.check_model`); when it raises, the serving engine is kept."""
         self._factory = factory
         self._preflight = preflight
         self.state: SlotState = "empty"
         self.error: str | None = None
-        self.engine: Engine | None = None
+        self._engine: Engine | None = None
         self.info: EngineInfo | None = None
         self.spec: EngineSpec | None = None
         self.load_seconds: float | None = None
@@ -96,6 +99,21 @@ class EngineSlot:
         # (kind, message), called from the engine's thread when the engine reports a fault
         # (a crashed engine thread, out of memory: `engine.local.LocalEngine.on_fault`).
         self.on_engine_fault: Callable[[str, str], None] | None = None
+        # Called with the new engine (None: there is none) each time `engine` changes, so
+        # what depends on the engine (the context source) is told instead of asking.
+        self.on_engine_changed: Callable[[Engine | None], None] | None = None
+
+    @property
+    def engine(self) -> Engine | None:
+        """The engine that serves now (None while none is loaded)."""
+        return self._engine
+
+    def _set_engine(self, engine: Engine | None) -> None:
+        if engine is self._engine:
+            return
+        self._engine = engine
+        if self.on_engine_changed is not None:
+            self.on_engine_changed(engine)
 
     @property
     def ready(self) -> bool:
@@ -147,8 +165,9 @@ class EngineSlot:
         previous = (self.engine, self.info, self.spec)
         if not keep_old:
             self._ready.clear()
-            old, self.engine, self.info = self.engine, None, None
+            old, self.info = self.engine, None
             self.state, self.error, self.spec = "loading", None, spec
+            self._set_engine(None)
             if old is not None:
                 await loop.run_in_executor(None, _close_quietly, old)
         progress.begin("efim", f"loading model {spec.describe()}")
@@ -177,7 +196,8 @@ class EngineSlot:
             await loop.run_in_executor(None, _close_quietly, engine)
             return False
         old = self.engine if keep_old else None
-        self.engine, self.info, self.state, self.error, self.spec = engine, info, "ready", None, spec
+        self.info, self.state, self.error, self.spec = info, "ready", None, spec
+        self._set_engine(engine)
         self.load_seconds = time.monotonic() - started
         self._ready.set()
         if old is not None and old is not engine:
@@ -218,8 +238,9 @@ class EngineSlot:
 
     def close(self) -> None:
         self._generation += 1
-        engine, self.engine, self.info = self.engine, None, None
+        engine, self.info = self.engine, None
         self.state = "empty"
+        self._set_engine(None)
         if engine is not None:
             _close_quietly(engine)
 

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def engine_factory(args: argparse.Namespace):
     """`factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget[, backend, endpoint, remote_model,
     api_key_env]) -> Engine`: engine.local.load_engine with the CLI's engine flags, or, for a
-    remote backend, engine.remote.open_remote_engine (which loads the model's tokenizer only)."""
+    remote backend, engine.remote.open_remote_engine (which loads the model's tokenizer only).
+    `model_preflight(args)` builds the checks that go with it."""
 
     def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", kv_disk: bool = True, kv_disk_budget: str = "2G",
              backend: str = "local", endpoint: str = "", remote_model: str = "", api_key_env: str = ""):
@@ -60,20 +61,26 @@ def engine_factory(args: argparse.Namespace):
         from engine.local import load_engine  # torch loads here, in the server's loader thread
 
         kwargs = {}
-        for name in ("dtype", "quant", "kv_budget", "kv_dtype", "threads"):
-            value = getattr(args, name, None)
+        for name in ("dtype", "quant", "kv_budget", "kv_dtype", "threads"):  # this parser's flags
+            value = getattr(args, name)
             if value is not None:
                 kwargs[name] = value
         return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk, kv_disk_budget=kv_disk_budget, **kwargs)
 
+    return load
+
+
+def model_preflight(args: argparse.Namespace):
+    """`preflight(model, *, fim_tokens, adapter, **factory options)`: a new local model's
+    weight-free checks (engine.local.check_model with the CLI's --quant); EngineSlot runs
+    them while the old engine still serves, before giving it up."""
+
     def preflight(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_ignored) -> None:
-        """The new local model's weight-free checks, run while the old engine still serves."""
         from engine.local import check_model
 
-        check_model(model, quant=getattr(args, "quant", None), fim_tokens=fim_tokens, adapter=adapter)
+        check_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)
 
-    load.preflight = preflight  # EngineSlot runs it before giving up a serving engine
-    return load
+    return preflight
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -128,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter:
         defaults["adapter"] = args.adapter
     for flag, key in (("backend", "backend"), ("endpoint", "endpoint"), ("remote_model", "remoteModel"), ("api_key_env", "apiKeyEnv")):
-        if getattr(args, flag, None):
+        if getattr(args, flag):
             defaults[key] = getattr(args, flag)
     if args.kv_disk is not None:
         defaults["kvDisk"] = args.kv_disk
@@ -138,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
     from efim_lsp.context.source import WorkspaceContext  # cross-file context; idle while `context` is off
 
     context = WorkspaceContext()
-    server = build_server(engine_factory(args), message_observer=observer, defaults=defaults, context_source=context)
-    context.bind(server)
+    server = build_server(
+        engine_factory(args), preflight=model_preflight(args), message_observer=observer, defaults=defaults, context_source=context
+    )
     if observer is not None:
         from lsprotocol import types
 
@@ -153,9 +161,8 @@ def run(args: argparse.Namespace) -> int:
         stopping = time.monotonic()
         server.close()
         context.close()
-        close = getattr(observer, "close", None)
-        if close is not None:
-            close()
+        if observer is not None:
+            observer.close()
         log.debug("stopped the server's parts in %.3f s", time.monotonic() - stopping)
     _exit_promptly(code)
     return code  # not reached

@@ -1,30 +1,16 @@
-"""The pygls language server: thin handlers over the plain modules.
+"""The pygls language server: the state its handlers share, and `build_server`.
 
-Handlers convert LSP positions to code-point offsets (and back) at this edge,
-call `documents`, `completer`, `settings`, and return lsprotocol types. Logic
-lives elsewhere: sessions (`session.py`), windows (`window.py`), suggestions
-(`suggest.py`), typing-through, the engine slot, stats.
+`EfimServer` holds exactly one of each part — documents, settings, stats, the engine slot,
+the completer, the context source — and the services around them: settings updates,
+engine loads (with `$/progress`), position conversion at the LSP edge, stdio serving.
+The handlers are thin and grouped by concern in `efim_lsp.handlers` (lifecycle,
+documents, completion, the custom `efim/*` protocol, described there); logic lives
+elsewhere: sessions (`session.py`), windows (`window.py`), suggestions (`suggest.py`),
+typing-through, the engine slot, stats.
 
-Custom protocol:
-- `efim/stats` (request) → camelCase counters (see `stats.ServerStats.to_wire`), `model`
-  (state, info) and `context` (index status, when a context source is attached);
-  params `{"reset": true}` zero them after answering (benchmarks measure phases).
-- `efim/debug/checkIntegrity` (request) → `{ok, engine, problems}`: the engine's KV
-  integrity check (radix cache, chunk store, retained KV; run on the engine thread when it
-  is idle) and every edit session's consistency with its document.
-- `efim/didMoveCursor` (notification, client → server): `{textDocument: {uri}, position}`
-  where the cursor is now, sent by our clients (debounced) when it moves without an edit
-  and when a document becomes the active one; the server warms the window there in the
-  background (docs/design.md, "After a jump"). Unknown documents and bad positions are
-  ignored.
-- `efim/documentText` (request, read-only) `{"textDocument": {"uri"}}` → `{uri, version,
-  text, checksum, inSync}`: the server's copy of an open document, so a client (and the
-  tests) can check it never drifts; `checksum` is `documents.text_checksum`. `efim/stats`
-  carries `documents: {uri: {version, checksum, length, inSync}}` for the same check
-  without the text.
-- `efim.accepted` (command, attached to every item): a full accept.
-- `textDocument/didShowCompletion`, `textDocument/didPartiallyAcceptCompletion`
-  (Copilot-compatible notifications): shown / partially accepted counters.
+The context source is told, never asked: the document and folder handlers push what is
+open and where, and the engine slot pushes each new engine
+(`efim_lsp.context.source.WorkspaceContext`).
 """
 
 from __future__ import annotations
@@ -37,13 +23,13 @@ from lsprotocol import types
 from pygls.exceptions import JsonRpcInternalError, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
 
-from engine.api import Engine
-
+from efim_lsp import handlers
 from efim_lsp import settings as settings_mod
-from efim_lsp.completer import Answer, Completer, ContextSource
-from efim_lsp.documents import DocumentStore, FullChange, RangeChange
-from efim_lsp.engine_slot import EngineFactory, EngineSlot, EngineSpec
-from efim_lsp.positions import ENCODINGS, PositionError
+from efim_lsp.completer import Answer, Completer
+from efim_lsp.context.source import WorkspaceContext
+from efim_lsp.documents import DocumentStore
+from efim_lsp.engine_slot import EngineFactory, EngineSlot, EngineSpec, Preflight
+from efim_lsp.positions import PositionError
 from efim_lsp.protocol import EfimProtocol, MessageObserver
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
@@ -53,17 +39,6 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "efim-lsp"
 SERVER_VERSION = "0.1.0"
 
-STATS = "efim/stats"
-CHECK_INTEGRITY = "efim/debug/checkIntegrity"
-DID_MOVE_CURSOR = "efim/didMoveCursor"
-DOCUMENT_TEXT = "efim/documentText"
-ACCEPTED_COMMAND = "efim.accepted"
-DID_SHOW = "textDocument/didShowCompletion"
-DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
-INTEGRITY_TIMEOUT_S = 30.0  # how long efim/debug/checkIntegrity waits for the engine to be idle
-
-_LABEL_CHARS = 60
-
 
 class EfimServer(LanguageServer):
     protocol: EfimProtocol
@@ -72,9 +47,10 @@ class EfimServer(LanguageServer):
         self,
         engine_factory: EngineFactory,
         *,
+        preflight: Preflight | None = None,
         message_observer: MessageObserver | None = None,
         defaults: dict[str, Any] | None = None,
-        context_source: ContextSource | None = None,
+        context_source: WorkspaceContext | None = None,
     ):
         super().__init__(
             SERVER_NAME,
@@ -87,18 +63,22 @@ class EfimServer(LanguageServer):
         self.settings = Settings()
         if defaults:  # command-line flags (e.g. --model); initializationOptions override them
             self.settings = settings_mod.apply(self.settings, defaults).settings
-        self.slot = EngineSlot(engine_factory, preflight=getattr(engine_factory, "preflight", None))
+        self.slot = EngineSlot(engine_factory, preflight=preflight)
         self.slot.on_engine_fault = self._engine_fault
         self._engine_faults_shown: set[str] = set()
+        self.context = context_source  # told what is open and where (handlers.documents)
+        if context_source is not None:
+            self.slot.on_engine_changed = context_source.set_engine
+            context_source.on_watch_problem(self.show_from_thread)  # a lost workspace folder, once
         self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
         self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)
         self._pending_problems: list[str] = []
-        self._client_is_neovim = False
+        self.client_is_neovim = False  # set by `initialize`; decides the default version policy
         self._background: set[asyncio.Task] = set()
         self._progress_tokens = 0
-        self._loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from `initialize` on
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from `initialize` on
 
     def _version_of(self, uri: str) -> int | None:
         doc = self.documents.get(uri)
@@ -124,16 +104,23 @@ class EfimServer(LanguageServer):
             self.start_engine_load()
         return update
 
+    def show_pending_problems(self) -> None:
+        """The settings problems found before the client could be shown messages (in
+        `initialize`), shown now."""
+        for problem in self._pending_problems:
+            self.show(problem, types.MessageType.Warning)
+        self._pending_problems.clear()
+
     def _apply_version_policy(self) -> None:
         strict = self.settings.strict_versions
-        self.documents.strict_versions = (not self._client_is_neovim) if strict is None else strict
+        self.documents.strict_versions = (not self.client_is_neovim) if strict is None else strict
 
     def show(self, message: str, kind: types.MessageType = types.MessageType.Info) -> None:
         self.window_show_message(types.ShowMessageParams(type=kind, message=f"efim: {message}"))
 
     def show_from_thread(self, message: str, kind: types.MessageType = types.MessageType.Warning) -> None:
         """`show` from another thread (the file watcher's): sent from the event loop."""
-        loop = self._loop
+        loop = self.loop
         if loop is None or loop.is_closed():
             return  # not serving (yet, or any more); the caller has logged it
         loop.call_soon_threadsafe(self.show, message, kind)
@@ -142,7 +129,7 @@ class EfimServer(LanguageServer):
     def _engine_fault(self, kind: str, message: str) -> None:
         """The engine reports a fault from its thread (it has logged it): one
         `window/showMessage` per kind for the session, sent from the event loop."""
-        loop = self._loop
+        loop = self.loop
         if loop is None or loop.is_closed():
             return
         loop.call_soon_threadsafe(self._show_engine_fault, kind, message)
@@ -181,21 +168,6 @@ class EfimServer(LanguageServer):
             return None
         return _LspProgress(self, token)
 
-    # -- what the context source reads (efim_lsp.context.source.ContextHost) ---
-    def workspace_folders(self) -> list[str]:
-        workspace = self.workspace
-        uris = list(workspace.folders or {})
-        if not uris and workspace.root_uri:
-            uris = [workspace.root_uri]
-        return uris
-
-    def open_documents(self) -> list[tuple[str, int, str]]:
-        docs = ((uri, self.documents.get(uri)) for uri in self.documents.uris())
-        return [(uri, doc.version, doc.text) for uri, doc in docs if doc is not None]
-
-    def context_engine(self) -> Engine | None:
-        return self.slot.engine
-
     # -- positions -------------------------------------------------------------
     def cursor_offset(self, uri: str, position: types.Position) -> int:
         doc = self.documents.get(uri)
@@ -206,41 +178,11 @@ class EfimServer(LanguageServer):
         except PositionError as exc:
             raise JsonRpcInvalidParams(f"position outside {uri}: {exc}") from exc
 
-    def cursor_of(self, params: Any) -> tuple[str, int] | None:
-        """(uri, offset) of a `{textDocument: {uri}, position: {line, character}}` payload
-        that names an open document and a position inside it; None otherwise."""
-        try:
-            info = _mapping(params)
-            uri = _mapping(info.get("textDocument")).get("uri")
-            pos = _mapping(info.get("position"))
-            line, character = pos.get("line"), pos.get("character")
-            if not isinstance(uri, str) or not isinstance(line, int) or not isinstance(character, int):
-                return None
-            doc = self.documents.get(uri)
-            if doc is None:
-                return None
-            return uri, doc.offset_at(line, character, self.documents.encoding)
-        except (PositionError, TypeError, ValueError, AttributeError):
-            return None
-
     def lsp_range(self, uri: str, answer: Answer) -> types.Range:
         index = self.documents.get(uri).index
         enc = self.documents.encoding
         start, end = index.position(answer.start, enc), index.position(answer.end, enc)
         return types.Range(types.Position(*start), types.Position(*end))
-
-    def accept_command(self, uri: str, answer: Answer) -> types.Command:
-        return types.Command(
-            title="efim: suggestion accepted",
-            command=ACCEPTED_COMMAND,
-            arguments=[{"uri": uri, "id": answer.suggestion_id, "length": len(answer.text)}],
-        )
-
-    async def answer_at(self, uri: str, position: types.Position) -> Answer | None:
-        cursor = self.cursor_offset(uri, position)
-        arrival = self.protocol.take_arrival(uri)
-        result = await self.completer.complete(uri, cursor, arrival.version, arrival.at)
-        return result if isinstance(result, Answer) else None
 
     def start_io(self, stdin=None, stdout=None) -> int:
         """Serve LSP over stdio until `exit`, stdin closing or SIGTERM (see `efim_lsp.stdio`).
@@ -299,228 +241,19 @@ class _LspProgress:
         self._server.work_done_progress.end(self._token, types.WorkDoneProgressEnd(message=message))
 
 
-# ---------------------------------------------------------------------------
-# Handlers
-# ---------------------------------------------------------------------------
-
-
 def build_server(
     engine_factory: EngineFactory,
     *,
+    preflight: Preflight | None = None,
     message_observer: MessageObserver | None = None,
     defaults: dict[str, Any] | None = None,
-    context_source: ContextSource | None = None,
+    context_source: WorkspaceContext | None = None,
 ) -> EfimServer:
-    server = EfimServer(engine_factory, message_observer=message_observer, defaults=defaults, context_source=context_source)
-
-    @server.feature(types.INITIALIZE)
-    def initialize(ls: EfimServer, params: types.InitializeParams) -> None:
-        ls._loop = asyncio.get_running_loop()
-        encoding = str(getattr(ls.workspace.position_encoding, "value", ls.workspace.position_encoding))
-        ls.documents.encoding = encoding if encoding in ENCODINGS else "utf-16"
-        ls._client_is_neovim = bool(params.client_info and params.client_info.name.lower().startswith("neovim"))
-        ls.apply_settings(params.initialization_options, announce=False)
-        log.info("initialize: client %s, positions in %s", params.client_info.name if params.client_info else "?", ls.documents.encoding)
-
-    @server.feature(types.INITIALIZED)
-    def initialized(ls: EfimServer, params: types.InitializedParams) -> None:
-        for problem in ls._pending_problems:
-            ls.show(problem, types.MessageType.Warning)
-        ls._pending_problems.clear()
-        ls.start_engine_load()
-
-    @server.feature(types.SHUTDOWN)
-    def shutdown(ls: EfimServer, params: None) -> None:
-        ls.close()
-
-    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls: EfimServer, params: types.DidOpenTextDocumentParams) -> None:
-        doc = params.text_document
-        ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
-        ls.completer.opened(doc.uri)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: EfimServer, params: types.DidChangeTextDocumentParams) -> None:
-        uri = params.text_document.uri
-        if uri not in ls.documents:
-            log.warning("didChange for %s, which is not open; ignored", uri)
-            return
-        changes = [
-            RangeChange(c.range.start.line, c.range.start.character, c.range.end.line, c.range.end.character, c.text)
-            if isinstance(c, types.TextDocumentContentChangePartial)
-            else FullChange(c.text)
-            for c in params.content_changes
-        ]
-        outcome = ls.documents.change(uri, params.text_document.version, changes)
-        ls.completer.changed(uri, outcome)
-
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: EfimServer, params: types.DidCloseTextDocumentParams) -> None:
-        ls.documents.close(params.text_document.uri)
-        ls.completer.closed(params.text_document.uri)
-
-    @server.feature(DID_MOVE_CURSOR)
-    def did_move_cursor(ls: EfimServer, params: Any) -> None:
-        """Where the user is before the first key: warm the window there (a notification:
-        a bad one is ignored, never answered with an error)."""
-        cursor = ls.cursor_of(params)
-        if cursor is not None:
-            ls.completer.cursor_moved(*cursor)
-
-    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: EfimServer, params: types.DidChangeConfigurationParams) -> None:
-        raw = params.settings
-        if not raw:
-            caps = ls.client_capabilities
-            if caps and caps.workspace and caps.workspace.configuration:
-                # Pull model (VS Code sends `settings: null`): ask for our section.
-                result = await ls.workspace_configuration_async(
-                    types.ConfigurationParams(items=[types.ConfigurationItem(section="efim")])
-                )
-                raw = result[0] if result else None
-        if raw:
-            ls.apply_settings(raw)
-
-    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: EfimServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
-        uri = params.text_document.uri
-        answer = await ls.answer_at(uri, params.position)
-        if answer is None:
-            return types.InlineCompletionList(items=[])
-        # The first item is the usual suggestion; the setting `alternatives` adds others for the
-        # same range, which editors cycle through.
-        rng = ls.lsp_range(uri, answer)
-        items = [
-            types.InlineCompletionItem(
-                insert_text=text, range=rng, command=ls.accept_command(uri, answer._replace(text=text))
-            )
-            for text in (answer.text, *answer.alternatives)
-        ]
-        return types.InlineCompletionList(items=items)
-
-    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=None))
-    async def completion(ls: EfimServer, params: types.CompletionParams) -> types.CompletionList:
-        """Fallback for clients without inline completion: one item whose edit inserts the suggestion."""
-        uri = params.text_document.uri
-        answer = await ls.answer_at(uri, params.position)
-        if answer is None:
-            return types.CompletionList(is_incomplete=True, items=[])
-        first_line = answer.text.lstrip("\r\n").splitlines()[0] if answer.text.strip() else answer.text
-        item = types.CompletionItem(
-            label=first_line[:_LABEL_CHARS] + ("…" if len(first_line) > _LABEL_CHARS or "\n" in answer.text.strip() else ""),
-            kind=types.CompletionItemKind.Text,
-            detail="efim",
-            documentation=types.MarkupContent(kind=types.MarkupKind.PlainText, value=answer.text),
-            insert_text_format=types.InsertTextFormat.PlainText,
-            text_edit=types.TextEdit(range=ls.lsp_range(uri, answer), new_text=answer.text),
-            filter_text=answer.text,
-            sort_text="0",
-            preselect=True,
-            command=ls.accept_command(uri, answer),
-        )
-        # is_incomplete: the client asks again as the user types (typing-through answers it).
-        return types.CompletionList(is_incomplete=True, items=[item])
-
-    @server.command(ACCEPTED_COMMAND)
-    def accepted(ls: EfimServer, *args: Any) -> None:
-        info = _mapping(args[0]) if args else {}
-        ls.stats.accepted += 1
-        length = info.get("length")
-        if isinstance(length, int) and length >= 0:
-            ls.stats.accepted_chars += length
-
-    @server.feature(DID_SHOW)
-    def did_show(ls: EfimServer, params: Any) -> None:
-        ls.stats.shown += 1
-
-    @server.feature(DID_PARTIALLY_ACCEPT)
-    def did_partially_accept(ls: EfimServer, params: Any) -> None:
-        ls.stats.partially_accepted += 1
-        length = _mapping(params).get("acceptedLength")
-        if isinstance(length, int) and length >= 0:
-            ls.stats.accepted_chars += length
-
-    @server.feature(STATS)
-    def stats(ls: EfimServer, params: Any) -> dict[str, Any]:
-        engine = ls.slot.engine
-        engine_stats = engine.stats() if engine is not None else None
-        extra: dict[str, Any] = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
-        extra["engine"] = ls.slot.health()
-        context_source = ls.completer.context_source
-        if context_source is not None:
-            try:
-                extra["context"] = context_source.status()
-            except Exception:  # counters are informative; never fail the stats request
-                log.exception("context status failed")
-        extra["documents"] = _documents_summary(ls.documents)
-        out = ls.stats.to_wire(engine_stats, ls.completer.sessions_active, ls.completer.rebases, extra)
-        if _mapping(params).get("reset"):
-            ls.completer.reset_counters()  # benchmarks: measure a phase on its own
-        return out
-
-    @server.feature(DOCUMENT_TEXT)
-    def document_text(ls: EfimServer, params: Any) -> dict[str, Any]:
-        return _document_text(ls.documents, params)
-
-    @server.feature(CHECK_INTEGRITY)
-    async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:
-        problems: list[str] = []
-        for uri in ls.completer.uris:
-            session, doc = ls.completer.session(uri), ls.documents.get(uri)
-            if session is not None and doc is not None and doc.in_sync and not session.consistent(doc.text):
-                problems.append(f"edit session of {uri} does not match the text")
-        engine_report = "not loaded"
-        engine = ls.slot.engine
-        if engine is not None:
-            try:  # on the engine thread, between steps, once it is idle (engine.api thread map)
-                await asyncio.wait_for(asyncio.wrap_future(engine.check_integrity()), INTEGRITY_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                engine_report = f"not checked: the engine was not idle within {INTEGRITY_TIMEOUT_S:g} s"
-                problems.append(f"engine: {engine_report}")
-            except Exception as exc:  # AssertionError from a store's invariants
-                engine_report = f"FAILED: {type(exc).__name__}: {exc}"
-                problems.append(f"engine: {exc}")
-            else:
-                engine_report = "ok"
-        return {"ok": not problems, "engine": engine_report, "problems": problems}
-
+    """A server with every handler registered. `preflight`: the checks a new local model
+    passes before the serving engine is given up (`EngineSlot`); `context_source`: the
+    cross-file context, fed by this server."""
+    server = EfimServer(
+        engine_factory, preflight=preflight, message_observer=message_observer, defaults=defaults, context_source=context_source
+    )
+    handlers.register(server)
     return server
-
-
-def _document_text(documents: DocumentStore, params: Any) -> dict[str, Any]:
-    """`efim/documentText`: the server's copy of one open document."""
-    ident = _mapping(_mapping(params).get("textDocument"))
-    uri = ident.get("uri")
-    if not isinstance(uri, str):
-        raise JsonRpcInvalidParams("efim/documentText: params must be {\"textDocument\": {\"uri\": string}}")
-    doc = documents.get(uri)
-    if doc is None:
-        raise JsonRpcInvalidParams(f"unknown document {uri!r} (not opened with didOpen)")
-    return {"uri": uri, "version": doc.version, "text": doc.text, "checksum": doc.checksum, "inSync": doc.in_sync}
-
-
-def _documents_summary(documents: DocumentStore) -> dict[str, Any]:
-    """`efim/stats` "documents": per open document, what a client needs to detect drift."""
-    out = {}
-    for uri in documents.uris():
-        doc = documents.get(uri)
-        out[uri] = {"version": doc.version, "checksum": doc.checksum, "length": len(doc.text), "inSync": doc.in_sync}
-    return out
-
-
-def _mapping(value: Any) -> dict[str, Any]:
-    """Params of custom methods arrive as dicts or (pygls) namedtuples."""
-    if isinstance(value, dict):
-        return value
-    if hasattr(value, "_asdict"):
-        return value._asdict()
-    return {}
-
-
-def _info_dict(info) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    import msgspec
-
-    return msgspec.to_builtins(info)
-

@@ -1,24 +1,30 @@
-"""`WorkspaceContext`: the completer's `ContextSource`, fed from a running server.
+"""`WorkspaceContext`: the completer's `ContextSource`, fed by a running server.
 
-At each request it brings a `ContextGatherer` up to date with its `ContextHost` (the
-server) — workspace folders, the open documents (their exact text; a document that was
-closed keeps its chunks), the engine's tokenizer — and asks it for the chunks around the
-cursor. Nothing here runs on a timer and nothing needs an extra LSP handler: the host is
-read when a completion needs context.
+The server pushes what the context depends on, as it happens: the workspace folders
+(`set_folders`, at `initialize` and on folder changes), the open documents
+(`document_changed` on open and change, `document_closed`, with their exact text; a
+document that was closed keeps its chunks) and the serving engine (`set_engine`, its
+tokenizer and the chunk KV to drop). Nothing here calls back into the server.
+
+Folders and documents are only noted when they arrive; a `ContextGatherer` is brought up
+to date with them at the next request that wants context, so while `context` is "off"
+nothing is indexed or chunked, and a folder starts indexing at the first request that
+asks for chunks. Nothing here runs on a timer.
 
 File changes reach the engine too: whenever a file's chunks change (editor or disk), the
 engine is told to drop that file's chunk KV (`Engine.forget_context`).
 
-Threads: `chunks` runs on the event loop; invalidations arrive on the event loop (editor
-changes) or the context worker (disk changes) and call `forget_context`, which any thread
-may call (`engine.api` thread map).
+Threads: the pushes and `chunks` run on the event loop; `set_engine` may also come from
+the thread that closes the server; invalidations arrive on the event loop (editor changes)
+or the context worker (disk changes) and call `forget_context`, which any thread may call
+(`engine.api` thread map).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from engine.api import ContextChunk
 
@@ -46,51 +52,53 @@ class ContextEngine(Protocol):
     def forget_context(self, path: str) -> None: ...
 
 
-class ContextHost(Protocol):
-    """What the context source reads from the server (on the event loop, per request)."""
-
-    def workspace_folders(self) -> Sequence[str]:
-        """URIs of the workspace folders (the root URI when the client sent no folders)."""
-
-    def open_documents(self) -> Iterable[tuple[str, int, str]]:
-        """(uri, version, text) of every open document, as the server holds it."""
-
-    def context_engine(self) -> ContextEngine | None:
-        """The ready engine, or None while none is loaded."""
-
-    # Optional: `show_from_thread(message)`, a warning for the user from any thread (the
-    # file watcher reports a lost folder through it).
-
-
 class WorkspaceContext:
-    """ContextSource over a ContextGatherer. Call `bind(host)` once the server exists."""
+    """ContextSource over a ContextGatherer, told by the server what is open and where."""
 
     def __init__(self, gatherer: ContextGatherer | None = None, *, watch: bool = True) -> None:
         self.gatherer = gatherer if gatherer is not None else ContextGatherer(watch=watch)
         self.gatherer.add_listener(self._invalidated)
-        self._host: ContextHost | None = None
+        self._folders: tuple[str, ...] = ()  # workspace folder URIs, as pushed
+        self._open: dict[str, tuple[int, str]] = {}  # uri -> (version, text) of the open documents, as pushed
         self._seen: dict[str, tuple[int, int]] = {}  # uri -> (version, length) handed to the gatherer
-        self._roots: tuple[str, ...] | None = None
+        self._roots: tuple[str, ...] | None = None  # folder paths handed to the gatherer
         self._engine: ContextEngine | None = None
         self._lock = threading.Lock()
 
-    def bind(self, host: ContextHost) -> "WorkspaceContext":
-        self._host = host
-        # A lost workspace folder is shown to the user once (the host hops onto its loop).
-        report = getattr(host, "show_from_thread", None)
-        if report is not None:
-            self.gatherer.on_watch_problem(report)
-        return self
+    # -- what the server pushes ---------------------------------------------------------
+    def set_folders(self, uris: Iterable[str]) -> None:
+        """The workspace folders' URIs (the root URI when the client sent no folders)."""
+        self._folders = tuple(uris)
+
+    def document_changed(self, uri: str, version: int, text: str) -> None:
+        """The server's text of a document just opened or changed (exact while it is in sync)."""
+        self._open[uri] = (version, text)
+
+    def document_closed(self, uri: str) -> None:
+        self._open.pop(uri, None)
+
+    def set_engine(self, engine: ContextEngine | None) -> None:
+        """The serving engine (None while none is loaded): its tokenizer counts chunk tokens
+        and it is told which files' chunk KV to drop."""
+        with self._lock:
+            if engine is self._engine:
+                return
+            self._engine = engine
+        self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
+
+    def on_watch_problem(self, report: Callable[[str], None] | None) -> None:
+        """`report(message)`, from the watcher thread, once per workspace folder the watch
+        loses (the server shows it to the user)."""
+        self.gatherer.on_watch_problem(report)
 
     # -- ContextSource ----------------------------------------------------------------
     def chunks(self, uri: str, text: str, cursor: int, settings: Any) -> Sequence[ContextChunk]:
         if settings.context == "off" or settings.context_chunks <= 0 or settings.context_tokens <= 0:
             return ()
-        if self._host is not None:
-            try:
-                self._sync(self._host)
-            except Exception:  # context is an extra: a sync problem must not fail the completion
-                log.exception("context: syncing with the server failed")
+        try:
+            self._sync()
+        except Exception:  # context is an extra: a sync problem must not fail the completion
+            log.exception("context: syncing with the server's state failed")
         return self.gatherer.select(
             uri_to_path(uri), text, cursor, max_chunks=settings.context_chunks, max_tokens=settings.context_tokens
         )
@@ -102,37 +110,28 @@ class WorkspaceContext:
     def close(self) -> None:
         self.gatherer.close()
 
-    # -- syncing ----------------------------------------------------------------------
-    def _sync(self, host: ContextHost) -> None:
+    # -- syncing the gatherer with what was pushed --------------------------------------
+    def _sync(self) -> None:
         with self._lock:
-            self._sync_documents(host)  # first: a scan must not read an open document from disk
-            self._sync_roots(host)
-            self._sync_engine(host)
+            self._sync_documents()  # first: a scan must not read an open document from disk
+            self._sync_roots()
 
-    def _sync_roots(self, host: ContextHost) -> None:
-        roots = tuple(sorted(p for p in (uri_to_path(u) for u in host.workspace_folders()) if "://" not in p))
+    def _sync_roots(self) -> None:
+        roots = tuple(sorted(p for p in (uri_to_path(u) for u in self._folders) if "://" not in p))
         if roots != self._roots:
             self._roots = roots
             log.info("context: indexing %s", ", ".join(roots) or "no workspace folder")
             self.gatherer.set_workspaces(list(roots))
 
-    def _sync_documents(self, host: ContextHost) -> None:
-        open_uris: set[str] = set()
-        for uri, version, text in host.open_documents():
-            open_uris.add(uri)
+    def _sync_documents(self) -> None:
+        for uri, (version, text) in self._open.items():
             mark = (version, len(text))
             if self._seen.get(uri) != mark:
                 self._seen[uri] = mark
                 self.gatherer.change_document(uri_to_path(uri), text)
-        for uri in [u for u in self._seen if u not in open_uris]:
+        for uri in [u for u in self._seen if u not in self._open]:
             del self._seen[uri]
             self.gatherer.close_document(uri_to_path(uri))
-
-    def _sync_engine(self, host: ContextHost) -> None:
-        engine = host.context_engine()
-        if engine is not self._engine:
-            self._engine = engine
-            self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
 
     def _invalidated(self, key: str) -> None:
         engine = self._engine
@@ -143,4 +142,4 @@ class WorkspaceContext:
                 log.exception("context: engine could not drop the chunk KV of %s", key)
 
 
-__all__ = ["WorkspaceContext", "ContextHost", "ContextEngine", "uri_to_path"]
+__all__ = ["WorkspaceContext", "ContextEngine", "uri_to_path"]

@@ -1,10 +1,8 @@
-"""WorkspaceContext: the completer's context source, synced from a (fake) server's state."""
+"""WorkspaceContext: the completer's context source, told by the server what is open and where."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
 from efim_lsp.context.source import WorkspaceContext, uri_to_path
 from efim_lsp.settings import Settings
@@ -19,23 +17,6 @@ class FakeEngine:
 
     def forget_context(self, path: str) -> None:
         self.forgotten.append(path)
-
-
-class FakeHost:
-    """A `ContextHost`: one workspace folder, documents held as (version, text)."""
-
-    def __init__(self, root: Path, docs: dict[str, str], engine=None):
-        self.root, self.engine = root, engine
-        self._store = {uri: SimpleNamespace(text=text, version=1) for uri, text in docs.items()}
-
-    def workspace_folders(self):
-        return [self.root.as_uri()]
-
-    def open_documents(self):
-        return [(uri, doc.version, doc.text) for uri, doc in self._store.items()]
-
-    def context_engine(self):
-        return self.engine
 
 
 def eventually(predicate, timeout=10.0):
@@ -55,9 +36,12 @@ def test_chunks_follow_the_server_state(tmp_path):
     editing = (root / "app.py").as_uri()
     scratch = (tmp_path / "scratch.py").as_uri()
     engine = FakeEngine()
-    docs = {editing: "", scratch: "def exchange_rate_table():\n    return {'eur': exchange_rate}\n"}
-    server = FakeHost(root, docs, engine)
-    source = WorkspaceContext(watch=True).bind(server)
+    source = WorkspaceContext(watch=True)
+    # What the server pushes: its folder, the open documents, the engine once loaded.
+    source.set_folders([root.as_uri()])
+    source.document_changed(editing, 1, "")
+    source.document_changed(scratch, 1, "def exchange_rate_table():\n    return {'eur': exchange_rate}\n")
+    source.set_engine(engine)
     try:
         text = "total = convert_currency(price, exchange_rate)\n"
         off = Settings(context="off")
@@ -73,7 +57,7 @@ def test_chunks_follow_the_server_state(tmp_path):
         assert source.gatherer.count_tokens("a b c") == 3  # the engine's tokenizer is attached
 
         # The open document changes in the editor: the engine is told to drop its chunk KV.
-        server._store[scratch] = SimpleNamespace(text="def other():\n    return exchange_rate\n", version=2)
+        source.document_changed(scratch, 2, "def other():\n    return exchange_rate\n")
         source.chunks(editing, text + "  ", len(text) + 2, on)
         assert uri_to_path(scratch) in engine.forgotten
 

@@ -22,20 +22,11 @@ def eventually(predicate, timeout: float = 10.0) -> bool:
 
 
 class _Host:
-    """A ContextHost that collects what the server would show."""
+    """Collects what the server would show."""
 
     def __init__(self) -> None:
         self.shown: list[str] = []
         self.lock = threading.Lock()
-
-    def workspace_folders(self):
-        return []
-
-    def open_documents(self):
-        return []
-
-    def context_engine(self):
-        return None
 
     def show_from_thread(self, message: str) -> None:
         with self.lock:
@@ -48,7 +39,8 @@ def test_a_deleted_workspace_folder_is_reported_once_and_the_others_stay_watched
         (root / "pkg").mkdir(parents=True)
         (root / "pkg" / "mod.py").write_text("def helper():\n    return 1\n")
     host = _Host()
-    context = WorkspaceContext(ContextGatherer(watch=True, debounce_ms=50)).bind(host)
+    context = WorkspaceContext(ContextGatherer(watch=True, debounce_ms=50))
+    context.on_watch_problem(host.show_from_thread)
     g = context.gatherer
     try:
         g.set_workspaces([kept, doomed])
