@@ -20,7 +20,7 @@ which had the chunks in the opposite order (what the engine does on a reorder).
 Speed (TTFT = prompt in, first token out; median of `--repeats`), for the first
 sample's prompt when the chunk order changed since the previous request: `full`
 prefills every token; `prefix` reuses the radix-cache prefix the previous request left
-(it ends where the chunk order differs); `blend` takes the chunks from the chunk store
+(it ends where the chunk order differs); `blend` takes the chunks from the blend store
 and the local window from the previous request's sequence and recomputes
 `--speed-ratio` of them (setup.speed also has the time with the local window uncached).
 
@@ -174,9 +174,9 @@ def quality(model, cache, template, samples: list[BlendCase], ratios, n_gen: int
     import torch.nn.functional as F  # noqa: PLC0415
 
     from engine.cacheblend.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
-    from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
+    from engine.kv.blend_store import BlendStore  # noqa: PLC0415
 
-    store = ChunkStore(cache, max_fraction=0.5)
+    store = BlendStore(cache, blend_store_share=0.5)
     settings = ("fresh", "reordered")
     agree = {(k, r): [] for k in settings for r in ratios}
     kls = {(k, r): [] for k in settings for r in ratios}
@@ -217,13 +217,13 @@ def speed(model, cache_factory, template, sample: BlendCase, ratio: float, repea
     import torch  # noqa: PLC0415
 
     from engine.cacheblend.blend import blend_prefill, plan_spans, previous_spans  # noqa: PLC0415
-    from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
+    from engine.kv.blend_store import BlendStore  # noqa: PLC0415
 
     ids, units, local = sample.ids, sample.units, sample.local
     prev_ids = _reordered(sample)
     n = len(ids)
     cache = cache_factory()
-    store = ChunkStore(cache, max_fraction=0.5)
+    store = BlendStore(cache, blend_store_share=0.5)
     prev_kv = model.new_kv(n + 1)
     model.forward(torch.tensor(prev_ids), prev_kv, 0, "none")
     cache.commit(prev_ids, prev_kv, n, key="doc")

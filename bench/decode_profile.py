@@ -1,4 +1,4 @@
-"""Where a decode step, a keystroke and a prefill chunk spend their time: the top of
+"""Where a decode step, a keystroke and a prefill step spend their time: the top of
 torch.profiler's table for each, on the embedded model, at a ~2K-token window, plus the
 per-step dispatch floor (the same forward on a model of the same depth with tiny layers,
 where no op has work to do: what remains is Python, torch dispatch and kernel launch).
@@ -37,7 +37,7 @@ def profile_top(fn, n: int, top: int) -> str:
 
 
 def cases(model, context: int):
-    """(name, fn, steps-per-call) for decode, a 3-token keystroke and a 512-token chunk."""
+    """(name, fn, steps-per-call) for decode, a 3-token keystroke and a 512-token prefill step."""
     import torch  # noqa: PLC0415
 
     gen = torch.Generator().manual_seed(0)
@@ -60,7 +60,7 @@ def cases(model, context: int):
             model.forward(ids[context : context + 512], kv, context, "last")
 
     return [("decode (1 token after %d)" % context, decode), ("keystroke (3 tokens after %d)" % context, keystroke),
-            ("prefill chunk (512 tokens after %d)" % context, prefill)]
+            ("prefill step (512 tokens after %d)" % context, prefill)]
 
 
 def dispatch_floor_ms(model, steps: int) -> float:

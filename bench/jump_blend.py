@@ -12,9 +12,9 @@ The prompt is what the server would send there: windows cut by `efim_lsp.window.
 (a `TokenMeter` over the engine's tokenizer, `--prefix-tokens` / `--suffix-tokens`),
 format "efim" (or "prefix" for a model without FIM tokens), increment "", rendered and
 tokenized by the engine's `PromptBuilder`, which also gives the local segments CacheBlend
-may fill. The document's pieces are those `Engine.warm_document` computes: its pass
+may fill. The document's pieces are those `Engine.keep_document_pieces` computes: its pass
 (`engine.cacheblend.document_kv.DocumentPass`, nearest the cursor first, at most `--piece-tokens`
-tokens) run to the end by `engine.scheduling.background.DocumentWork` into a `ChunkStore`. The
+tokens) run to the end by `engine.scheduling.background.DocumentWork` into a `BlendStore`. The
 blended side then runs what the scheduler runs at admission of a `document_kv` request:
 `document_spans` over a `DocumentIndex` of the document's pieces, then `blend_prefill`.
 The document's previous sequence is not used: this is a jump far from the last window.
@@ -202,9 +202,9 @@ class Documents:
     """The documents' pieces, computed as the engine's background work computes them."""
 
     def __init__(self, model: Any, tokenizer: Any, header: tuple[int, ...], piece_tokens: int) -> None:
-        from engine.scheduling.background import DocumentWork  # noqa: PLC0415
+        from engine.kv.blend_store import BlendStore  # noqa: PLC0415
         from engine.kv.radix import RadixCache  # noqa: PLC0415
-        from engine.kv.chunk_store import ChunkStore  # noqa: PLC0415
+        from engine.scheduling.background import DocumentWork  # noqa: PLC0415
 
         cfg = model.config
         probe = model.new_kv(1)
@@ -212,8 +212,8 @@ class Documents:
         # Room for one document's pieces (the store keeps half the pool) and then some.
         cache = RadixCache(n_layers=cfg.n_layers, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                            dtype=probe.k.dtype, budget_bytes=per_token * 4 * (piece_tokens + 1024))
-        self.store = ChunkStore(cache, max_fraction=0.5)
-        self.work = DocumentWork(model, self.store, header, chunk_tokens=1 << 20)  # a whole piece per step
+        self.store = BlendStore(cache, blend_store_share=0.5)
+        self.work = DocumentWork(model, self.store, header, step_tokens=1 << 20)  # a whole piece per step
         self.tokenizer = tokenizer
         self.piece_tokens = piece_tokens
         self.current: str | None = None

@@ -35,7 +35,7 @@ engine runs), weights bf16 and int4, 135M (the embedded model) and the 0.5B shap
 weights, `bench.model_shapes`). The context rows are random (speed does not depend on
 them), written through the KV's own `write`; the two KV formats alternate step by step on
 each model, models in rounds, the median step per configuration, all in one run. `--prefill` adds the prefill tok/s of the
-window (256-row chunks) per configuration. Benchmark code, outside the serving path.
+window (256-row prefill steps) per configuration. Benchmark code, outside the serving path.
 """
 
 from __future__ import annotations
@@ -227,12 +227,12 @@ def decode_table(window: int, steps: int, rounds: int, shapes: list[str], format
         int8_mb = 2 * c.n_layers * c.n_kv_heads * window * (c.head_dim + 2) / 1e6
         print(f"{shape:6} {fmt:7} {a:9.2f} {b:9.2f} {b / a:9.2f} {dense_mb:11.1f} -> {int8_mb:.1f}")
     if prefill:
-        # Prefill of the window in 256-row chunks (each chunk attends over dequantised int8
+        # Prefill of the window in 256-row steps (each step attends over dequantised int8
         # rows): one prefill per configuration, interleaved, after the decode table.
         from bench import speed_probes  # noqa: PLC0415
 
         ids = torch.randint(100, 20000, (window,), generator=g)
-        print(f"prefill of {window} tokens in 256-row chunks, tok/s:")
+        print(f"prefill of {window} tokens in 256-row steps, tok/s:")
         for shape, fmt, model in configs:
             tok_s = {}
             for kv_dtype in ("model", "int8"):

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=32, help="decode steps per sample")
     ap.add_argument("--prefill-tokens", type=int, default=1024)
-    ap.add_argument("--chunks", default="256,1024", help="prefill chunk sizes to try")
+    ap.add_argument("--chunks", default="256,1024", help="prefill step sizes to try")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--json", action="store_true")

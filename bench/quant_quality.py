@@ -9,11 +9,11 @@ distribution at every position of `--windows` windows of real code (CPython stdl
 at run time), for quant none (the reference: the GGUF dequantised, bf16), int8, int4 and
 auto, both on the bare model and with the shipped adapter merged (what `efim serve` runs).
 Speed: decode ms/token after a 128-token prompt and prefill tokens/s of 512 tokens in
-256-row chunks, formats interleaved over `--rounds` rounds (medians), plus the
+256-row prefill steps, formats interleaved over `--rounds` rounds (medians), plus the
 `Int4Linear` crossover: fused int4 GEMV vs dequantise-then-GEMM by row count on the
 model's shapes.
 
-`--decode`: each format as serving runs it — the window prefilled in 256-row chunks, its last
+`--decode`: each format as serving runs it — the window prefilled in 256-row prefill steps, its last
 `--kv-decode` tokens then fed one at a time, teacher-forced — against the bf16 model run the
 same way, per part (prefill rows, decode rows), with the shipped adapter merged: this is where
 "mixed" (int4 decode steps, bf16 prefill) differs from bf16, since its decode rows run int4.
@@ -21,7 +21,7 @@ same way, per part (prefill rows, decode rows), with the shipped adapter merged:
 `--kv`: the int8 KV cache against the model-dtype KV on the same model (docs/model.md
 "int8 KV cache"), per weight format (bf16 and int4, the shipped adapter merged: what
 `efim serve` runs), over `--windows` windows of `--kv-window` tokens of real code: the
-window is prefilled in 256-row chunks (every prefill row's next-token distribution is
+window is prefilled in 256-row prefill steps (every prefill row's next-token distribution is
 compared: those rows attend over dequantised int8 rows) and its last `--kv-decode` tokens
 are then fed one at a time, teacher-forced (those rows run the int8 decode attention).
 Greedy top-1 agreement and mean KL(model-dtype KV || int8 KV), per part.
@@ -84,9 +84,9 @@ def quality(models: dict, ids_list: list[list[int]]) -> dict[str, dict[str, floa
     return {q: {"top1": s["top1"] / s["n"], "kl": s["kl"] / s["n"], "positions": s["n"]} for q, s in sums.items()}
 
 
-def _kv_logits(model, ids: list[int], n_decode: int, chunk: int = 256):
+def _kv_logits(model, ids: list[int], n_decode: int, step: int = 256):
     """Float32 logits of every position of `ids` with this model's current kv_dtype:
-    rows before the last `n_decode` by chunked prefill, the rest by one-token steps."""
+    rows before the last `n_decode` by prefill steps of `step` rows, the rest by one-token steps."""
     import torch
 
     x = torch.tensor(ids)
@@ -94,8 +94,8 @@ def _kv_logits(model, ids: list[int], n_decode: int, chunk: int = 256):
     cut = n - n_decode
     kv = model.new_kv(n)
     out = []
-    for start in range(0, cut, chunk):
-        end = min(cut, start + chunk)
+    for start in range(0, cut, step):
+        end = min(cut, start + step)
         out.append(model.forward(x[start:end], kv, start, "all"))
     for pos in range(cut, n):
         out.append(model.forward(x[pos : pos + 1], kv, pos, "all"))
@@ -104,7 +104,7 @@ def _kv_logits(model, ids: list[int], n_decode: int, chunk: int = 256):
 
 def decode_quality(models: dict, ids_list: list[list[int]], n_decode: int) -> dict[str, dict[str, dict[str, float]]]:
     """Per format: top-1 agreement and mean KL(bf16 || format) over prefill rows and over
-    one-token decode rows, every model run by `_kv_logits` (chunked prefill, then steps)."""
+    one-token decode rows, every model run by `_kv_logits` (prefill steps, then one-token steps)."""
     import torch
 
     sums = {q: {part: {"kl": 0.0, "top1": 0.0, "n": 0} for part in ("prefill", "decode")} for q in models if q != "none"}
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-decode", type=int, default=64)
     ap.add_argument("--kv-formats", default="none,int4", help="weight formats of the --kv comparison")
     ap.add_argument("--decode", action="store_true",
-                    help="formats run as serving runs them (chunked prefill, then one-token steps) vs bf16, per part")
+                    help="formats run as serving runs them (prefill steps, then one-token steps) vs bf16, per part")
     ap.add_argument("--decode-formats", default="none,int4,mixed", help="weight formats of the --decode comparison")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

@@ -56,12 +56,12 @@ def engine_decode_ms(model: Transformer, prompt: torch.Tensor, steps: int = 32) 
 
 
 @torch.inference_mode()
-def engine_prefill_tok_s(model: Transformer, ids: torch.Tensor, chunk: int) -> float:
-    """Tokens/s of a prefill of `ids` from position 0 in chunks of `chunk` tokens."""
+def engine_prefill_tok_s(model: Transformer, ids: torch.Tensor, step: int) -> float:
+    """Tokens/s of a prefill of `ids` from position 0 in prefill steps of `step` tokens."""
     kv = model.new_kv(ids.shape[0])
     t = time.perf_counter()
-    for start in range(0, ids.shape[0], chunk):
-        end = min(start + chunk, ids.shape[0])
+    for start in range(0, ids.shape[0], step):
+        end = min(start + step, ids.shape[0])
         model.forward(ids[start:end], kv, start, "last" if end == ids.shape[0] else "none")
     return ids.shape[0] / (time.perf_counter() - t)
 

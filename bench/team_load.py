@@ -122,18 +122,18 @@ async def _request(client: Any, url: str, path: str, body: dict[str, Any], jump:
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
+                event = json.loads(line[6:])
                 if dialect == "llama.cpp":
-                    if ttft is None and (chunk.get("content") or chunk.get("tokens")):
+                    if ttft is None and (event.get("content") or event.get("tokens")):
                         ttft = seen["ttft"] = (time.perf_counter() - start) * 1e3
-                    if chunk.get("stop"):
-                        t = chunk.get("timings") or {}
+                    if event.get("stop"):
+                        t = event.get("timings") or {}
                         cached, prompt_n = int(t.get("cache_n", 0)), int(t.get("prompt_n", 0))
                 else:
-                    choices = chunk.get("choices") or []
+                    choices = event.get("choices") or []
                     if ttft is None and choices and choices[0].get("text"):
                         ttft = seen["ttft"] = (time.perf_counter() - start) * 1e3
-                    usage = chunk.get("usage")
+                    usage = event.get("usage")
                     if usage:
                         details = usage.get("prompt_tokens_details") or {}
                         cached = int(details.get("cached_tokens") or 0)

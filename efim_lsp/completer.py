@@ -147,7 +147,7 @@ def budget_for(settings: Settings, info: EngineInfo | None, fmt: str) -> Budget:
 def _document_pass(engine: Engine, uri: str, text: str, cursor: int) -> None:
     """The document's background pass (documentKv); a document emptied keeps no pieces."""
     if text:
-        engine.warm_document(uri, text, cursor)
+        engine.keep_document_pieces(uri, text, cursor)
     else:
         engine.forget_document(uri)
 
@@ -181,7 +181,7 @@ class Completer:
         if old:
             old.stop_warming()
         self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
-        self.warm_document(uri, 0)
+        self.keep_document_pieces(uri, 0)
 
     def changed(self, uri: str, outcome: ChangeOutcome) -> None:
         state = self._states.get(uri)
@@ -520,7 +520,7 @@ class Completer:
         except Exception:  # a warm-up is an optimisation: never let it hurt the server
             log.exception("warm-up at %s:%d failed", uri, cursor)
 
-    def warm_document(self, uri: str, cursor: int) -> None:
+    def keep_document_pieces(self, uri: str, cursor: int) -> None:
         """Let the engine compute the document's pieces in the background (documentKv)."""
         settings, engine, doc = self.settings(), self.slot.engine, self.documents.get(uri)
         if engine is None or doc is None or not self.slot.ready or not settings.document_kv or not settings.cache:

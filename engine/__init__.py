@@ -6,8 +6,8 @@ The boundary (what callers use): `api` (requests, completions, stats, the `Engin
 
 - `prompting`  request -> prompt ids (template, tokenization, healing) and ids -> streamed text
 - `scheduling/` the engine thread: loop, admission, steps, finishing, working share, speculation
-- `cacheblend/` chunk KV reused wherever it lands; windows assembled from stored pieces
-- `kv/`         the KV stores: radix cache over the slot pool, chunk store, retained, disk tier
+- `cacheblend/` KV of spans prefilled alone reused wherever it lands; windows assembled from stored pieces
+- `kv/`         the KV stores: radix cache over the slot pool, blend store, retained, disk tier
 - `text/`       templates, segment tokenization and healing, sampling rules (no model)
 - `model/`      the forward pass, weight formats, loading (safetensors, GGUF)
 - `runtime/`    process plumbing: loading by name, CPU threads, fault injection for tests

@@ -13,21 +13,21 @@ Contracts callers rely on:
 
 Thread map (the served process; docs/design.md, "Threads"):
 - asyncio event loop (pygls handlers, the completer): `Engine.submit`, `info`, `stats`,
-  `count_tokens`, `forget_context`, `warm_document`, `forget_document`,
+  `count_tokens`, `forget_context`, `keep_document_pieces`, `forget_document`,
   `CompletionHandle.cancel` / `wait`, and awaiting `check_integrity()`'s future
   (`asyncio.wrap_future`). Never `result`, `events`, `wait_idle` or `close` — they block.
 - stream pumps (one executor thread per streamed request, `efim_lsp.completer`):
   `CompletionHandle.events()` (blocking iteration) and `cancel`.
 - engine thread ("efim-engine", one per `LocalEngine`): the scheduler loop — the radix
-  cache, chunk store, retained KV, model runner and every `TokenSink` call (prompt
+  cache, blend store, retained KV, model runner and every `TokenSink` call (prompt
   rendering and tokenization included). Nothing else touches those; other threads reach
-  them only through `submit`, `cancel`, `forget_context`, `warm_document`, `forget_document`
-  and `check_integrity`, which enqueue work for it; background warm-ups run there too, between
-  (and preempted by) requests.
+  them only through `submit`, `cancel`, `forget_context`, `keep_document_pieces`,
+  `forget_document` and `check_integrity`, which enqueue work for it; background warm-ups and
+  document pieces run there too, between (and preempted by) requests.
 - remote engine thread ("efim-remote", one per `engine.remote.RemoteEngine`, which a
   server with `backend` llama.cpp/openai runs instead of a `LocalEngine`): one asyncio loop
   for every HTTP stream to the inference server, prompt rendering and tokenization, the
-  slot map and reconnection probes. `submit`, `cancel` and `close` hand it work with
+  server-slot map and reconnection probes. `submit`, `cancel` and `close` hand it work with
   `call_soon_threadsafe` (never a network wait on the caller's thread); `count_tokens`
   tokenizes on the caller's thread; its `on_fault` is called from that loop (or, for
   faults found while it was built, from the thread that sets `on_fault`).
@@ -110,12 +110,12 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     blend_ratio: float = 0.15
     # Background work (a warm-up): its prompt is prefilled and nothing is sampled (keep
     # `max_tokens` as the real request would have it, so the prompt is cut the same way).
-    # It runs only while no foreground request is queued or running, in small chunks; it
+    # It runs only while no foreground request is queued or running, in small prefill steps; it
     # never supersedes a foreground request of the same key, and a foreground request of
     # the same key ends it (keeping what it computed). A newer background request of the
     # same key supersedes it.
     background: bool = False
-    # Assemble the local segments from the document's stored KV (`Engine.warm_document`)
+    # Assemble the local segments from the document's stored KV (`Engine.keep_document_pieces`)
     # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.
     document_kv: bool = False
     # Alternatives: `n` continuations of one prompt (1..MAX_ALTERNATIVES). The prompt is
@@ -304,7 +304,7 @@ class Engine(Protocol):
         """Block until no request is queued or running (TimeoutError after `timeout` s).
         For tests, benchmarks and tools; never from the event loop."""
 
-    def warm_document(self, key: str, text: str, cursor: int) -> None:
+    def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         """Background: compute and keep the KV of `text`'s pieces (the document `key`),
         nearest `cursor` first, within the memory budget. A newer call for the same key
         replaces the older. An empty `text` has no pieces: the call does nothing (the
@@ -312,7 +312,7 @@ class Engine(Protocol):
         `forget_document` drops them). Never blocks."""
 
     def forget_document(self, key: str) -> None:
-        """Drop the document `key`'s pieces (`warm_document`) and stop computing them (the
+        """Drop the document `key`'s pieces (`keep_document_pieces`) and stop computing them (the
         document was closed). Any thread; never blocks; takes effect before the engine's
         next step."""
 

@@ -89,14 +89,14 @@ class LocalEngine:
         loaded: LoadedModel,
         *,
         kv_budget: int | str | None = None,
-        chunk_tokens: int = 256,
+        step_tokens: int = 256,
         fragment_trained: bool = False,
         quant: str | None = None,
         check_integrity: bool = False,
         retain_documents: int = 4,
-        warm_chunk_tokens: int | None = None,
+        background_step_tokens: int | None = None,
         idle_grace: float = 0.25,
-        document_share: float = 0.5,
+        blend_store_share: float = 0.5,
         working_share: float = 0.5,
         kv_disk: bool | str | Path = False,
         kv_disk_budget: int | str = "2G",
@@ -139,11 +139,11 @@ class LocalEngine:
         self.threads = ThreadGovernor(torch.get_num_threads()) if adaptive_threads else None
         self._scheduler_options = dict(
             before_step=self.threads.apply if self.threads is not None else None,
-            chunk_tokens=chunk_tokens,
-            warm_chunk_tokens=warm_chunk_tokens,
+            step_tokens=step_tokens,
+            background_step_tokens=background_step_tokens,
             idle_grace=idle_grace,
             header=tuple(self.template.bos_ids),
-            chunk_store_fraction=document_share,
+            blend_store_share=blend_store_share,
             check_integrity=check_integrity,
             retain_documents=retain_documents,
             retained_budget_bytes=retained_budget,
@@ -166,8 +166,8 @@ class LocalEngine:
         self._canceller = _CancelOnCurrentScheduler(self)
         self._by_key: dict[str, RequestHandle[Sequence]] = {}
         self._warming: dict[str, RequestHandle[Sequence]] = {}  # background requests, by key
-        # Most tokens of one document's pieces kept: half the chunk store's share of the pool.
-        self.document_cap_tokens = max(1, int(self.cache.n_slots * document_share / 2))
+        # Most tokens of one document's pieces kept: half the blend store's share of the pool.
+        self.document_cap_tokens = max(1, int(self.cache.n_slots * blend_store_share / 2))
         self._closed = False
         self.disk_tier = None  # attached below, once the thread runs
         self._thread = self._start_thread(self.scheduler)
@@ -205,7 +205,7 @@ class LocalEngine:
     def _recover(self, dead: Scheduler, what: str) -> None:
         """`dead`'s thread is gone: end its queued and running requests with "error", and —
         unless the engine is closed or crashed too often — start a fresh scheduler (new KV
-        pool, chunk store and retained KV: the dead one's state may be half-updated) on a new
+        pool, blend store and retained KV: the dead one's state may be half-updated) on a new
         engine thread. Runs on the dying thread, or on a submitter's (`_check_thread`)."""
         with self._restart_lock:
             if dead is not self.scheduler:
@@ -323,13 +323,13 @@ class LocalEngine:
             self.scheduler.submit(seq)
         return handle
 
-    def warm_document(self, key: str, text: str, cursor: int) -> None:
+    def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         """Background: keep the KV of `text`'s pieces (see `engine.cacheblend.document_kv`), nearest
         `cursor` first, at most `document_cap_tokens` of them; "" has none and does nothing
         (`forget_document` drops a document's pieces). Thread-safe and immediate: cutting
         and tokenizing happen on the engine thread."""
         if not isinstance(text, str) or not isinstance(key, str):
-            raise TypeError("warm_document(key: str, text: str, cursor: int)")
+            raise TypeError("keep_document_pieces(key: str, text: str, cursor: int)")
         if not text:
             return
         cursor = min(max(int(cursor), 0), len(text))
@@ -398,7 +398,7 @@ class LocalEngine:
         self.scheduler.forget_chunks(path)
 
     def check_integrity(self) -> Future[None]:
-        """The radix cache's, chunk store's and retained KV's invariants, checked on the
+        """The radix cache's, blend store's and retained KV's invariants, checked on the
         engine thread once it is idle (`Scheduler.check_integrity`). Never blocks."""
         return self.scheduler.run_when_idle(self.scheduler.check_integrity)
 

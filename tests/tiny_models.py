@@ -37,13 +37,13 @@ def stdlib_sources(names: tuple[str, ...] = _TRAINING_FILES) -> list[str]:
 
 def settle(eng, timeout: float = 120.0) -> None:
     """Wait until a local engine has no foreground or background work left, then check the
-    pool's and the chunk store's integrity (engine tests, between steps)."""
+    pool's and the blend store's integrity (engine tests, between steps)."""
     end = time.monotonic() + timeout
     while eng.scheduler.background_pending() or not eng.scheduler.idle():
         assert time.monotonic() < end, "background work did not finish"
         time.sleep(0.01)
     eng.cache.check_integrity()
-    eng.scheduler.chunk_store.check_integrity()
+    eng.scheduler.blend_store.check_integrity()
 
 
 @functools.lru_cache(maxsize=4)

@@ -62,7 +62,7 @@ def _env(folder: Path) -> dict[str, str]:
 
 
 class LlamaServer:
-    """`llama-server -m MODEL` on 127.0.0.1:<free port> with `slots` parallel slots, each of
+    """`llama-server -m MODEL` on 127.0.0.1:<free port> with `slots` parallel server slots, each of
     `ctx_per_slot` tokens, `threads` CPU threads; prompt caching on (the server's default).
 
         with LlamaServer(path, slots=4) as server:

@@ -13,7 +13,7 @@ of other text (their ring buffer; empty here, as efim-lsp's `context` is off by 
 Replay follows `efim_tools.trace.person`'s pacing: events at the trace's times ("paced":
 a late answer moves the rest later) or back to back ("max"); each completion is awaited
 before the next event, as those plugins show one suggestion at a time. A completion is
-streamed so the time to its first token is seen by the client; the final chunk's
+streamed so the time to its first token is seen by the client; the final event's
 `timings` give the server's own figures (`prompt_n` tokens evaluated, `cache_n` reused,
 `prompt_ms`, `predicted_n`, `predicted_ms`).
 """
@@ -50,7 +50,7 @@ class PeerRecord(NamedTuple):
     ttft_ms: float | None  # request sent → first streamed token (None: no token came)
     latency_ms: float  # request sent → stream ended
     prompt_tokens: int  # prompt_n + cache_n: the whole prompt
-    cached_tokens: int  # cache_n: reused from the slot's KV
+    cached_tokens: int  # cache_n: reused from the server slot's KV
     prefilled_tokens: int  # prompt_n: evaluated for this request
     server_prompt_ms: float
     predicted_tokens: int
@@ -118,14 +118,14 @@ async def infill(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> t
             async for line in resp.aiter_lines():
                 if not line.startswith("data: "):
                     continue
-                chunk = json.loads(line[6:])
-                piece = chunk.get("content", "")
-                if piece and ttft is None:
+                event = json.loads(line[6:])
+                new = event.get("content", "")
+                if new and ttft is None:
                     ttft = (time.perf_counter() - start) * 1e3
-                text += piece
-                if chunk.get("stop"):
-                    timings = chunk.get("timings") or {}
-                    if ttft is None and chunk.get("tokens_predicted", 0):
+                text += new
+                if event.get("stop"):
+                    timings = event.get("timings") or {}
+                    if ttft is None and event.get("tokens_predicted", 0):
                         ttft = (time.perf_counter() - start) * 1e3
     except httpx.HTTPError as exc:
         return ttft, (time.perf_counter() - start) * 1e3, text, timings, f"{type(exc).__name__}: {exc}"
@@ -195,8 +195,8 @@ async def replay_trace(
 
 
 async def replay_users(url: str, traces: list[Trace], users: int, **kwargs: Any) -> list[PeerRecord]:
-    """`users` people, each replaying every trace in turn, at the same time (one slot each
-    where the server has them: llama.cpp picks the slot by prompt similarity)."""
+    """`users` people, each replaying every trace in turn, at the same time (one server slot
+    each where the server has them: llama.cpp picks the server slot by prompt similarity)."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0)) as client:
         async def one(user: int) -> list[PeerRecord]:
             out: list[PeerRecord] = []

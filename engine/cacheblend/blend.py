@@ -2,7 +2,8 @@
 cached KV computed elsewhere, recomputing only the rows that matter.
 
 Given the prompt's token ids and, for some spans of it, K/V rows cached from another
-context (`ReusedSpan`: typically a chunk prefilled alone, see `engine.kv.chunk_store`):
+context (`ReusedSpan`: typically a chunk or a document piece prefilled alone, see
+`engine.kv.blend_store`):
 
 1. cached keys are rotated to their new positions (`kernels.rope_shift`, exact for
    RoPE) and placed, with their values, in every layer of the sequence's KV;
@@ -33,7 +34,7 @@ import torch
 
 import kernels
 from engine.kv.radix import common_prefix_len
-from engine.kv.chunk_store import ChunkStore, prefill_chunk
+from engine.kv.blend_store import BlendStore, prefill_span
 
 # Recomputed rows run through a layer in up to MAX_BLOCKS blocks of consecutive
 # positions, each attending only to the keys up to its last position: masked attention
@@ -229,7 +230,7 @@ class BlendOutcome(NamedTuple):
 
 def blend_sequence(
     model: Any,
-    store: ChunkStore,
+    store: BlendStore,
     ids: Sequence[int],
     kv: Any,
     start: int,
@@ -312,7 +313,7 @@ def previous_spans(
 
 def plan_spans(
     model: Any,
-    store: ChunkStore,
+    store: BlendStore,
     ids: Sequence[int],
     units: Sequence[tuple[int, int]],
     *,
@@ -337,7 +338,7 @@ def plan_spans(
             hits += 1
         else:
             _check(cancelled)  # before each chunk prefilled alone: the expensive part
-            cached = prefill_chunk(model, chunk, header)
+            cached = prefill_span(model, chunk, header)
             store.insert(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
             misses += 1
             prefilled += len(chunk)

@@ -7,8 +7,8 @@ that starts a top-level statement (no indentation) or follows a blank line, once
 holds `min_chars`; and before any line once it holds `max_chars`. An edit therefore
 changes only the pieces it touches (and at most the next one): every other piece keeps
 its text, its token ids, and so its cached KV. Each piece is tokenized on its own and
-prefilled alone after the template's header (`engine.kv.chunk_store.prefill_chunk`); its rows
-are kept in the `ChunkStore` with the document's key as their origin.
+prefilled alone after the template's header (`engine.kv.blend_store.prefill_span`); its rows
+are kept in the `BlendStore` with the document's key as their origin.
 
 Finding them again: a new prompt's local segments (prefix and suffix windows) are
 tokenized as whole segments, so a piece's ids match the prompt's ids everywhere except
@@ -84,12 +84,12 @@ def nearest_first(pieces: Sequence[Piece], cursor: int) -> list[int]:
 
 
 class _Hit(NamedTuple):
-    entry: Any  # engine.kv.chunk_store.ChunkEntry
+    entry: Any  # engine.kv.blend_store.SpanEntry
     at: int  # row inside the entry
 
 
 class DocumentIndex:
-    """N-gram index over the `ChunkStore` entries of one document (its origin).
+    """N-gram index over the `BlendStore` entries of one document (its origin).
 
     `find(ids)` answers where a run of `MIN_RUN` ids occurs in the document's pieces.
     The index is a snapshot: `stale(store)` tells when the store changed since."""

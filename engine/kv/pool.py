@@ -8,7 +8,7 @@ exactly 2 rows. With `kv_dtype="int8"` the rows are int8 with one scale per toke
 head, as the model's `Int8SequenceKV` keeps them.
 
 Ownership: each slot is free, held by a caller (between `alloc` and `adopt` or `free`;
-the chunk store keeps its rows held for as long as it stores them), or owned by the
+the blend store keeps its rows held for as long as it stores them), or owned by the
 radix tree (`adopt`; the tree gives slots back with `release` when it evicts them).
 `check_integrity(tree_slots)` verifies the marks against the slots the tree says it owns.
 The pool evicts nothing: making room is the tree's job (`RadixCache.alloc`).
@@ -75,7 +75,7 @@ class SlotPool:
 
     @property
     def n_held(self) -> int:
-        """Slots between `alloc` and `adopt`/`free` (the chunk store's rows among them)."""
+        """Slots between `alloc` and `adopt`/`free` (the blend store's rows among them)."""
         return self._n_held
 
     @property

@@ -3,8 +3,8 @@
 Four stores hold KV rows, each keyed by what it can be asked for:
 - `engine.kv.radix.RadixCache` — token ids (`TokenIds`), matched by longest prefix; its
   rows are slots of the shared `engine.kv.pool.SlotPool`.
-- `engine.kv.chunk_store.ChunkStore` — a chunk's token ids (`ChunkIds`), matched exactly;
-  its rows are held slots of the same pool.
+- `engine.kv.blend_store.BlendStore` — a span's token ids (`SpanIds`: a context chunk or a
+  document piece), matched exactly; its rows are held slots of the same pool.
 - `engine.kv.retained.RetainedKV` — a document (`DocumentKey`): its last sequence's KV,
   in tensors of its own.
 - `engine.kv.disk_format.KVDiskStore` — a document (`DocumentKey`): its retained rows in a
@@ -12,10 +12,10 @@ Four stores hold KV rows, each keyed by what it can be asked for:
 
 What each method means for each store:
 
-| method | RadixCache | ChunkStore | RetainedKV | KVDiskStore |
+| method | RadixCache | BlendStore | RetainedKV | KVDiskStore |
 | --- | --- | --- | --- | --- |
-| `match(key)` | `MatchResult` of the longest cached prefix (0 tokens: a miss) | the `ChunkEntry` of exactly these ids, or None | the document's `RetainedSequence`, left in place, or None | the document's newest verified file as `StoredKV`, or None |
-| `insert(key, value)` | ids with their held slots; the tree takes the slots | the chunk's `ChunkKV` rows, copied into held slots | the document's `RetainedSequence` | the document's `DocumentRows`, written to a file |
+| `match(key)` | `MatchResult` of the longest cached prefix (0 tokens: a miss) | the `SpanEntry` of exactly these ids, or None | the document's `RetainedSequence`, left in place, or None | the document's newest verified file as `StoredKV`, or None |
+| `insert(key, value)` | ids with their held slots; the tree takes the slots | the span's `SpanKV` rows, copied into held slots | the document's `RetainedSequence` | the document's `DocumentRows`, written to a file |
 | `evict(n)` | at least `n` slots of unpinned leaves | at least `n` slots of its LRU entries | at least `n` bytes of its least recently kept entries | at least `n` bytes of least recently used files (then within budget) |
 | `nbytes()` | bytes of the slots the tree owns | bytes of the slots it holds | bytes of its tensors | bytes of the directory's KV files |
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence, TypeAlias, TypeVar, runtime_checkable
 
 TokenIds: TypeAlias = Sequence[int]  # a prompt's token ids (radix key: prefixes of it match)
-ChunkIds: TypeAlias = Sequence[int]  # one chunk's token ids (chunk-store key: only these ids match)
+SpanIds: TypeAlias = Sequence[int]  # one span's token ids (blend-store key: only these ids match)
 DocumentKey: TypeAlias = str  # a request's `key`: its document (retained and disk key)
 
 KeyT = TypeVar("KeyT", contravariant=True)
@@ -62,4 +62,4 @@ class KVStore(Protocol[KeyT, ValueT, HitT]):
         ...
 
 
-__all__ = ["KVStore", "TokenIds", "ChunkIds", "DocumentKey"]
+__all__ = ["KVStore", "TokenIds", "SpanIds", "DocumentKey"]

@@ -85,7 +85,7 @@ _DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-�
 
 
 def file_sha256(path: Path, state_dir: Path) -> str:
-    """sha256 of the file, read in 8 MiB chunks; remembered in `state_dir/hashes.json`
+    """sha256 of the file, read 8 MiB at a time; remembered in `state_dir/hashes.json`
     under (resolved path, size, mtime_ns) so an unchanged file is hashed once."""
     st = path.stat()
     key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -98,8 +98,8 @@ def file_sha256(path: Path, state_dir: Path) -> str:
         return memo[key]
     h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
+        while block := f.read(8 << 20):
+            h.update(block)
     digest = h.hexdigest()
     memo[key] = digest
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -326,7 +326,7 @@ def _decode_q4_1(rows: np.ndarray):
 
 def _decode_q4_k(rows: np.ndarray):
     """Q4_K super-block (256 weights): fp16 d, fp16 dmin, 12 bytes of 6-bit (sc, m) pairs
-    for 8 sub-blocks of 32, 128 bytes of codes (64-weight chunks: 32 low nibbles, then 32
+    for 8 sub-blocks of 32, 128 bytes of codes (64 weights per 32 bytes: 32 low nibbles, then 32
     high). Sub-block s: w = d * sc[s] * q - dmin * m[s]."""
     from gguf.quants import Q4_K  # noqa: PLC0415
 

@@ -524,7 +524,7 @@ class Transformer:
         Writes their K (after RoPE) and V into rows start..start+T-1 of every layer of
         `kv`; each token attends to rows 0..its own position (rows < start must already
         hold this sequence's prefix). Returns float32 logits: "last" -> [1, V],
-        "all" -> [T, V], "none" -> [0, V] (no lm_head: a non-final prefill chunk), or a
+        "all" -> [T, V], "none" -> [0, V] (no lm_head: a non-final prefill step), or a
         LongTensor of row indices into 0..T-1 -> [n, V].
         """
         t = ids.shape[0]

@@ -1,14 +1,14 @@
-"""What each kind of server is sent and answers: request bodies, stream chunks, discovery.
+"""What each kind of server is sent and answers: request bodies, stream events, discovery.
 
 Both dialects send the prompt as a list of token ids (rendered and tokenized here, by the
 local engine's code), so the server sees exactly the ids the EFIM session extends and its
 prefix cache matches them token for token.
 
 - `llama.cpp` (llama.cpp's own `llama-server`): `POST /completion` with `cache_prompt`,
-  `id_slot` (each document pinned to a slot), `timings_per_token` (every chunk carries
+  `id_slot` (each document pinned to a server slot), `timings_per_token` (every event carries
   `timings`, so a stream we close early still says how much of the prompt was cached:
   `cache_n` reused, `prompt_n` computed, `prompt_ms`). Discovery: `GET /props`
-  (`total_slots`, the per-slot `n_ctx`), `POST /tokenize` with `parse_special` to check that
+  (`total_slots`, the per-server-slot `n_ctx`), `POST /tokenize` with `parse_special` to check that
   the server's model has our FIM sentinels with the same ids. Health: `GET /health`.
   Token healing and the fresh-line rule are sent as a GBNF `grammar` (`grammar`), which
   constrains the generated text: healing drops the prompt's last token and the answer
@@ -20,14 +20,14 @@ prefix cache matches them token for token.
   the rule's guard does not apply there: a line the model is sure is blank gets text anyway.
 - `openai` (vLLM, SGLang, llama.cpp's `/v1`): `POST <base>/completions` (base ending in
   `/v1`, added when missing) with `stream_options: {include_usage, continuous_usage_stats}`
-  (usage on every chunk: vLLM; a server that only sends it at the end still reports it
+  (usage on every event: vLLM; a server that only sends it at the end still reports it
   there); cached tokens from `usage.prompt_tokens_details.cached_tokens` (vLLM needs
   `--enable-prompt-tokens-details`; without it reuse is reported as unknown, not 0).
   Alternatives with `n`. Discovery and health: `GET <base>/models`. The fresh-line rule is
   not sent (each server spells constrained decoding its own way: vLLM's structured
   outputs, SGLang's `regex`); the answer may be blank there.
 
-`parse` never raises for a missing optional field; it raises `GarbageAnswer` for a chunk
+`parse` never raises for a missing optional field; it raises `GarbageAnswer` for an event
 that is not the dialect's shape.
 """
 
@@ -49,7 +49,9 @@ class Usage(NamedTuple):
     ms_per_token: float | None = None  # the server's decode time per token (llama.cpp)
 
 
-class Chunk(NamedTuple):
+class SseEvent(NamedTuple):
+    """What one server-sent event of a completion stream says."""
+
     texts: dict[int, str]  # choice index -> new text
     finished: dict[int, FinishReason]  # choice index -> why it ended
     usage: Usage | None
@@ -57,7 +59,7 @@ class Chunk(NamedTuple):
 
 class ServerFacts(NamedTuple):
     model: str | None = None
-    slots: int = 1
+    server_slots: int = 1
     context_length: int | None = None  # tokens one request may use (prompt + generated)
 
 
@@ -104,7 +106,7 @@ FRESH_LINE_GRAMMAR = grammar(fresh_line=True)
 
 class LlamaCppDialect:
     name = "llama.cpp"
-    slot_pinning = True
+    server_slot_pinning = True
     max_choices = 1  # alternatives: one item (documented)
     heals = True  # token healing through the grammar
 
@@ -117,7 +119,7 @@ class LlamaCppDialect:
     def health_url(self) -> str:
         return self.base + "/health"
 
-    def body(self, ids: list[int], req: InfillRequest, *, model: str | None, slot: int | None, stop: list[str],
+    def body(self, ids: list[int], req: InfillRequest, *, model: str | None, server_slot: int | None, stop: list[str],
              remaining_ms: int | None, healed: str = "") -> dict:
         body: dict[str, Any] = {
             "prompt": ids,
@@ -132,8 +134,8 @@ class LlamaCppDialect:
         }
         if req.seed is not None:
             body["seed"] = req.seed
-        if slot is not None:
-            body["id_slot"] = slot
+        if server_slot is not None:
+            body["id_slot"] = server_slot
         if remaining_ms is not None and not req.background:
             body["t_max_predict_ms"] = max(1, remaining_ms)  # the server stops decoding at the deadline too
         rule = None if req.background else grammar(healed, req.fresh_line)
@@ -141,12 +143,12 @@ class LlamaCppDialect:
             body["grammar"] = rule
         return body
 
-    def parse(self, payload: dict) -> Chunk:
+    def parse(self, payload: dict) -> SseEvent:
         content = payload.get("content", "")
         if not isinstance(content, str):
-            raise GarbageAnswer(f"llama.cpp chunk without text content: {shown(str(payload))}")
+            raise GarbageAnswer(f"llama.cpp event without text content: {shown(str(payload))}")
         if "content" not in payload and "stop" not in payload and "timings" not in payload:
-            raise GarbageAnswer(f"not a llama.cpp /completion chunk: {shown(str(payload))}")
+            raise GarbageAnswer(f"not a llama.cpp /completion event: {shown(str(payload))}")
         finished: dict[int, FinishReason] = {}
         if payload.get("stop") is True:
             stop_type = payload.get("stop_type")
@@ -156,7 +158,7 @@ class LlamaCppDialect:
                 finished[0] = "stop"
             else:
                 finished[0] = "length"
-        return Chunk({0: content} if content else {}, finished, self._usage(payload))
+        return SseEvent({0: content} if content else {}, finished, self._usage(payload))
 
     @staticmethod
     def _usage(payload: dict) -> Usage | None:
@@ -169,16 +171,16 @@ class LlamaCppDialect:
                      _float(t.get("predicted_per_token_ms")))
 
     async def discover(self, client) -> ServerFacts:
-        """`/props`: slots and the per-slot context (raises httpx errors; the caller classifies)."""
+        """`/props`: server slots and the per-server-slot context (raises httpx errors; the caller classifies)."""
         resp = await client.get(self.base + "/props")
         resp.raise_for_status()
         props = _json_object(resp)
         settings = props.get("default_generation_settings") or {}
         n_ctx = _int(settings.get("n_ctx")) if isinstance(settings, dict) else None
         n_ctx = n_ctx or _int(props.get("n_ctx"))
-        slots = _int(props.get("total_slots")) or 1
+        server_slots = _int(props.get("total_slots")) or 1
         model = props.get("model_alias") or props.get("model_path")
-        return ServerFacts(str(model) if model else None, max(1, slots), n_ctx)
+        return ServerFacts(str(model) if model else None, max(1, server_slots), n_ctx)
 
     async def token_ids(self, client, text: str) -> list[int] | None:
         """The server's ids for `text` with special tokens parsed (None: no /tokenize)."""
@@ -194,7 +196,7 @@ class LlamaCppDialect:
 
 class OpenAIDialect:
     name = "openai"
-    slot_pinning = False
+    server_slot_pinning = False
     max_choices = 8
     heals = False  # no common way to constrain the text (documented)
 
@@ -207,7 +209,7 @@ class OpenAIDialect:
     def health_url(self) -> str:
         return self.base + "/models"
 
-    def body(self, ids: list[int], req: InfillRequest, *, model: str | None, slot: int | None, stop: list[str],
+    def body(self, ids: list[int], req: InfillRequest, *, model: str | None, server_slot: int | None, stop: list[str],
              remaining_ms: int | None, healed: str = "") -> dict:
         body: dict[str, Any] = {
             "model": model or "",
@@ -227,10 +229,10 @@ class OpenAIDialect:
             body["n"] = min(req.n, self.max_choices)
         return body
 
-    def parse(self, payload: dict) -> Chunk:
+    def parse(self, payload: dict) -> SseEvent:
         choices = payload.get("choices")
         if not isinstance(choices, list):
-            raise GarbageAnswer(f"not an OpenAI completion chunk (no choices): {shown(str(payload))}")
+            raise GarbageAnswer(f"not an OpenAI completion event (no choices): {shown(str(payload))}")
         texts: dict[int, str] = {}
         finished: dict[int, FinishReason] = {}
         for choice in choices:
@@ -245,7 +247,7 @@ class OpenAIDialect:
             reason = choice.get("finish_reason")
             if reason:
                 finished[index] = "length" if reason == "length" else "stop"
-        return Chunk(texts, finished, self._usage(payload.get("usage")))
+        return SseEvent(texts, finished, self._usage(payload.get("usage")))
 
     @staticmethod
     def _usage(usage: Any) -> Usage | None:
@@ -280,4 +282,4 @@ def _json_object(resp) -> dict:
 
 DIALECTS = {"llama.cpp": LlamaCppDialect, "openai": OpenAIDialect}
 
-__all__ = ["Chunk", "Usage", "ServerFacts", "LlamaCppDialect", "OpenAIDialect", "DIALECTS"]
+__all__ = ["SseEvent", "Usage", "ServerFacts", "LlamaCppDialect", "OpenAIDialect", "DIALECTS"]

@@ -6,12 +6,12 @@ passes move to the server. Prompts are rendered and tokenized here by the local 
 own code (`engine.text.templates`, `engine.text.tokenize`, `engine.prompting.PromptBuilder`, with the
 tokenizer of the `model` setting: `engine.remote.vocabulary`) and sent as token ids, so
 the last prompt stays an exact token prefix of the next and the server's prefix cache
-(llama.cpp `cache_prompt` + per-slot KV, vLLM automatic prefix caching, SGLang's radix
+(llama.cpp `cache_prompt` + per-server-slot KV, vLLM automatic prefix caching, SGLang's radix
 cache) reuses it. Reuse is what the server reports (`engine.remote.dialects.Usage`), never
 assumed.
 
 Threads: one asyncio loop on a thread of its own ("efim-remote") runs every HTTP exchange
-(httpx, one stream per request), the prompt rendering and tokenization, the slot map and
+(httpx, one stream per request), the prompt rendering and tokenization, the server-slot map and
 the backend's state (`engine.remote.connection.Link`). `submit`, `cancel` and `close` only
 hand work to that loop (`call_soon_threadsafe`); they never block on the network.
 `count_tokens` runs on the caller's thread (the segment tokenizer's `count` is
@@ -29,9 +29,9 @@ Per request:
   servers have no common way to constrain the text (`logit_bias` would bias every token,
   not only the first): there the prompt keeps its last token (docs/deploy.md);
 - `context: "blend"` is sent as plain prefix context (CacheBlend needs the engine's KV);
-  `warm_document`, `forget_document`, `forget_context` do nothing; `check_integrity` has no
+  `keep_document_pieces`, `forget_document`, `forget_context` do nothing; `check_integrity` has no
   KV to check;
-- a background request (warm-ahead) prefills the prompt on the server (llama.cpp
+- a background request (a warm-up) prefills the prompt on the server (llama.cpp
   `n_predict: 0`, OpenAI `max_tokens: 1`) so the first keystroke there finds it cached;
 - faults never raise into the caller: every handle ends with one terminal event, an
   empty completion with finish_reason "error" carrying a message, and the backend's
@@ -68,7 +68,7 @@ from engine.api import (
 from engine.handle import RequestHandle
 from engine.prompting import PromptBuilder
 from engine.remote.connection import Link, api_key_from_env, parse_endpoint
-from engine.remote.dialects import DIALECTS, Chunk, ServerFacts, Usage
+from engine.remote.dialects import DIALECTS, ServerFacts, SseEvent, Usage
 from engine.remote.ledger import Ledger, merge_usage, summary
 from engine.remote.stream import GarbageAnswer, HttpStatus, ServerError, describe, error_body, sse_payloads
 from engine.remote.vocabulary import load_vocabulary
@@ -156,7 +156,7 @@ class RemoteEngine:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._live: dict[tuple[str, bool], _Call] = {}
-        self._slots: OrderedDict[str, int] = OrderedDict()  # key -> slot, least recently used first
+        self._server_slots: OrderedDict[str, int] = OrderedDict()  # key -> server slot, least recently used first
         self._mismatch: str | None = None  # the server serves another vocabulary: requests would be garbage
         self._closed = False
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -179,7 +179,7 @@ class RemoteEngine:
         self._thread.start()
         self._client: httpx.AsyncClient = self._call_sync(self._new_client(), 5.0)
         self._prober: asyncio.Task | None = None
-        try:  # learn slots and context now, so `info()` is right; a server down at start is no error
+        try:  # learn server slots and context now, so `info()` is right; a server down at start is no error
             self._call_sync(self._connect(), discover_timeout)
         except Exception as exc:  # noqa: BLE001 - reported through the link already, or a timeout
             log.debug("first contact with %s: %s", self.endpoint.display, exc)
@@ -250,8 +250,8 @@ class RemoteEngine:
         if self._mismatch:
             return  # reachable, but serving another model: the state stays "error" (requests are refused)
         self.link.ok()
-        log.info("backend %s (%s): %s, %d slot(s), context %d", self.endpoint.display, self.dialect.name,
-                 facts.model, facts.slots, self._context_length)
+        log.info("backend %s (%s): %s, %d server slot(s), context %d", self.endpoint.display, self.dialect.name,
+                 facts.model, facts.server_slots, self._context_length)
 
     async def _check_vocabulary(self) -> None:
         """The server must tokenize our sentinels (and plain code) to the ids we send;
@@ -352,11 +352,11 @@ class RemoteEngine:
     def forget_context(self, path: str) -> None:
         """Nothing: the server's prefix cache drops a changed chunk's KV by itself (its tokens differ)."""
 
-    def warm_document(self, key: str, text: str, cursor: int) -> None:
+    def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         """Nothing: document pieces assembled by CacheBlend need the engine's own KV."""
 
     def forget_document(self, key: str) -> None:
-        """Nothing: no document pieces are kept (`warm_document`)."""
+        """Nothing: no document pieces are kept (`keep_document_pieces`)."""
 
     def check_integrity(self) -> Future[None]:
         fut: Future[None] = Future()
@@ -385,7 +385,7 @@ class RemoteEngine:
             "backend": self.dialect.name,
             "endpoint": self.endpoint.display,
             "remoteModel": self.remote_model or self.facts.model,
-            "slots": self.facts.slots if self.dialect.slot_pinning else None,
+            "slots": self.facts.server_slots if self.dialect.server_slot_pinning else None,  # the stats key keeps its name
             "contextLength": self._context_length,
             "modelMismatch": self._mismatch,
             # Reuse is what the server reported: requests whose answer carried cached-token counts.
@@ -455,22 +455,23 @@ class RemoteEngine:
             built = self.prompts.build(msgspec.structs.replace(req, heal=False), self._context_length)
         return built.prompt.ids, "", 0
 
-    def _slot_for(self, key: str) -> int | None:
-        """The document's slot: stable while it stays among the `slots` most recently used documents."""
-        if not self.dialect.slot_pinning:
+    def _server_slot_for(self, key: str) -> int | None:
+        """The document's server slot: stable while it stays among the `server_slots` most
+        recently used documents."""
+        if not self.dialect.server_slot_pinning:
             return None
-        slots = max(1, self.facts.slots)
-        if key in self._slots:
-            self._slots.move_to_end(key)
-            return self._slots[key]
-        taken = set(self._slots.values())
-        free = [s for s in range(slots) if s not in taken]
+        n = max(1, self.facts.server_slots)
+        if key in self._server_slots:
+            self._server_slots.move_to_end(key)
+            return self._server_slots[key]
+        taken = set(self._server_slots.values())
+        free = [s for s in range(n) if s not in taken]
         if free:
-            slot = free[0]
-        else:
-            _, slot = self._slots.popitem(last=False)  # the least recently used document gives its slot up
-        self._slots[key] = slot
-        return slot
+            server_slot = free[0]
+        else:  # the least recently used document gives its server slot up
+            _, server_slot = self._server_slots.popitem(last=False)
+        self._server_slots[key] = server_slot
+        return server_slot
 
     async def _serve(self, call: _Call) -> None:
         req = call.request
@@ -493,7 +494,7 @@ class RemoteEngine:
             ids, healed, healed_tokens = self._prompt(req)
             remaining = None if req.deadline is None else int((req.deadline - time.monotonic()) * 1000)
             body = self.dialect.body(
-                ids, req, model=self.remote_model, slot=self._slot_for(req.key),
+                ids, req, model=self.remote_model, server_slot=self._server_slot_for(req.key),
                 stop=list(dict.fromkeys(req.stop + self._stop_texts)), remaining_ms=remaining, healed=healed,
             )
             skip = len(healed)  # the answer starts with the healed text, which the user has typed
@@ -502,10 +503,10 @@ class RemoteEngine:
                 if resp.status_code >= 400:
                     raise HttpStatus(resp.status_code, await error_body(resp))
                 async for payload in sse_payloads(resp.aiter_lines()):
-                    chunk: Chunk = self.dialect.parse(payload)
-                    if chunk.usage is not None:
-                        usage = merge_usage(usage, chunk.usage)
-                    for index, text in chunk.texts.items():
+                    event: SseEvent = self.dialect.parse(payload)
+                    if event.usage is not None:
+                        usage = merge_usage(usage, event.usage)
+                    for index, text in event.texts.items():
                         if index:
                             extra[index] = extra.get(index, "") + text
                             continue
@@ -523,16 +524,16 @@ class RemoteEngine:
                             call.handle.push(StreamEvent(kind="token", text=check.emit))
                         if check.finish is not None:
                             finish, own_stop = "stop", True
-                    for index, why in chunk.finished.items():
+                    for index, why in event.finished.items():
                         if index:
                             extra_finish[index] = why
                         elif finish is None:
                             finish = why
                     if own_stop and req.n <= 1:
                         break  # our own stop string matched before the server's: close the stream now
-                # Otherwise read to the end: usage may come after the last text (OpenAI's final chunk).
+                # Otherwise read to the end: usage may come after the last text (OpenAI's final event).
                 if finish is None:
-                    raise GarbageAnswer("the stream ended without its final chunk")
+                    raise GarbageAnswer("the stream ended without its final event")
             finally:
                 await resp.aclose()
             self.link.ok()
@@ -601,9 +602,9 @@ class RemoteEngine:
                 alternatives: tuple[str, ...] = (), alternatives_finish: tuple[FinishReason, ...] = ()) -> None:
         req = call.request
         with self._lock:
-            slot_key = (req.key, req.background)
-            if self._live.get(slot_key) is call:
-                del self._live[slot_key]
+            live_key = (req.key, req.background)
+            if self._live.get(live_key) is call:
+                del self._live[live_key]
         self.counters.finished(call.background, reason, stats)
         completion = Completion(text=text, finish_reason=reason, stats=stats, error=error,
                                 alternatives=alternatives, alternatives_finish=alternatives_finish)

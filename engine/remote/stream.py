@@ -14,7 +14,7 @@ import json
 from typing import AsyncIterator
 
 SHOWN_CHARS = 120
-# One SSE line this long is not a token chunk (llama.cpp's largest, with per-token
+# One SSE line this long is not a token event (llama.cpp's largest, with per-token
 # timings and probabilities off, is a few hundred bytes).
 MAX_LINE_CHARS = 1 << 20
 ERROR_BODY_CHARS = 2000

@@ -1,7 +1,7 @@
 """How many CPU threads the engine's model work uses, chosen as the machine's load changes.
 
 torch runs its CPU kernels on an OpenMP team (libgomp in the CPU wheels). Measured on a
-2-core AVX512/AMX machine, prefill of the embedded 135M model, 256-token chunks (tok/s):
+2-core AVX512/AMX machine, prefill of the embedded 135M model, 256-token prefill steps (tok/s):
 
 | threads, wait policy          | machine idle | one core busy with another process |
 |-------------------------------|--------------|------------------------------------|

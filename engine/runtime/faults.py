@@ -77,13 +77,13 @@ def _oom_once(scheduler: Scheduler) -> None:
 
     runner = scheduler.runner
     model = runner.model
-    prefill_chunk, forward = runner.prefill_chunk, model.forward
+    prefill_step, forward = runner.prefill_step, model.forward
     state = {"armed": False, "fired": False}
 
-    def armed_prefill_chunk(seq: Sequence, *args, **kwargs):
+    def armed_prefill_step(seq: Sequence, *args, **kwargs):
         state["armed"] = not state["fired"] and _targets([seq])
         try:
-            return prefill_chunk(seq, *args, **kwargs)
+            return prefill_step(seq, *args, **kwargs)
         finally:
             state["armed"] = False
 
@@ -93,7 +93,7 @@ def _oom_once(scheduler: Scheduler) -> None:
             raise torch.OutOfMemoryError(f"out of memory: injected in the model forward ({ENV}=prefill-oom)")
         return forward(*args, **kwargs)
 
-    runner.prefill_chunk = armed_prefill_chunk
+    runner.prefill_step = armed_prefill_step
     model.forward = failing_forward
 
 

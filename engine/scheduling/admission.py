@@ -34,7 +34,7 @@ from engine.scheduling.sequence import Prompt, Sequence
 from engine.scheduling.working_share import WorkingShare
 
 if TYPE_CHECKING:
-    from engine.kv.chunk_store import ChunkStore
+    from engine.kv.blend_store import BlendStore
     from engine.kv.radix import RadixCache
     from engine.kv.retained import RetainedKV
     from engine.scheduling.model_runner import ModelRunner
@@ -60,7 +60,7 @@ class Admission:
         cache: RadixCache,
         retained: RetainedKV,
         share: WorkingShare,
-        chunk_store: ChunkStore,
+        blend_store: BlendStore,
         finisher: Finisher,
         counters: Counters,
         *,
@@ -71,7 +71,7 @@ class Admission:
         self.cache = cache
         self.retained = retained
         self.share = share
-        self.chunk_store = chunk_store
+        self.blend_store = blend_store
         self.finisher = finisher
         self.counters = counters
         self.waiting = waiting
@@ -203,16 +203,16 @@ class Admission:
     def _document_index(self, key: str) -> DocumentIndex | None:
         """The n-gram index of `key`'s stored pieces (rebuilt when they changed)."""
         index = self._indexes.get(key)
-        if index is None or index.stale(self.chunk_store):
-            if not self.chunk_store.version_of(key):
+        if index is None or index.stale(self.blend_store):
+            if not self.blend_store.version_of(key):
                 self._indexes.pop(key, None)
                 return None
-            index = self._indexes[key] = DocumentIndex(self.chunk_store, key)
+            index = self._indexes[key] = DocumentIndex(self.blend_store, key)
         return index
 
     def drop_stale_indexes(self) -> None:
         """Forget the indexes of pieces that changed (rebuilt on the next request that needs one)."""
-        for key in [k for k in self._indexes if self._indexes[k].stale(self.chunk_store)]:
+        for key in [k for k in self._indexes if self._indexes[k].stale(self.blend_store)]:
             del self._indexes[key]
 
 

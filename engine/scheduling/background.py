@@ -1,17 +1,17 @@
 """Background work of the engine thread: computing documents' pieces while nothing else runs.
 
-`DocumentWork` holds the latest `DocumentPass` of every document (`Engine.warm_document`)
-and does it one small step at a time: a step prefills at most `chunk_tokens` tokens of
-one piece on a private sequence; a piece whose ids are complete goes into the
-`ChunkStore` under its document's key. The scheduler calls `step()` only when no
+`DocumentWork` holds the latest `DocumentPass` of every document
+(`Engine.keep_document_pieces`) and does it one small step at a time: a step prefills at
+most `step_tokens` tokens of one piece on a private sequence; a piece whose ids are
+complete goes into the `BlendStore` under its document's key. The scheduler calls `step()` only when no
 foreground sequence is queued or running, so a request waits for at most one step.
 
 Contracts:
 - Nothing here runs unless the scheduler calls `step()`; `step()` never raises for a
   piece it cannot store (a full pool): it drops that document's pass and says so.
 - A newer pass of the same document replaces the older at once; the piece in flight is
-  finished only if the new pass still wants it. An empty text forgets the document:
-  its pass and its stored pieces.
+  finished only if the new pass still wants it. `forget` drops a document: its pass and
+  its stored pieces.
 - Pieces of a document that its newest pass no longer has (edited away) are dropped
   from the store when that pass completes.
 """
@@ -30,7 +30,8 @@ from engine.cacheblend.document_kv import DocumentPass
 log = logging.getLogger(__name__)
 
 
-class _InFlight(NamedTuple):
+class _PieceInFlight(NamedTuple):
+    """The piece being prefilled: its document, its ids, its KV so far."""
     key: str
     ids: tuple[int, ...]
     kv: Any  # SequenceKV of header + ids
@@ -46,19 +47,19 @@ class DocumentWork:
     """Documents' passes, most recently asked first; one piece prefilled at a time."""
 
     def __init__(
-        self, model: Any, store: Any, header: tuple[int, ...] = (), chunk_tokens: int = 64, max_rows: int | None = None
+        self, model: Any, store: Any, header: tuple[int, ...] = (), step_tokens: int = 64, max_rows: int | None = None
     ) -> None:
-        if chunk_tokens < 1:
-            raise ValueError("chunk_tokens must be >= 1")
+        if step_tokens < 1:
+            raise ValueError("step_tokens must be >= 1")
         self.model = model
         self.store = store
         self.header = tuple(header)
-        self.chunk_tokens = chunk_tokens
+        self.step_tokens = step_tokens
         # A piece whose KV (header + ids) needs more rows is skipped: the KV budget's working
         # share could never hold it (None: no limit).
         self.max_rows = max_rows
         self._passes: collections.OrderedDict[str, DocumentPass] = collections.OrderedDict()
-        self._inflight: _InFlight | None = None
+        self._inflight: _PieceInFlight | None = None
         self.origins: set[str] = set()  # documents with pieces in the store
         self._memos: dict[str, dict[str, tuple[int, ...]]] = {}  # finished passes' piece ids
         self.pieces_stored = 0
@@ -105,7 +106,7 @@ class DocumentWork:
         self._inflight = None
 
     def step(self) -> StepResult:
-        """Prefill up to `chunk_tokens` tokens of the next missing piece (0 when done)."""
+        """Prefill up to `step_tokens` tokens of the next missing piece (0 when done)."""
         t0 = time.perf_counter()
         if self._inflight is None:
             self._inflight = self._next_piece()
@@ -113,11 +114,11 @@ class DocumentWork:
                 return StepResult(0, 0.0)
         key, ids, kv, done = self._inflight
         full = (*self.header, *ids)
-        hi = min(len(full), done + self.chunk_tokens)
+        hi = min(len(full), done + self.step_tokens)
         self.model.forward(torch.tensor(full[done:hi], dtype=torch.int64), kv, done, "none")  # [T] ids
         n = hi - done
         if hi < len(full):
-            self._inflight = _InFlight(key, ids, kv, hi)
+            self._inflight = _PieceInFlight(key, ids, kv, hi)
         else:
             self._inflight = None
             self._store(key, ids, kv)
@@ -126,12 +127,12 @@ class DocumentWork:
         self.seconds += dt
         return StepResult(n, dt)
 
-    def _next_piece(self) -> _InFlight | None:
+    def _next_piece(self) -> _PieceInFlight | None:
         found = self._next_ids()
         if found is None:
             return None
         key, ids = found
-        return _InFlight(key, ids, self.model.new_kv(len(self.header) + len(ids)), 0)
+        return _PieceInFlight(key, ids, self.model.new_kv(len(self.header) + len(ids)), 0)
 
     def _next_ids(self) -> tuple[str, tuple[int, ...]] | None:
         """(document, ids) of the next piece to compute; completes the passes that are done."""
@@ -149,10 +150,10 @@ class DocumentWork:
         if work is None or ids not in set(work.ids_in_order()):
             return  # replaced or forgotten meanwhile
         h, n = len(self.header), len(ids)
-        from engine.kv.chunk_store import ChunkKV  # noqa: PLC0415
+        from engine.kv.blend_store import SpanKV  # noqa: PLC0415
 
         k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
-        rows = ChunkKV(
+        rows = SpanKV(
             k.transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
             v.transpose(1, 2).contiguous(),  # [L, n, H_kv, D]
             torch.arange(h, h + n, dtype=torch.int64),

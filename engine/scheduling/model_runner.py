@@ -1,4 +1,4 @@
-"""Runs the model for the scheduler: a sequence's KV at admission, one prefill chunk (or
+"""Runs the model for the scheduler: a sequence's KV at admission, one prefill step (or
 one CacheBlend pass), one batched decode step or one speculative verify, KV growth.
 
 The runner moves rows and computes; it decides nothing about which sequence runs when
@@ -7,7 +7,7 @@ store. Engine thread only.
 
 Contracts:
 - After `load_kv`, rows `0 .. seq.n_valid-1` of `seq.kv` hold `seq.tokens[:n_valid]`.
-- `prefill_chunk` advances `seq.n_valid` by the rows it computed; on `BlendCancelled` it
+- `prefill_step` advances `seq.n_valid` by the rows it computed; on `BlendCancelled` it
   computed nothing valid (rows >= n_valid are garbage, n_valid is unchanged).
 - `decode` feeds every sequence's `pending` token and advances its `n_valid` by one; when
   it raises, no sequence has advanced.
@@ -23,8 +23,8 @@ import torch
 
 from engine.cacheblend.blend import blend_sequence, previous_spans
 from engine.cacheblend.document_kv import DocumentIndex, covered_rows, document_spans, span_ranges
+from engine.kv.blend_store import BlendStore
 from engine.kv.radix import MatchResult, RadixCache
-from engine.kv.chunk_store import ChunkStore
 from engine.kv.retained import RetainedSequence
 from engine.scheduling.sequence import Sequence
 
@@ -33,7 +33,7 @@ class PrefillOut(NamedTuple):
     logits: torch.Tensor  # [1, V] after the prompt's last row, [0, V] before it
     last: bool  # the prompt is complete
     rows: int  # prompt rows this call made valid
-    blended: bool  # by a CacheBlend pass (not a plain chunk: its time says nothing of the prefill rate)
+    blended: bool  # by a CacheBlend pass (not a plain step: its time says nothing of the prefill rate)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -41,13 +41,13 @@ def _round_up(n: int, to: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: RadixCache, chunk_store: ChunkStore, *, chunk_tokens: int = 256) -> None:
-        if not 1 <= chunk_tokens:
-            raise ValueError("chunk_tokens must be >= 1")
+    def __init__(self, model: Any, cache: RadixCache, blend_store: BlendStore, *, step_tokens: int = 256) -> None:
+        if not 1 <= step_tokens:
+            raise ValueError("step_tokens must be >= 1")
         self.model = model
         self.cache = cache
-        self.chunk_store = chunk_store
-        self.chunk_tokens = chunk_tokens
+        self.blend_store = blend_store
+        self.step_tokens = step_tokens
         self.context_length = int(model.config.max_position)
 
     def kv_capacity(self, n_prompt: int, max_tokens: int) -> int:
@@ -88,13 +88,13 @@ class ModelRunner:
             seq.blend_spans = [
                 *seq.blend_spans,
                 *document_spans(
-                    self.chunk_store, index, seq.tokens, seq.blend.segments, reuse, span_ranges(seq.blend_spans)
+                    self.blend_store, index, seq.tokens, seq.blend.segments, reuse, span_ranges(seq.blend_spans)
                 ),
             ]
         return covered_rows([s for s in seq.blend_spans if s.start >= reuse])
 
-    def prefill_chunk(self, seq: Sequence, limit: int | None = None, preempted=None) -> PrefillOut:
-        """Compute the next prompt rows: up to `limit` (default `chunk_tokens`), or — when the
+    def prefill_step(self, seq: Sequence, limit: int | None = None, preempted=None) -> PrefillOut:
+        """Compute the next prompt rows: up to `limit` (default `step_tokens`), or — when the
         sequence blends — the whole rest in one CacheBlend pass (it is the cheap part).
         Raises `engine.cacheblend.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
         when `preempted()` turns true between layers (a background sequence giving way)."""
@@ -104,14 +104,14 @@ class ModelRunner:
             hi, last = seq.n_prompt, True
             stop = (lambda: seq.cancelled or preempted()) if preempted is not None else (lambda: seq.cancelled)
             out = blend_sequence(
-                self.model, self.chunk_store, seq.tokens[:hi], seq.kv, lo, seq.blend, seq.blend_spans,
+                self.model, self.blend_store, seq.tokens[:hi], seq.kv, lo, seq.blend, seq.blend_spans,
                 cancelled=stop,
             )
             logits, seq.blend, seq.blend_spans = out.logits, None, ()
             seq.reused += out.reused
             seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
         else:
-            hi = min(seq.n_prompt, lo + (limit or self.chunk_tokens))
+            hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
             logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]

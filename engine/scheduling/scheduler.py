@@ -7,7 +7,7 @@ The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes
 2. admits what arrived when the step began, then gives waiting sequences their working KV
    from the radix cache (`engine.kv.radix`), the document's retained KV (`engine.kv.retained`)
    and the KV budget's working share (`engine.scheduling.admission`, `.working_share`);
-3. runs one prefill chunk of the oldest prefilling request (`_foreground_chunk` rows) and
+3. runs one prefill step of the oldest prefilling request (`_foreground_step_rows` rows) and
    one batched decode step of every decoding sequence, forks and prompt-lookup speculation
    included (`engine.scheduling.steps` on the `engine.scheduling.model_runner.ModelRunner`);
 4. ends sequences as their sinks say (`Finisher.finish`: unpin, keep the KV for the
@@ -15,16 +15,17 @@ The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes
 
 Background work (docs/design.md, "After a jump") runs only when no foreground sequence is
 queued, prefilling or decoding: first background sequences (warm-ups: a window prefilled
-where the user just moved, in chunks of `warm_chunk` rows; a CacheBlend warm-up gives way
-between layers when a foreground request of another document arrives, and starts again
-later), then — after `idle_grace` seconds without foreground work — the documents' pieces
-(`engine.scheduling.background.DocumentWork`), one chunk a step. A foreground request of a
-document ends that document's background sequence at admission, so it starts from its rows.
-A request therefore waits for at most one background chunk (or one layer of a blend).
+where the user just moved, in steps of `background_step_rows` rows; a CacheBlend warm-up
+gives way between layers when a foreground request of another document arrives, and starts
+again later), then — after `idle_grace` seconds without foreground work — the documents'
+pieces (`engine.scheduling.background.DocumentWork`), one prefill step at a time. A
+foreground request of a document ends that document's background sequence at admission, so
+it starts from its rows. A request therefore waits for at most one background step (or one
+layer of a blend).
 
 Contracts:
 - `submit` and `cancel` are thread-safe and never block on model work.
-- A cancel takes effect before the next chunk or decode step of that sequence.
+- A cancel takes effect before the next prefill or decode step of that sequence.
 - Every sequence ends with exactly one `sink.on_finish` call.
 - An exception inside a sequence's work ends that sequence with finish_reason "error"; the
   loop, the other sequences and the cache stay consistent (pins released, no slot leaked).
@@ -40,7 +41,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine.kv.chunk_store import ChunkStore
+from engine.kv.blend_store import BlendStore
 from engine.kv.radix import RadixCache
 from engine.kv.retained import RetainedKV
 from engine.scheduling.admission import Admission
@@ -59,11 +60,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# A request alone in the engine prefills in chunks this many times `chunk_tokens`.
-SOLO_CHUNK_FACTOR = 2
-# Document pieces (documentKv) are prefilled in chunks of this many tokens when the warm-up
-# chunk is adaptive.
-DOCUMENT_PIECE_CHUNK = 64
+# A request alone in the engine prefills in steps this many times `step_tokens`.
+SOLO_STEP_FACTOR = 2
+# Document pieces (documentKv) are prefilled in steps of this many tokens when the
+# background step is adaptive.
+PIECE_STEP_TOKENS = 64
 
 
 class Scheduler:
@@ -74,30 +75,30 @@ class Scheduler:
         model: Transformer,
         cache: RadixCache,
         *,
-        chunk_tokens: int = 256,
+        step_tokens: int = 256,
         retain_documents: int = 4,
         retained_budget_bytes: int | None = None,
         check_integrity: bool = False,
-        warm_chunk_tokens: int | None = None,
-        warm_chunk_seconds: float = 0.1,
+        background_step_tokens: int | None = None,
+        background_step_seconds: float = 0.1,
         idle_grace: float = 0.25,
         header: tuple[int, ...] = (),
-        chunk_store_fraction: float = 0.5,
+        blend_store_share: float = 0.5,
         before_step: Callable[[], Any] | None = None,
         working_budget_bytes: int | None = None,
     ) -> None:
         self.cache = cache
         self.before_step = before_step  # engine thread, before each unit of work (e.g. CPU threads)
-        # CacheBlend's chunk KV and the documents' pieces, in held slots of the same pool.
-        self.chunk_store = ChunkStore(cache, max_fraction=chunk_store_fraction)
-        self.runner = ModelRunner(model, cache, self.chunk_store, chunk_tokens=chunk_tokens)
-        # A warm-up's chunk: fixed when given, else sized to take about `warm_chunk_seconds`
-        # at the prefill rate measured so far — a request waits for at most one such chunk,
-        # and small chunks are slow (a 64-token chunk ran the model at ~55 % of a 256-token
-        # one's tokens/s on a 2-core AVX512 machine), so the chunk is as large as that wait
-        # allows on the machine at hand.
-        self.warm_chunk_tokens = warm_chunk_tokens
-        self.warm_chunk_seconds = warm_chunk_seconds
+        # CacheBlend's context chunks and the documents' pieces, in held slots of the same pool.
+        self.blend_store = BlendStore(cache, blend_store_share=blend_store_share)
+        self.runner = ModelRunner(model, cache, self.blend_store, step_tokens=step_tokens)
+        # A background prefill step: fixed when given, else sized to take about
+        # `background_step_seconds` at the prefill rate measured so far — a request waits for
+        # at most one such step, and small steps are slow (a 64-token step ran the model at
+        # ~55 % of a 256-token one's tokens/s on a 2-core AVX512 machine), so the step is as
+        # large as that wait allows on the machine at hand.
+        self.background_step_tokens = background_step_tokens
+        self.background_step_seconds = background_step_seconds
         self.idle_grace = idle_grace
         # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
@@ -122,14 +123,14 @@ class Scheduler:
             waiting=self._waiting, prefilling=self._prefilling, decoding=self._decoding,
         )
         self.admission = Admission(
-            self.runner, cache, self.retained, self.share, self.chunk_store, self.finisher, self.counters,
+            self.runner, cache, self.retained, self.share, self.blend_store, self.finisher, self.counters,
             waiting=self._waiting, prefilling=self._prefilling,
         )
         self.steps = StepRunner(
             self.runner, cache, self.share, self.finisher, self.counters,
             prefilling=self._prefilling, decoding=self._decoding,
         )
-        self._forget: collections.deque[str] = collections.deque()  # chunk origins to drop (any thread)
+        self._forget: collections.deque[str] = collections.deque()  # context chunks' origins to drop (any thread)
         self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._stepping = False
 
@@ -181,14 +182,14 @@ class Scheduler:
     def _document_work(self, model: Transformer, header: tuple[int, ...]) -> DocumentWork:
         max_rows = None if self.working_limit is None else self.rows_alone
         return DocumentWork(
-            model, self.chunk_store, header, chunk_tokens=self.warm_chunk_tokens or DOCUMENT_PIECE_CHUNK, max_rows=max_rows
+            model, self.blend_store, header, step_tokens=self.background_step_tokens or PIECE_STEP_TOKENS, max_rows=max_rows
         )
 
-    def warm_chunk(self) -> int:
-        """Rows a background prefill computes in one step (see `warm_chunk_seconds`)."""
-        if self.warm_chunk_tokens is not None:
-            return self.warm_chunk_tokens
-        return self.steps.prefill_rate.chunk_for(self.warm_chunk_seconds, self.runner.chunk_tokens)
+    def background_step_rows(self) -> int:
+        """Rows a background prefill computes in one step (see `background_step_seconds`)."""
+        if self.background_step_tokens is not None:
+            return self.background_step_tokens
+        return self.steps.prefill_rate.rows_for(self.background_step_seconds, self.runner.step_tokens)
 
     # ------------------------------------------------------------ any thread
     def submit(self, seq: Sequence) -> None:
@@ -220,7 +221,7 @@ class Scheduler:
             self._cond.notify()
 
     def forget_chunks(self, origin: str) -> None:
-        """Drop the chunk KV that came from `origin` (a file that changed) at the next step."""
+        """Drop the context chunks' KV that came from `origin` (a file that changed) at the next step."""
         self._forget.append(origin)
 
     def run_when_idle(self, fn: Callable[[], Any]) -> Future:
@@ -243,7 +244,7 @@ class Scheduler:
 
     def idle(self) -> bool:
         """No sequence queued, running, or in the middle of a step (background pieces may
-        still be pending: they never delay a request by more than one chunk)."""
+        still be pending: they never delay a request by more than one step)."""
         return (
             not self._stepping and not self._inbox and not self._waiting and not self._prefilling and not self._decoding
         )
@@ -255,7 +256,7 @@ class Scheduler:
     def document_tokens(self) -> int:
         """Tokens of document pieces kept (a best-effort read from any thread)."""
         try:
-            return sum(self.chunk_store.tokens_of(key) for key in list(self.documents.origins))
+            return sum(self.blend_store.tokens_of(key) for key in list(self.documents.origins))
         except RuntimeError:  # the store changed under the read
             return 0
 
@@ -288,17 +289,17 @@ class Scheduler:
                 fut.set_exception(RuntimeError(reason))
         return ended
 
-    def _foreground_chunk(self, seq: Sequence) -> int:
-        """Rows of a request's next prefill chunk: `SOLO_CHUNK_FACTOR` times the usual chunk
+    def _foreground_step_rows(self, seq: Sequence) -> int:
+        """Rows of a request's next prefill step: `SOLO_STEP_FACTOR` times the usual step
         while it is the only work (nothing else prefilling, decoding or arrived), else the
-        usual one. A larger chunk runs the model faster (512 rows: ~17 % more tokens/s than
+        usual one. A larger step runs the model faster (512 rows: ~17 % more tokens/s than
         256 on a 2-core AVX512/AMX machine); the one cost, a request arriving meanwhile
         waiting for the rest of it, is nil for the same document's next keystroke, which
         supersedes this request and reuses its rows."""
-        chunk = self.runner.chunk_tokens
+        rows = self.runner.step_tokens
         if len(self._prefilling) == 1 and not self._decoding and not self._inbox and not self._waiting:
-            return chunk * SOLO_CHUNK_FACTOR
-        return chunk
+            return rows * SOLO_STEP_FACTOR
+        return rows
 
     def _foreground_waiting(self, key: str | None = None) -> bool:
         """A foreground request of another document than `key` waits in the inbox."""
@@ -342,7 +343,7 @@ class Scheduler:
                 fut.set_exception(RuntimeError("engine is closed"))
 
     def step(self) -> None:
-        """One unit of work: drop cancelled sequences, admit new ones, one prefill chunk of
+        """One unit of work: drop cancelled sequences, admit new ones, one prefill step of
         the oldest prefilling sequence, one batched decode step of every decoding one."""
         self._stepping = True
         try:
@@ -350,7 +351,7 @@ class Scheduler:
                 self.before_step()
             self.finisher.finish_cancelled_or_expired()
             while self._forget:
-                self.chunk_store.forget_origin(self._forget.popleft())
+                self.blend_store.forget_origin(self._forget.popleft())
             while self._plans:
                 item = self._plans.popleft()
                 if isinstance(item, str):
@@ -385,11 +386,11 @@ class Scheduler:
             self._run_idle_work()
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless the radix cache, the chunk store and the retained KV
+        """Raise AssertionError unless the radix cache, the blend store and the retained KV
         each hold their invariants. Engine thread only, between steps (other threads:
         `run_when_idle(scheduler.check_integrity)`)."""
         self.cache.check_integrity()
-        self.chunk_store.check_integrity()
+        self.blend_store.check_integrity()
         self.retained.check_integrity()
         for seq in (*self._prefilling, *self._decoding):
             assert self.share.holds(seq), f"request {seq.request_id} runs without a charged KV"
@@ -426,12 +427,13 @@ class Scheduler:
         self.admission.admit(seq)
 
     def _prefill(self, seq: Sequence) -> None:
-        """One chunk of `seq`'s prompt: a request's sized by `_foreground_chunk`; a warm-up's
-        by `warm_chunk`, giving way to a foreground request of another document."""
+        """One prefill step of `seq`'s prompt: a request's sized by `_foreground_step_rows`; a
+        warm-up's by `background_step_rows`, giving way to a foreground request of another
+        document."""
         if seq.background:
-            self.steps.prefill(seq, self.warm_chunk(), preempted=lambda: self._foreground_waiting(seq.key))
+            self.steps.prefill(seq, self.background_step_rows(), preempted=lambda: self._foreground_waiting(seq.key))
         else:
-            self.steps.prefill(seq, self._foreground_chunk(seq))
+            self.steps.prefill(seq, self._foreground_step_rows(seq))
 
     def _document_step(self) -> None:
         self.steps.note("piece", "", True)
@@ -449,4 +451,4 @@ class Scheduler:
         self.admission.drop_stale_indexes()
 
 
-__all__ = ["Scheduler", "SOLO_CHUNK_FACTOR"]
+__all__ = ["Scheduler", "SOLO_STEP_FACTOR"]

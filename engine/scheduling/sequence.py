@@ -61,7 +61,7 @@ class Sequence:
     background: bool = False  # a warm-up: runs only while no foreground sequence waits or runs
     deadline: float | None = None  # time.monotonic() after which it ends ("deadline"), its rows kept
     submitted: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False  # any thread may set it; honoured before the next chunk / decode step
+    cancelled: bool = False  # any thread may set it; honoured before the next prefill / decode step
     # --- engine-thread state
     tokens: list[int] = field(default_factory=list)  # prompt ids, then fed generated ids
     n_prompt: int = 0

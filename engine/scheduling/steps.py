@@ -3,12 +3,12 @@
 The loop (`engine.scheduling.scheduler`) decides what runs and how much; `StepRunner` runs
 it through the `ModelRunner` (`engine.scheduling.model_runner`) and hands each sampled
 token to the sequence's sink:
-- prefill: one chunk of a prefilling sequence's prompt (`prefill`). After each chunk the
+- prefill: one prefill step of a prefilling sequence's prompt (`prefill`). After each step the
   new rows are committed to the radix cache (so a cancelled prefill keeps what it
   computed) and the pin moves to their end (`_commit`). Only prompt tokens enter the radix
   cache: generated tokens stay in the document's retained KV, which the next request of
   the same key reuses (they matter when the user accepts a suggestion). After the last
-  chunk the first token is sampled; a warm-up (background) samples nothing.
+  step the first token is sampled; a warm-up (background) samples nothing.
 - fork: a request with alternatives (`InfillRequest.n`) forks after its prefill into n
   sequences, each with a copy of the prompt's KV rows, decoded in the same batches
   (`_fork`), as many as the KV budget's working share holds now.
@@ -45,23 +45,23 @@ log = logging.getLogger(__name__)
 
 
 class PrefillRate:
-    """Prefill rows per second, a running average over the chunks computed so far; sizes
-    the background chunks (`Scheduler.warm_chunk`). Engine thread only."""
+    """Prefill rows per second, a running average over the prefill steps computed so far;
+    sizes the background steps (`Scheduler.background_step_rows`). Engine thread only."""
 
-    SMALLEST = 64  # rows: smaller chunks are mostly per-call overhead (never below the old fixed size)
+    SMALLEST = 64  # rows: smaller steps are mostly per-call overhead (never below the old fixed size)
     FIRST_GUESS = 64  # rows, before anything was measured
-    WEIGHT = 0.3  # of the newest chunk in the average
+    WEIGHT = 0.3  # of the newest step in the average
 
     def __init__(self) -> None:
         self.rows_per_s: float | None = None
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows < self.SMALLEST or seconds <= 0:
-            return  # a keystroke's 1-2 rows say nothing about a chunk's rate
+            return  # a keystroke's 1-2 rows say nothing about a prefill step's rate
         rate = rows / seconds
         self.rows_per_s = rate if self.rows_per_s is None else self.rows_per_s + self.WEIGHT * (rate - self.rows_per_s)
 
-    def chunk_for(self, seconds: float, most: int) -> int:
+    def rows_for(self, seconds: float, most: int) -> int:
         """Rows that take about `seconds`, a multiple of 32 in [SMALLEST, most]."""
         if self.rows_per_s is None:
             return min(self.FIRST_GUESS, most)
@@ -70,8 +70,8 @@ class PrefillRate:
 
 
 class StepRunner:
-    """Runs prefill chunks and decode steps (module docstring). `prefilling` and `decoding`
-    are the loop's lanes, shared: a sequence leaves `prefilling` after its last chunk and
+    """Runs prefill and decode steps (module docstring). `prefilling` and `decoding`
+    are the loop's lanes, shared: a sequence leaves `prefilling` after its last step and
     joins `decoding` with its first token."""
 
     def __init__(
@@ -104,7 +104,7 @@ class StepRunner:
 
     # ------------------------------------------------------------ prefill
     def prefill(self, seq: Sequence, rows: int, preempted: Callable[[], bool] | None = None) -> None:
-        """One chunk of at most `rows` of `seq`'s prompt; a background blend gives way between
+        """One prefill step of at most `rows` of `seq`'s prompt; a background blend gives way between
         layers when `preempted()` turns true."""
         # "length" here means max_tokens == 0 (a cache warm-up): prefill, sample nothing.
         reason = seq.sink.before_step()
@@ -114,7 +114,7 @@ class StepRunner:
         self.note("prefill", seq.key, seq.background)
         t0 = time.perf_counter()
         try:
-            out = self.runner.prefill_chunk(seq, rows, preempted=preempted)
+            out = self.runner.prefill_step(seq, rows, preempted=preempted)
             if not out.blended:
                 self.prefill_rate.observe(out.rows, time.perf_counter() - t0)
         except BlendCancelled:

@@ -123,7 +123,7 @@ def test_decode_profile_cases_and_dispatch_floor():
     for name, fn in decode_profile.cases(model, 40):
         fn()  # each case runs on the prefilled 40-token context
         names.append(name.split(" (")[0])
-    assert names == ["decode", "keystroke", "prefill chunk"]
+    assert names == ["decode", "keystroke", "prefill step"]
     table = decode_profile.profile_top(decode_profile.cases(model, 40)[0][1], 2, 5)
     assert "Self CPU" in table and ("mkldnn::" in table or "aten::" in table)
     assert decode_profile.dispatch_floor_ms(model, 3) > 0

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from engine.cacheblend.blend import BlendCancelled, ReusedSpan, blend_prefill, place_spans
-from engine.kv.chunk_store import prefill_chunk
+from engine.kv.blend_store import prefill_span
 
 torch.manual_seed(0)
 
@@ -37,7 +37,7 @@ def _layout(model, seed=0, header=(0,), chunk_lens=(13, 9, 17), local=11):
     row = len(header)
     for j, n in enumerate(chunk_lens):
         chunk = _ids(model, n, seed * 100 + j)
-        c = prefill_chunk(model, chunk.tolist(), header)
+        c = prefill_span(model, chunk.tolist(), header)
         spans.append(ReusedSpan(row, c.k, c.v, c.positions))
         parts.append(chunk)
         row += n
@@ -58,7 +58,7 @@ def test_rope_shift_of_a_chunk_equals_prefilling_it_at_its_offset(models, arch):
     model = models[arch]
     n, offset = 21, 437
     ids = _ids(model, n, 7)
-    at_zero = prefill_chunk(model, ids.tolist())  # positions 0..n-1
+    at_zero = prefill_span(model, ids.tolist())  # positions 0..n-1
     assert torch.equal(at_zero.positions, torch.arange(n))
 
     # Direct: the same chunk alone at positions offset.., rows 0..n-1 of its own workspace.

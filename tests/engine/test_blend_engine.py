@@ -40,7 +40,7 @@ def _run(eng, **kw):
 def _settle(eng):
     eng.wait_idle()
     eng.cache.check_integrity()
-    eng.scheduler.chunk_store.check_integrity()
+    eng.scheduler.blend_store.check_integrity()
 
 
 def test_blend_ratio_one_matches_full_prefill_and_keystrokes_reuse_it(engine, texts):
@@ -54,7 +54,7 @@ def test_blend_ratio_one_matches_full_prefill_and_keystrokes_reuse_it(engine, te
     first = _run(engine, key="doc", chunks=chunks, context="blend", blend_ratio=1.0, **base)
     assert first.text == full.text
     assert first.stats.prompt_tokens == full.stats.prompt_tokens
-    assert len(engine.scheduler.chunk_store) == 3  # each chunk prefilled alone and stored
+    assert len(engine.scheduler.blend_store) == 3  # each chunk prefilled alone and stored
 
     reordered = chunks[::-1]
     full2 = _run(engine, key="full", chunks=reordered, context="prefix", cache=False, **base)
@@ -109,7 +109,7 @@ def test_forget_context_drops_a_files_chunk_kv(engine, texts):
     src = texts[0]
     chunks = _chunks(texts)
     _run(engine, key="forget", prefix=src[:700], chunks=chunks, context="blend")
-    store = engine.scheduler.chunk_store
+    store = engine.scheduler.blend_store
     origins = {e.origin for e in store._entries.values()}
     assert {"shlex.py", "bisect.py"} <= origins
     engine.forget_context("shlex.py")
@@ -129,7 +129,7 @@ def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_f
         base = dict(key="doc", prefix=src[at - 600 : at], suffix=src[at : at + 200], format="efim",
                     chunks=_chunks(texts), context="blend", max_tokens=8)
         request = InfillRequest(**base)
-        real_prefill, handles, calls = blend.prefill_chunk, [], []
+        real_prefill, handles, calls = blend.prefill_span, [], []
 
         def prefill_then_cancel(*args, **kwargs):
             out = real_prefill(*args, **kwargs)
@@ -137,19 +137,19 @@ def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_f
             handles[0].cancel()  # the user typed on while the first chunk was prefilled alone
             return out
 
-        monkeypatch.setattr(blend, "prefill_chunk", prefill_then_cancel)
+        monkeypatch.setattr(blend, "prefill_span", prefill_then_cancel)
         handles.append(eng.submit(request))
         done = handles[0].result(120)
         assert done.finish_reason == "cancelled" and done.text == ""
         assert len(calls) == 1  # stopped before the second chunk, not after the whole blend
-        assert len(eng.scheduler.chunk_store) == 1  # the chunk it did prefill is kept
+        assert len(eng.scheduler.blend_store) == 1  # the chunk it did prefill is kept
         _settle(eng)
 
-        monkeypatch.setattr(blend, "prefill_chunk", real_prefill)
+        monkeypatch.setattr(blend, "prefill_span", real_prefill)
         again = _run(eng, **base)
         full = _run(eng, **{**base, "key": "full", "context": "prefix", "cache": False})
         assert again.finish_reason != "cancelled" and again.text
-        assert len(eng.scheduler.chunk_store) == 3
+        assert len(eng.scheduler.blend_store) == 3
         assert again.stats.prompt_tokens == full.stats.prompt_tokens
         _settle(eng)
     finally:
@@ -158,7 +158,7 @@ def test_a_cancel_during_a_blend_stops_it_and_keeps_the_chunks_done(tiny_model_f
 
 def test_check_integrity_runs_on_the_engine_thread_over_every_store(engine, texts, monkeypatch):
     """The server's efim/debug/checkIntegrity used to check the radix cache from an executor
-    thread (against the cache's one-thread rule) and skipped the chunk store."""
+    thread (against the cache's one-thread rule) and skipped the blend store."""
     import threading
 
     src = texts[0]
@@ -166,7 +166,7 @@ def test_check_integrity_runs_on_the_engine_thread_over_every_store(engine, text
     _run(engine, key="check", prefix=src[at - 600 : at], suffix=src[at : at + 200], chunks=_chunks(texts), context="blend")
     sch = engine.scheduler
     threads: dict[str, str] = {}
-    for name, store in (("cache", sch.cache), ("chunks", sch.chunk_store), ("retained", sch.retained)):
+    for name, store in (("cache", sch.cache), ("blend", sch.blend_store), ("retained", sch.retained)):
         real = store.check_integrity
 
         def spy(real=real, name=name):
@@ -175,18 +175,18 @@ def test_check_integrity_runs_on_the_engine_thread_over_every_store(engine, text
 
         monkeypatch.setattr(store, "check_integrity", spy)
     assert engine.check_integrity().result(60) is None
-    assert threads == {"cache": "efim-engine", "chunks": "efim-engine", "retained": "efim-engine"}
-    assert len(sch.chunk_store) > 0 and len(sch.retained) > 0  # the checks had something to check
+    assert threads == {"cache": "efim-engine", "blend": "efim-engine", "retained": "efim-engine"}
+    assert len(sch.blend_store) > 0 and len(sch.retained) > 0  # the checks had something to check
 
 
-def test_check_integrity_fails_on_a_corrupted_chunk_store(tiny_model_factory, texts):
+def test_check_integrity_fails_on_a_corrupted_blend_store(tiny_model_factory, texts):
     eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M")
     try:
         src = texts[0]
         at = src.index("def fill(")
         _run(eng, key="doc", prefix=src[at - 600 : at], suffix=src[at : at + 200], chunks=_chunks(texts), context="blend")
         assert eng.check_integrity().result(60) is None
-        store = eng.scheduler.chunk_store
+        store = eng.scheduler.blend_store
         key, entry = next(iter(store._entries.items()))  # noqa: SLF001 - forging the corruption
         store._entries[key] = entry._replace(ids=entry.ids[:-1])  # noqa: SLF001 - rows disagree with slots
         with pytest.raises(AssertionError, match="entry rows disagree"):

@@ -1,4 +1,4 @@
-"""Planning a blend from a rendered prompt: chunk rows, the chunk store, and local
+"""Planning a blend from a rendered prompt: chunk rows, the blend store, and local
 segments reused from the document's previous sequence."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from engine.cacheblend.blend import (
     plan_spans,
     previous_spans,
 )
+from engine.kv.blend_store import BlendStore
 from engine.kv.radix import RadixCache
-from engine.kv.chunk_store import ChunkStore
 from engine.text.templates import detect_template
 from tiny_models import stdlib_sources
 from engine.text.tokenize import SegmentTokenizer
@@ -41,7 +41,7 @@ def _store(model, slots=4096):
     c = model.config
     cache = RadixCache(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype=torch.float32,
                        budget_bytes=slots * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4)
-    return cache, ChunkStore(cache, max_fraction=0.5)
+    return cache, BlendStore(cache, blend_store_share=0.5)
 
 
 def _encode(tpl, tok, chunks, prefix, suffix="", increment=""):

@@ -5,7 +5,7 @@ sequence (`Engine.check_integrity`, on the engine thread once it is idle).
 A sequence is 3-10 random operations on three documents: foreground requests, background
 warm-ups (`background=True`) that later foreground requests preempt (another document)
 or take over (the same document), cancels right away or after a random pause, pauses,
-and `warm_document` / `forget_document` calls. After the sequence every handle must end
+and `keep_document_pieces` / `forget_document` calls. After the sequence every handle must end
 with exactly one terminal event, none with an error, and the contracts of `engine.api`
 must hold:
 - a background request ends "length" (its prefill done) or "cancelled" — it samples nothing;
@@ -38,8 +38,8 @@ def source() -> str:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_factory):
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="2M", chunk_tokens=32,
-                      warm_chunk_tokens=16, idle_grace=0.0)
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="2M", step_tokens=32,
+                      background_step_tokens=16, idle_grace=0.0)
     yield eng
     eng.close()
 
@@ -88,7 +88,7 @@ def _run_sequence(engine, text: str, rng: random.Random) -> list[_Tracked]:
         else:
             at = rng.randrange(len(text))
             if rng.random() < 0.8:
-                engine.warm_document(key, text, at)
+                engine.keep_document_pieces(key, text, at)
             else:
                 engine.forget_document(key)
     return tracked

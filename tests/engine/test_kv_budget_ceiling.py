@@ -1,9 +1,9 @@
 """`--kv-budget` is a hard ceiling for all of the engine's KV together: the radix pool
-(preallocated, counted whole), the chunk store (CacheBlend context chunks and documents'
+(preallocated, counted whole), the blend store (CacheBlend context chunks and documents'
 pieces, held in the pool), the retained per-document KV, and the working KV every running
 sequence computes in (requests, background warm-ups, alternatives' forks, the document
 piece in flight). The invariant is a concurrent one, so `Ceiling` samples it on the
-engine thread at every model call (each prefill chunk, decode step, blend pass and piece):
+engine thread at every model call (each prefill step, decode step, blend pass and piece):
 pool bytes + retained KV + every running sequence's KV tensors <= budget. The engine
 evicts (retained KV, then background work) instead of growing, a request waits for
 running ones to finish, and a window that alone cannot fit is cut and answered. `-s`
@@ -79,14 +79,14 @@ class Ceiling:
         assert self.max_total() <= budget, f"pool + retained + working KV reached {self.max_total()} B over {budget} B"
 
 
-def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_model_factory):
+def test_kv_budget_caps_pool_blend_store_retained_and_working_kv_together(tiny_model_factory):
     sources = stdlib_sources(("textwrap.py", "shlex.py", "bisect.py", "difflib.py", "argparse.py", "csv.py"))
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, warm_chunk_tokens=32,
-                      idle_grace=0.0, chunk_tokens=64)
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, background_step_tokens=32,
+                      idle_grace=0.0, step_tokens=64)
     try:
         ceiling = Ceiling(eng)
         pool = pool_bytes(eng.cache)  # preallocated once: the pool never grows
-        samples: list[tuple[int, int, int, int]] = []  # (stats used, pool + retained allocated, chunk slots, working)
+        samples: list[tuple[int, int, int, int]] = []  # (stats used, pool + retained allocated, blend store slots, working)
         stop = threading.Event()
 
         def sample() -> None:  # what a client sees in efim/stats, read from another thread
@@ -94,7 +94,7 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
                 s = eng.scheduler
                 st = eng.stats()
                 allocated = pool + s.retained.nbytes()
-                samples.append((st.cache_bytes_used, allocated, s.chunk_store.stats().tokens, st.working_kv_bytes))
+                samples.append((st.cache_bytes_used, allocated, s.blend_store.stats().tokens, st.working_kv_bytes))
                 time.sleep(0.002)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -104,7 +104,7 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
             for i, text in enumerate(sources * 2):  # 12 documents, each far larger than the budget
                 key = f"doc{i}"
                 at = len(text) // 3 + 997 * round_
-                eng.warm_document(key, text, at)  # documents' pieces (background)
+                eng.keep_document_pieces(key, text, at)  # documents' pieces (background)
                 handles.append(eng.submit(InfillRequest(key=key, prefix=text[max(0, at - 3000):at], suffix=text[at:at + 800],
                                                         max_tokens=4, background=True)))  # a warm-up
                 others = [sources[(i + j) % len(sources)] for j in (1, 2)]
@@ -124,21 +124,21 @@ def test_kv_budget_caps_pool_chunk_store_retained_and_working_kv_together(tiny_m
         stats = eng.stats()
         max_used = max(s[0] for s in samples)
         max_allocated = max(s[1] for s in samples)
-        max_chunk_slots = max(s[2] for s in samples)
-        store, c = eng.scheduler.chunk_store, eng.scheduler.counters
+        max_blend_slots = max(s[2] for s in samples)
+        store, c = eng.scheduler.blend_store, eng.scheduler.counters
         print(f"\nbudget {BUDGET} B (pool {pool} B = {eng.cache.n_slots} slots, working share "
               f"{eng.scheduler.working_limit} B = {eng.scheduler.rows_alone} rows, retained cap {eng.scheduler.retained.budget_bytes} B); "
               f"{len(ceiling.samples)} engine-thread samples: pool + retained + working max {ceiling.max_total()} B, "
               f"in use max {ceiling.max_used()} B, working max {ceiling.max_working()} B; "
               f"{len(samples)} stats samples: stored KV max {max_used} B, pool + retained allocated max {max_allocated} B, "
-              f"workingKvBytes max {max(s[3] for s in samples)} B, chunk store max {max_chunk_slots} slots (cap {store.max_slots}); "
+              f"workingKvBytes max {max(s[3] for s in samples)} B, blend store max {max_blend_slots} slots (cap {store.max_slots}); "
               f"evicted {stats.evictions} tokens; windows cut {c.kv_cut_windows}; requests {stats.requests}, "
               f"warm {stats.warm_requests}, document tokens {stats.document_tokens}")
         ceiling.check(BUDGET)
         assert len(samples) > 100
         assert max_used <= BUDGET, f"stored KV reached {max_used} B over a budget of {BUDGET} B"
         assert max_allocated <= BUDGET, f"pool + retained KV reached {max_allocated} B over {BUDGET} B"
-        assert max_chunk_slots <= store.max_slots
+        assert max_blend_slots <= store.max_slots
         assert stats.evictions > 0  # it evicted instead of growing
         assert stats.completed >= 24 and stats.warm_requests >= 24
         assert stats.document_tokens > 0  # the documents' pieces were stored too
@@ -155,7 +155,7 @@ def test_a_window_larger_than_the_budget_is_cut_and_answered(tiny_model_factory,
     the ceiling holds at every step."""
     text = stdlib_sources(("textwrap.py",))[0]
     budget = BUDGET if kv_dtype is None else BUDGET // 4  # int8 rows are 240 B here, fp32 ones 768 B
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, chunk_tokens=64,
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, step_tokens=64,
                       check_integrity=True, kv_dtype=kv_dtype)
     try:
         ceiling = Ceiling(eng)
@@ -220,17 +220,17 @@ def test_alternatives_under_a_tight_budget_fork_fewer_and_keep_the_greedy_answer
 
 
 def _slow_background(eng, seconds: float) -> None:
-    """Background prefill chunks take at least `seconds` each (so a test can act while
+    """Background prefill steps take at least `seconds` each (so a test can act while
     warm-ups run)."""
     runner = eng.scheduler.runner
-    prefill = runner.prefill_chunk
+    prefill = runner.prefill_step
 
     def slow(seq, *a, **kw):
         if seq.background:
             time.sleep(seconds)
         return prefill(seq, *a, **kw)
 
-    runner.prefill_chunk = slow
+    runner.prefill_step = slow
 
 
 def test_warm_ups_give_way_to_a_request_under_pressure(tiny_model_factory):
@@ -239,8 +239,8 @@ def test_warm_ups_give_way_to_a_request_under_pressure(tiny_model_factory):
     rows stay committed), the request is answered in full, later warm-ups run once it is
     done, and the ceiling holds throughout."""
     sources = stdlib_sources(("textwrap.py", "shlex.py", "difflib.py"))
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, chunk_tokens=64,
-                      warm_chunk_tokens=32, check_integrity=True)
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, step_tokens=64,
+                      background_step_tokens=32, check_integrity=True)
     try:
         ceiling = Ceiling(eng)
         _slow_background(eng, 0.05)
@@ -283,7 +283,7 @@ def test_a_request_waits_for_running_ones_instead_of_growing(tiny_model_factory,
     answered, none is cut, the ceiling holds."""
     sources = stdlib_sources(("textwrap.py", "shlex.py", "difflib.py"))
     budget = BUDGET if kv_dtype is None else BUDGET // 4  # int8 rows are 240 B here, fp32 ones 768 B
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, chunk_tokens=64,
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=budget, step_tokens=64,
                       check_integrity=True, kv_dtype=kv_dtype)
     try:
         ceiling = Ceiling(eng)
@@ -325,7 +325,7 @@ def test_a_documents_previous_kv_that_does_not_fit_beside_the_new_one_is_dropped
     the two together exceed the working share: the old one is dropped (its prompt rows are
     in the radix cache) and the request runs, instead of waiting for room nothing frees."""
     text = stdlib_sources(("difflib.py",))[0]
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, chunk_tokens=64,
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, step_tokens=64,
                       check_integrity=True)
     try:
         ceiling = Ceiling(eng)

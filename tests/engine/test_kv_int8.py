@@ -1,5 +1,5 @@
 """int8 KV cache (kv_dtype="int8"): agreement with the model-dtype KV, rows and scales kept
-intact by every copy (runner, pool, chunk store), bytes per slot, bad values."""
+intact by every copy (runner, pool, blend store), bytes per slot, bad values."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _prompts(vocab: int, n: int = 4, length: int = 48) -> list[torch.Tensor]:
 
 
 def _greedy(model, ids: torch.Tensor, steps: int) -> tuple[list[int], torch.Tensor]:
-    """Prefill `ids` in two chunks, then `steps` greedy decode steps; (tokens, all logits)."""
+    """Prefill `ids` in two steps, then `steps` greedy decode steps; (tokens, all logits)."""
     kv = model.new_kv(len(ids) + steps + 1)
     half = len(ids) // 2
     model.forward(ids[:half], kv, 0, "none")
@@ -150,7 +150,7 @@ def test_pool_gather_commit_keep_int8_rows_intact(tiny_model_dir, dtype):
     for name in ("k8", "k_scale", "v_scale"):
         assert torch.equal(getattr(out, name)[:, :, :40], getattr(kv, name)[:, :, :40]), name
     assert torch.equal(out.vt8[..., :40], kv.vt8[..., :40])
-    # The chunk store's rows go through the pool's row API: dense in, dense out, int8 inside.
+    # The blend store's rows go through the pool's row API: dense in, dense out, int8 inside.
     k, v = kv.read(0, 40)
     slots = pool.alloc(40)
     pool.write_slots(slots, k.transpose(1, 2), v.transpose(1, 2))
@@ -243,9 +243,9 @@ def test_engine_with_int8_kv_serves_every_path_and_agrees_with_the_dense_engine(
             out = _engine_run(q8, key=f"ctx-{mode}", prefix=src[900:1500], chunks=chunks, context=mode)
             assert out.finish_reason != "error", out.error
         # Document pieces (computed in the background into the pool) and a jump assembled from them.
-        q8.warm_document("doc2", src[:6000], 3000)
+        q8.keep_document_pieces("doc2", src[:6000], 3000)
         settle(q8)
-        assert q8.scheduler.chunk_store.entries_of("doc2")
+        assert q8.scheduler.blend_store.entries_of("doc2")
         jump = _engine_run(q8, key="doc2", prefix=src[2200:3000], suffix=src[3000:3200], document_kv=True)
         assert jump.finish_reason != "error", jump.error
         settle(q8)

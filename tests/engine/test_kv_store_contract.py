@@ -1,4 +1,4 @@
-"""The one KV-store contract (engine.kv.store.KVStore): the radix cache, the chunk store, the
+"""The one KV-store contract (engine.kv.store.KVStore): the radix cache, the blend store, the
 retained KV and the disk store each match what they inserted, free what they evict, count
 their bytes, and have an integrity check that passes and catches a corrupted state."""
 
@@ -11,7 +11,7 @@ from typing import Any, Callable, NamedTuple
 import pytest
 import torch
 
-from engine.kv.chunk_store import ChunkKV, ChunkStore
+from engine.kv.blend_store import BlendStore, SpanKV
 from engine.kv.disk_format import DocumentRows, KVDiskStore
 from engine.kv.pool import SlotPool
 from engine.kv.radix import RadixCache
@@ -52,13 +52,13 @@ def radix_case(_tmp: Path) -> Case:
     )
 
 
-def chunk_case(_tmp: Path) -> Case:
-    store = ChunkStore(_cache(), max_fraction=0.5)
+def blend_case(_tmp: Path) -> Case:
+    store = BlendStore(_cache(), blend_store_share=0.5)
     ids = (5, 6, 7, 8, 9)
 
-    def value() -> ChunkKV:
+    def value() -> SpanKV:
         k, v = _rows(len(ids))
-        return ChunkKV(k.transpose(1, 2), v.transpose(1, 2), torch.arange(1, len(ids) + 1))  # [L, n, H_kv, D]
+        return SpanKV(k.transpose(1, 2), v.transpose(1, 2), torch.arange(1, len(ids) + 1))  # [L, n, H_kv, D]
 
     def corrupt() -> None:
         store.pool.free(store.match(ids).slots)  # freed in the pool while the store lists them
@@ -98,7 +98,7 @@ def disk_case(tmp: Path) -> Case:
     )
 
 
-@pytest.mark.parametrize("make", [radix_case, chunk_case, retained_case, disk_case], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("make", [radix_case, blend_case, retained_case, disk_case], ids=lambda f: f.__name__)
 def test_every_store_keeps_the_contract(make, tmp_path):
     case = make(tmp_path)
     store: KVStore = case.store
@@ -128,11 +128,11 @@ def test_every_store_keeps_the_contract(make, tmp_path):
 
 def test_stores_count_what_they_hold():
     cache = _cache(32)
-    chunks = ChunkStore(cache, max_fraction=0.5)
+    spans = BlendStore(cache, blend_store_share=0.5)
     cache.insert(list(range(1, 8)), cache.alloc(7))
     k, v = _rows(4, 1)
-    chunks.insert((40, 41, 42, 43), ChunkKV(k.transpose(1, 2), v.transpose(1, 2), torch.arange(4)))
-    assert cache.nbytes() == 7 * PER_SLOT and chunks.nbytes() == 4 * PER_SLOT  # tree and held slots apart
+    spans.insert((40, 41, 42, 43), SpanKV(k.transpose(1, 2), v.transpose(1, 2), torch.arange(4)))
+    assert cache.nbytes() == 7 * PER_SLOT and spans.nbytes() == 4 * PER_SLOT  # tree and held slots apart
     assert cache.usage() == (11 * PER_SLOT, 21 * PER_SLOT)  # one pool, one budget
     retained = RetainedKV()
     seq = RetainedSequence(SequenceKV(*_rows(8)), [1, 2, 3])

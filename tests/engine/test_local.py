@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.api import Completion, Engine, InfillRequest
-from engine.scheduling.scheduler import SOLO_CHUNK_FACTOR
+from engine.scheduling.scheduler import SOLO_STEP_FACTOR
 from engine.local import load_engine
 from tiny_models import stdlib_sources
 
@@ -207,15 +207,15 @@ def test_count_tokens_and_info(engine):
 
 
 @pytest.fixture()
-def small_chunk_engine(tiny_model_factory):
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M", chunk_tokens=64,
+def small_step_engine(tiny_model_factory):
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M", step_tokens=64,
                       check_integrity=True)
     yield eng
     eng.close()
 
 
-def test_supersede_by_key(small_chunk_engine, source):
-    eng = small_chunk_engine
+def test_supersede_by_key(small_step_engine, source):
+    eng = small_step_engine
     P, S = window(source, 9000)
     old = eng.submit(InfillRequest(key="k", prefix=P, suffix=S, max_tokens=200))
     new = eng.submit(InfillRequest(key="k", prefix=P, suffix=S, increment="x", max_tokens=3))
@@ -227,8 +227,8 @@ def test_supersede_by_key(small_chunk_engine, source):
     settle(eng)
 
 
-def test_cancel_mid_prefill_keeps_done_chunks(small_chunk_engine, source, monkeypatch):
-    eng = small_chunk_engine
+def test_cancel_mid_prefill_keeps_done_steps(small_step_engine, source, monkeypatch):
+    eng = small_step_engine
     P, S = window(source, 12000)
     real = eng.model.forward
     state = {"calls": 0, "handle": None}
@@ -236,7 +236,7 @@ def test_cancel_mid_prefill_keeps_done_chunks(small_chunk_engine, source, monkey
     def counting(*a, **kw):
         state["calls"] += 1
         if state["calls"] == 3:
-            state["handle"].cancel()  # lands while the third chunk runs
+            state["handle"].cancel()  # lands while the third prefill step runs
         return real(*a, **kw)
 
     monkeypatch.setattr(eng.model, "forward", counting)
@@ -245,11 +245,11 @@ def test_cancel_mid_prefill_keeps_done_chunks(small_chunk_engine, source, monkey
     state["handle"] = h
     c = h.result(60)
     assert c.finish_reason == "cancelled"
-    chunk = 64 * SOLO_CHUNK_FACTOR  # the request is alone in the engine: solo-sized chunks
-    assert c.stats.prefilled_tokens == 3 * chunk  # stopped at the chunk boundary after the cancel
+    step = 64 * SOLO_STEP_FACTOR  # the request is alone in the engine: solo-sized steps
+    assert c.stats.prefilled_tokens == 3 * step  # stopped at the step boundary after the cancel
     monkeypatch.setattr(eng.model, "forward", real)
     again = eng.submit(InfillRequest(key="c2", prefix=P, suffix=S, max_tokens=4)).result(60)
-    assert again.stats.reused_tokens >= 3 * chunk  # from the radix tree (another key)
+    assert again.stats.reused_tokens >= 3 * step  # from the radix tree (another key)
     settle(eng)
 
 
@@ -277,8 +277,8 @@ def test_eviction_under_tiny_budget_keeps_outputs_and_integrity(tiny_model_facto
                                                                   HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["submit", "cancel", "pause"]), st.integers(0, 2), st.integers(0, 30)),
                 min_size=1, max_size=10))
-def test_random_submit_cancel_keeps_pool_consistent(small_chunk_engine, source, ops):
-    eng = small_chunk_engine
+def test_random_submit_cancel_keeps_pool_consistent(small_step_engine, source, ops):
+    eng = small_step_engine
     handles = []
     rng = random.Random(len(ops))
     for op, key, n in ops:

@@ -1,5 +1,5 @@
 """The engine's forward pass equals transformers' on tiny random models (fp32, tight
-tolerance): full prefill, chunked prefill through one SequenceKV, prefix reuse from a
+tolerance): full prefill, prefill in steps through one SequenceKV, prefix reuse from a
 copied KV, batched decode, and the layer-level API CacheBlend uses."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_full_prefill_matches_transformers(pair):
     torch.testing.assert_close(last, expected[-1:], atol=ATOL, rtol=RTOL)
 
 
-def test_three_chunk_prefill_matches_transformers(pair):
+def test_three_step_prefill_matches_transformers(pair):
     model, ref, ids = pair
     expected = ref_logits(ref, ids)
     kv = model.new_kv(N_TOKENS + 8)  # spare capacity: rows past the sequence must not matter

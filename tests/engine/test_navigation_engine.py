@@ -1,6 +1,6 @@
 """After a jump, on a tiny model: document pieces computed in the background, a window
 assembled from them by CacheBlend (exact at ratio 1.0 in fp32), background warm-ups that
-give way to requests within one chunk (the order of engine steps, not wall time), and a
+give way to requests within one prefill step (the order of engine steps, not wall time), and a
 pool that stays consistent through a random jump/type/cancel script."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def text():
 def engine(tiny_model_factory):
     eng = load_engine(
         str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True,
-        idle_grace=0.0, warm_chunk_tokens=32,
+        idle_grace=0.0, background_step_tokens=32,
     )
     yield eng
     eng.close()
@@ -42,37 +42,37 @@ def _run(eng, **kw):
 
 
 def test_document_pieces_are_computed_in_the_background_and_forgotten(engine, text):
-    engine.warm_document("doc", text, len(text) // 2)
+    engine.keep_document_pieces("doc", text, len(text) // 2)
     settle(engine)
-    entries = engine.scheduler.chunk_store.entries_of("doc")
+    entries = engine.scheduler.blend_store.entries_of("doc")
     assert entries and engine.scheduler.document_tokens() == sum(len(e.ids) for e in entries)
     assert engine.stats().document_tokens > 0 and engine.stats().warm_prefilled_tokens > 0
     engine.forget_document("doc")
     settle(engine)
-    assert engine.scheduler.chunk_store.entries_of("doc") == []
+    assert engine.scheduler.blend_store.entries_of("doc") == []
 
 
 def test_an_empty_text_keeps_the_pieces_and_forget_document_drops_them_even_in_flight(engine, text):
-    engine.warm_document("doc", text, len(text) // 2)
+    engine.keep_document_pieces("doc", text, len(text) // 2)
     settle(engine)
-    kept = [e.ids for e in engine.scheduler.chunk_store.entries_of("doc")]
+    kept = [e.ids for e in engine.scheduler.blend_store.entries_of("doc")]
     assert kept
-    engine.warm_document("doc", "", 0)  # an empty text has no pieces: not a forget
+    engine.keep_document_pieces("doc", "", 0)  # an empty text has no pieces: not a forget
     engine.forget_document("other")  # another document's forget leaves these alone
     settle(engine)
-    assert [e.ids for e in engine.scheduler.chunk_store.entries_of("doc")] == kept
+    assert [e.ids for e in engine.scheduler.blend_store.entries_of("doc")] == kept
     engine.forget_document("doc")
     settle(engine)
-    assert engine.scheduler.chunk_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
+    assert engine.scheduler.blend_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
     # A forget right after a pass starts ends the pass too: nothing of it is computed later.
-    engine.warm_document("doc", text, len(text) // 2)
+    engine.keep_document_pieces("doc", text, len(text) // 2)
     engine.forget_document("doc")
     settle(engine)
-    assert engine.scheduler.chunk_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
+    assert engine.scheduler.blend_store.entries_of("doc") == [] and engine.scheduler.document_tokens() == 0
 
 
 def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one(engine, text):
-    engine.warm_document("doc", text, len(text) // 2)
+    engine.keep_document_pieces("doc", text, len(text) // 2)
     settle(engine)
     at = text.index("def _split(")
     prefix, suffix = _window(text, at)
@@ -92,7 +92,7 @@ def test_a_window_after_a_jump_is_assembled_from_the_pieces_exactly_at_ratio_one
     settle(engine)
 
 
-def test_a_request_starts_within_one_background_chunk(engine, text):
+def test_a_request_starts_within_one_background_step(engine, text):
     trace: list = []
     engine.scheduler.trace = trace
     at = text.index("def fill(")
@@ -151,7 +151,7 @@ def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
         elif kind < 0.8:
             cut = rng.randrange(len(doc) - 50)
             doc = doc[:cut] + "y = 2\n" + doc[cut:]
-            engine.warm_document("d", doc, at)
+            engine.keep_document_pieces("d", doc, at)
         else:
             time.sleep(rng.random() * 0.05)
     for h in handles:
@@ -162,13 +162,13 @@ def test_random_jump_type_cancel_script_keeps_the_pool_consistent(engine, text):
 
 
 def test_a_file_larger_than_its_share_keeps_the_pieces_around_the_cursor(tiny_model_factory, text):
-    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="4M", idle_grace=0.0, warm_chunk_tokens=64)
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="4M", idle_grace=0.0, background_step_tokens=64)
     try:
         big = text * 6
         cursor = len(big) * 2 // 3
-        eng.warm_document("big", big, cursor)
+        eng.keep_document_pieces("big", big, cursor)
         settle(eng)
-        store = eng.scheduler.chunk_store
+        store = eng.scheduler.blend_store
         kept = store.entries_of("big")
         assert 0 < eng.scheduler.document_tokens() <= eng.document_cap_tokens
         assert eng.scheduler.document_tokens() < eng.count_tokens(big) // 2  # not the whole file

@@ -57,7 +57,7 @@ def test_int4_linear_computes_with_its_dequantised_matrix(dtype, rows):
 def test_int4_linear_takes_strided_rows():
     """Regression: the kernel raised "expect A to be contiguous" for a column slice, which is
     what the transformer's fused RMSNorm of 2-16 rows returns (`efim complete --quant int4`
-    failed on a 23-token prompt's keystroke-sized chunks)."""
+    failed on a 23-token prompt's keystroke-sized steps)."""
     lin = Int4Linear.quantize(torch.randn(64, 64), None, torch.float32)
     wide = torch.randn(5, 128)
     x = wide[:, :64]  # [5, 64], row stride 128
@@ -304,7 +304,7 @@ def test_mixed_linear_sends_few_rows_to_the_packed_weight_and_many_to_the_bf16_c
 
 def test_a_mixed_model_prefills_like_bf16_and_decodes_like_int4(tiny_model_factory, tmp_path, cache_dir):
     """quant "mixed" on a Q4_1 file: the layers keep the file's groups for decode steps and a
-    bf16 copy of the same values for prefill chunks; the head is int8 as under "int4"; the
+    bf16 copy of the same values for prefill steps; the head is int8 as under "int4"; the
     resident bytes stay within 1.5x of the bf16 model's."""
     from engine.model.quant import MixedLinear
 

@@ -7,7 +7,7 @@ import torch
 
 from engine.kv.radix import RadixCache
 from engine.text.sampler import Sampler
-from engine.scheduling.scheduler import SOLO_CHUNK_FACTOR, Scheduler
+from engine.scheduling.scheduler import SOLO_STEP_FACTOR, Scheduler
 from engine.scheduling.sequence import Prompt, Sequence
 
 
@@ -42,11 +42,11 @@ def model(tiny_model_factory):
     return load_model(str(tiny_model_factory("llama")), dtype="fp32").model
 
 
-def make(model, chunk=32, slots=4000):
+def make(model, step=32, slots=4000):
     c = model.config
     cache = RadixCache(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype=torch.float32,
                        budget_bytes=slots * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4)
-    return Scheduler(model, cache, chunk_tokens=chunk, check_integrity=True)
+    return Scheduler(model, cache, step_tokens=step, check_integrity=True)
 
 
 def job(sink, key="k", cache=True, rid=[0]):
@@ -67,19 +67,19 @@ def prompt(n, seed=0):
     return torch.randint(10, 1000, (n,), generator=g).tolist()
 
 
-def test_chunks_and_cancel_within_one_chunk(model):
-    s = make(model, chunk=32)
+def test_prefill_steps_and_cancel_within_one_step(model):
+    s = make(model, step=32)
     sink = Sink(prompt(200))
     j = job(sink)
     s.submit(j)
-    s.step()  # admission + first chunk
-    s.step()  # second chunk
+    s.step()  # admission + first prefill step
+    s.step()  # second prefill step
     s.cancel(j)
     s.step()
     reason, stats, _ = sink.finished
-    done = 2 * 32 * SOLO_CHUNK_FACTOR  # two chunks, solo-sized (the request is the only work)
+    done = 2 * 32 * SOLO_STEP_FACTOR  # two steps, solo-sized (the request is the only work)
     assert reason == "cancelled" and stats.prefilled_tokens == done and sink.tokens == []
-    assert s.cache.match(sink.ids).n_tokens == done  # both chunks stayed cached
+    assert s.cache.match(sink.ids).n_tokens == done  # both steps stayed cached
     s.cache.check_integrity()
 
 
@@ -185,38 +185,38 @@ def test_a_flood_of_superseding_requests_holds_one_kv_at_a_time(model):
     assert seqs[-1].sink.finished[0] == "length" and all(q.sink.finished[0] == "cancelled" for q in seqs[:-1])
 
 
-def test_warm_chunk_follows_the_measured_prefill_rate():
-    """A background chunk is sized to take about `warm_chunk_seconds` at the rate measured
-    so far: a first guess before any measurement, multiples of 32, bounded by the request
-    chunk; a keystroke's few rows do not move the rate."""
+def test_background_step_follows_the_measured_prefill_rate():
+    """A background prefill step is sized to take about `background_step_seconds` at the rate
+    measured so far: a first guess before any measurement, multiples of 32, bounded by the
+    request's step; a keystroke's few rows do not move the rate."""
     from engine.scheduling.steps import PrefillRate
 
     rate = PrefillRate()
-    assert rate.chunk_for(0.1, 256) == PrefillRate.FIRST_GUESS
+    assert rate.rows_for(0.1, 256) == PrefillRate.FIRST_GUESS
     rate.observe(2, 0.001)  # a keystroke: ignored
     assert rate.rows_per_s is None
     rate.observe(256, 0.1)  # 2,560 rows/s
-    assert rate.chunk_for(0.1, 256) == 256
-    assert rate.chunk_for(0.05, 256) == 128
+    assert rate.rows_for(0.1, 256) == 256
+    assert rate.rows_for(0.05, 256) == 128
     rate.observe(256, 0.4)  # slower now: 640 rows/s, averaged in
-    assert PrefillRate.SMALLEST <= rate.chunk_for(0.1, 256) < 256 and rate.chunk_for(0.1, 256) % 32 == 0
+    assert PrefillRate.SMALLEST <= rate.rows_for(0.1, 256) < 256 and rate.rows_for(0.1, 256) % 32 == 0
     slow = PrefillRate()
     slow.observe(64, 1.0)
-    assert slow.chunk_for(0.1, 256) == PrefillRate.SMALLEST
+    assert slow.rows_for(0.1, 256) == PrefillRate.SMALLEST
 
 
-def test_a_request_alone_prefills_in_larger_chunks_and_back_when_another_arrives(model):
-    """Solo-sized chunks while a request is the only work; the usual chunk as soon as
+def test_a_request_alone_prefills_in_larger_steps_and_back_when_another_arrives(model):
+    """Solo-sized steps while a request is the only work; the usual step as soon as
     another request is admitted."""
-    s = make(model, chunk=32)
+    s = make(model, step=32)
     a = job(Sink(prompt(400), max_tokens=1), "a")
     s.submit(a)
     s.step()
-    assert a.n_valid == 32 * SOLO_CHUNK_FACTOR
+    assert a.n_valid == 32 * SOLO_STEP_FACTOR
     b = job(Sink(prompt(300, 2), max_tokens=1), "b")
     s.submit(b)
-    s.step()  # admits b, then a's next chunk: two sequences prefilling
-    assert a.n_valid == 32 * SOLO_CHUNK_FACTOR + 32
+    s.step()  # admits b, then a's next step: two sequences prefilling
+    assert a.n_valid == 32 * SOLO_STEP_FACTOR + 32
     drain(s)
     assert a.sink.finished[0] == "length" and b.sink.finished[0] == "length"
 
@@ -226,7 +226,7 @@ def test_a_request_past_its_deadline_ends_while_it_waits_behind_another(model):
     another request's prefill), and one that expired in the inbox gets no KV at all."""
     import time
 
-    s = make(model, chunk=32)
+    s = make(model, step=32)
     a = job(Sink(prompt(400), max_tokens=1), "a")
     b = job(Sink(prompt(300, 2), max_tokens=1), "b")
     b.deadline = time.monotonic() + 0.05

@@ -170,7 +170,7 @@ def make(model):
     c = model.config
     cache = RadixCache(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype=torch.float32,
                        budget_bytes=8000 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4)
-    return Scheduler(model, cache, chunk_tokens=128, check_integrity=True)
+    return Scheduler(model, cache, step_tokens=128, check_integrity=True)
 
 
 _ids = iter(range(1, 1_000_000))

@@ -85,11 +85,11 @@ def cacheblend(model, ids):
     # recomputed: exercises rope_shift, kv_deviation, select_top_rows and attention
     # with scattered query rows.
     from engine.cacheblend.blend import ReusedSpan, blend_prefill
-    from engine.kv.chunk_store import prefill_chunk
+    from engine.kv.blend_store import prefill_span
 
     header, parts, spans, row = [ids[0]], [], [], 1
     for chunk in (ids[1:7], ids[3:12]):
-        c = prefill_chunk(model, list(chunk), header)
+        c = prefill_span(model, list(chunk), header)
         spans.append(ReusedSpan(row, c.k, c.v, c.positions))
         parts += list(chunk)
         row += len(chunk)

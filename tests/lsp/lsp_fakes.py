@@ -176,7 +176,7 @@ class FakeEngine:
                 raise TimeoutError("fake engine still busy")
             time.sleep(0.001)
 
-    def warm_document(self, key: str, text: str, cursor: int) -> None:
+    def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         self.document_warms.append((key, len(text), cursor))
 
     def forget_document(self, key: str) -> None:

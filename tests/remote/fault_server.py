@@ -4,14 +4,14 @@ llama.cpp (tests/remote/test_llama_server.py runs the real one).
 
 `FaultServer(mode=...)` serves on 127.0.0.1:<port> in a thread; `mode` is read per request:
 
-    ok        stream `pieces` (one SSE event each), then the final chunk
+    ok        stream `pieces` (one SSE event each), then the final event
     slow      like ok, `delay` seconds before each piece
     http500 / http401 / http400   an error status with a JSON error body
     garbage   a 200 whose body is an HTML page
     badjson   SSE events whose data is not JSON
     drop      two pieces, then the connection closes mid-stream (chunked body left unfinished)
     hang      accepts and never answers (until the client goes away)
-    noend     pieces and then a clean end without the final chunk
+    noend     pieces and then a clean end without the final event
 
 `close_unanswered = N` (any mode): the next N completion requests are read and their connection
 closed with no answer, as a server or proxy closes an idle kept-alive connection.
@@ -217,7 +217,7 @@ class FaultServer:
         return f"{'https' if self.ssl_context else 'http'}://127.0.0.1:{self.port}"
 
     def cached_for(self, slot: int, prompt: list) -> int:
-        """Tokens of `prompt` the slot's previous prompt shares (a prefix cache's answer)."""
+        """Tokens of `prompt` the server slot's previous prompt shares (a prefix cache's answer)."""
         last = self._last_prompt.get(slot, [])
         n = 0
         for a, b in zip(last, prompt):

@@ -35,8 +35,8 @@ def _pct(values: list[float]) -> str:
 
 def _bare(client: httpx.Client, url: str, body: dict) -> tuple[float | None, float | None]:
     """(ms to the first streamed text, the server's prompt_ms) for one bare request, read to
-    its end as the engine reads its own (a stream closed early keeps llama.cpp's slot busy
-    until its next write, and the next request in that slot would wait for it)."""
+    its end as the engine reads its own (a stream closed early keeps llama.cpp's server slot busy
+    until its next write, and the next request in that server slot would wait for it)."""
     started = time.perf_counter()
     first = prompt_ms = None
     with client.stream("POST", url + "/completion", json=body) as resp:
@@ -69,7 +69,7 @@ def run(url: str, sessions: int, keys: str, *, server_timings: bool, model: str 
                         prompt_ms = engine.counters.server_prompt_ms[-1] if engine.counters.server_prompt_ms else None
                         ours.append(((first - started) * 1e3, prompt_ms if done.stats.ttft_ms else None))
                 else:
-                    body = engine.dialect.body(engine._prompt_ids(req), req, model=None, slot=engine._slot_for(key),
+                    body = engine.dialect.body(engine._prompt_ids(req), req, model=None, server_slot=engine._server_slot_for(key),
                                                stop=["\n"], remaining_ms=None)
                     first_ms, prompt_ms = _bare(client, url, body)
                     if first_ms is not None:

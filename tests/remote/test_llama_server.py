@@ -1,7 +1,7 @@
 """The remote engine against a REAL llama.cpp `llama-server` (efim_tools/peers/llama_cpp.py)
 serving the embedded default GGUF — and the same model with the FIM adapter merged, written
 by `efim export gguf` — keystroke by keystroke: the server's own cached-token counts show the
-EFIM prompts reused while typing, each document keeps its slot, and `efim serve` with
+EFIM prompts reused while typing, each document keeps its server slot, and `efim serve` with
 `backend: "llama.cpp"` does the same end to end. Skipped (saying how to build it) only when
 llama-server is not built. Numbers are printed with -s; timings are not asserted."""
 
@@ -129,7 +129,7 @@ def test_typing_a_function_reuses_the_servers_cache(which, llama_default, defaul
             return_context.stop()
 
 
-def test_two_documents_on_their_own_slots_keep_their_reuse(llama_default, default_gguf):
+def test_two_documents_on_their_own_server_slots_keep_their_reuse(llama_default, default_gguf):
     from engine.remote import RemoteEngine
 
     text, cursor = stdlib_function()
@@ -140,8 +140,8 @@ def test_two_documents_on_their_own_slots_keep_their_reuse(llama_default, defaul
         b1 = _type(engine, "file:///b.py", other, other_cursor, "last", "prefix")
         a2 = _type(engine, "file:///a.py", text, cursor, "chunks = self", "prefix")
         b2 = _type(engine, "file:///b.py", other, other_cursor, "lastelt = heap", "prefix")
-        slots = engine._slots
-        assert slots["file:///a.py"] != slots["file:///b.py"]
+        server_slots = engine._server_slots
+        assert server_slots["file:///a.py"] != server_slots["file:///b.py"]
         # Coming back to a document after typing in the other: its first prompt is still cached.
         assert a2[0].stats.reused_tokens >= 0.95 * a2[0].stats.prompt_tokens, a2[0].stats
         assert b2[0].stats.reused_tokens >= 0.95 * b2[0].stats.prompt_tokens, b2[0].stats

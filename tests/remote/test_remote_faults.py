@@ -69,7 +69,7 @@ def test_sends_token_ids_streams_text_and_reports_the_servers_reuse(tiny_model_d
             assert "".join(e.text for e in events if e.kind == "token") == done.text == "return a + b"
             assert done.finish_reason == "eos"
             first = server.completions()[-1]
-            # The prompt is the local engine's rendering, as ids; cache on; the document pinned to a slot.
+            # The prompt is the local engine's rendering, as ids; cache on; the document pinned to a server slot.
             assert first["prompt"] == engine._prompt_ids(_req(increment="re"))
             assert all(isinstance(t, int) for t in first["prompt"])
             assert first["cache_prompt"] is True and first["stream"] is True and first["id_slot"] in (0, 1)
@@ -88,19 +88,19 @@ def test_sends_token_ids_streams_text_and_reports_the_servers_reuse(tiny_model_d
         assert not faults.seen
 
 
-def test_documents_keep_their_slots(tiny_model_dir):
+def test_documents_keep_their_server_slots(tiny_model_dir):
     with FaultServer(slots=2) as server:
         engine, _ = _engine(server.url, tiny_model_dir)
         with engine:
-            slot = {}
+            server_slot = {}
             for key in ("a", "b", "a", "b", "a"):
                 engine.submit(_req(key)).result(10)
-                slot.setdefault(key, set()).add(server.completions()[-1]["id_slot"])
-            assert len(slot["a"]) == len(slot["b"]) == 1 and slot["a"] != slot["b"]
-            engine.submit(_req("c")).result(10)  # a third document takes the least recently used slot (b's)
-            assert server.completions()[-1]["id_slot"] == next(iter(slot["b"]))
+                server_slot.setdefault(key, set()).add(server.completions()[-1]["id_slot"])
+            assert len(server_slot["a"]) == len(server_slot["b"]) == 1 and server_slot["a"] != server_slot["b"]
+            engine.submit(_req("c")).result(10)  # a third document takes the least recently used server slot (b's)
+            assert server.completions()[-1]["id_slot"] == next(iter(server_slot["b"]))
             engine.submit(_req("a")).result(10)
-            assert server.completions()[-1]["id_slot"] == next(iter(slot["a"]))
+            assert server.completions()[-1]["id_slot"] == next(iter(server_slot["a"]))
 
 
 def test_server_down_at_start_fails_fast_tells_once_and_reconnects(tiny_model_dir):

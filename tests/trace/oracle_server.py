@@ -181,7 +181,7 @@ class OracleEngine:
     def wait_idle(self, timeout: float = 30.0) -> None:
         pass  # handles finish on their own timers
 
-    def warm_document(self, key: str, text: str, cursor: int) -> None:
+    def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         pass  # nothing to precompute for an oracle
 
     def forget_document(self, key: str) -> None:

@@ -1,20 +1,21 @@
-"""Chunk KV store for CacheBlend: each context chunk's K/V, computed on its own, reusable
-at any offset of any prompt.
+"""Blend store for CacheBlend: the K/V of spans prefilled alone — context chunks and the
+documents' pieces — reusable at any offset of any prompt.
 
-A chunk (its token ids: the file separator and the `path\\ntext` tokens, as the template
-renders them) is prefilled alone — after the template's fixed header (its BOS ids, if
-any), so its first token is not an attention sink the real prompt never has — and its
-K (after RoPE, at positions header..header+n-1), V and those positions are stored.
-`engine.cacheblend.blend` rotates the keys to wherever the chunk lands (`kernels.rope_shift`).
+A span (its token ids: for a context chunk the file separator and the `path\\ntext` tokens,
+as the template renders them; for a piece its text's tokens) is prefilled alone — after
+the template's fixed header (its BOS ids, if any), so its first token is not an attention
+sink the real prompt never has — and its K (after RoPE, at positions header..header+n-1),
+V and those positions are stored. `engine.cacheblend.blend` rotates the keys to wherever
+the span lands (`kernels.rope_shift`).
 
 Storage: rows live in the radix cache's token-granular pool (`engine.kv.pool.SlotPool`,
 [L, N, H_kv, D]), in slots taken with `RadixCache.alloc` (which may evict radix leaves to
-make room) and kept *held* by this store, so chunk KV and prefix KV share one byte budget
+make room) and kept *held* by this store, so span KV and prefix KV share one byte budget
 and the pool's integrity check still balances (held slots are counted). The store keeps
-itself within `max_fraction` of the pool, evicting its own least recently used entries;
-the radix tree's eviction does not see these slots (see `docs/cacheblend.md`).
+itself within `blend_store_share` of the pool, evicting its own least recently used
+entries; the radix tree's eviction does not see these slots (see `docs/cacheblend.md`).
 
-Keys: a chunk's token ids (`engine.kv.store.ChunkIds`; a `KVStore` matched exactly),
+Keys: a span's token ids (`engine.kv.store.SpanIds`; a `KVStore` matched exactly),
 stored under a hash of them; a hit compares the ids (no false sharing on collisions).
 All methods run on the engine thread; nothing here locks.
 """
@@ -30,33 +31,33 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from engine.kv.radix import RadixCache
-from engine.kv.store import ChunkIds
+from engine.kv.store import SpanIds
 
 log = logging.getLogger(__name__)
 
 
-def chunk_key(ids: Sequence[int]) -> bytes:
-    """Content key of a chunk's token ids."""
+def span_key(ids: Sequence[int]) -> bytes:
+    """Content key of a span's token ids."""
     return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
 
 
-class ChunkKV(NamedTuple):
-    """A chunk's cached rows, heads-second like the pool (ready for `rope_shift`)."""
+class SpanKV(NamedTuple):
+    """A span's cached rows, heads-second like the pool (ready for `rope_shift`)."""
 
     k: torch.Tensor  # [L, n, H_kv, D] keys after RoPE at `positions`
     v: torch.Tensor  # [L, n, H_kv, D]
     positions: torch.Tensor  # [n] int64: the positions the keys were rotated for
 
 
-class ChunkEntry(NamedTuple):
+class SpanEntry(NamedTuple):
     key: bytes
     ids: tuple[int, ...]
     slots: torch.Tensor  # [n] int64 pool slots, held by the store
     positions: torch.Tensor  # [n] int64
-    origin: str | None  # the file the chunk came from, for invalidation
+    origin: str | None  # the file (context chunk) or document (piece) it came from, for invalidation
 
 
-class ChunkStats(NamedTuple):
+class BlendStoreStats(NamedTuple):
     entries: int
     tokens: int
     bytes_used: int
@@ -65,29 +66,29 @@ class ChunkStats(NamedTuple):
     evictions: int
 
 
-def prefill_chunk(model: Any, ids: Sequence[int], header: Sequence[int] = ()) -> ChunkKV:
+def prefill_span(model: Any, ids: Sequence[int], header: Sequence[int] = ()) -> SpanKV:
     """Prefill `header + ids` on a fresh sequence; return the K/V rows of `ids`
     (the header's rows are dropped: every prompt has its own header at position 0)."""
     h, n = len(header), len(ids)
     if n == 0:
-        raise ValueError("prefill_chunk: empty chunk")
+        raise ValueError("prefill_span: empty span")
     kv = model.new_kv(h + n)
     model.forward(torch.tensor([*header, *ids], dtype=torch.int64), kv, 0, "none")
     k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
     k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [L, n, H_kv, D]
-    return ChunkKV(k, v, torch.arange(h, h + n, dtype=torch.int64))
+    return SpanKV(k, v, torch.arange(h, h + n, dtype=torch.int64))
 
 
-class ChunkStore:
-    """Chunk KV in held slots of a `RadixCache`'s pool, LRU within `max_fraction` of it."""
+class BlendStore:
+    """Span KV in held slots of a `RadixCache`'s pool, LRU within `blend_store_share` of it."""
 
-    def __init__(self, cache: RadixCache, *, max_fraction: float = 0.25) -> None:
-        if not 0.0 < max_fraction <= 1.0:
-            raise ValueError(f"max_fraction must be in (0, 1], got {max_fraction}")
+    def __init__(self, cache: RadixCache, *, blend_store_share: float = 0.25) -> None:
+        if not 0.0 < blend_store_share <= 1.0:
+            raise ValueError(f"blend_store_share must be in (0, 1], got {blend_store_share}")
         self.cache = cache  # allocates (evicting radix leaves when the pool is full)
         self.pool = cache.pool  # holds, reads, writes and frees the rows
-        self.max_slots = max(1, int(self.pool.n_slots * max_fraction))
-        self._entries: collections.OrderedDict[bytes, ChunkEntry] = collections.OrderedDict()  # LRU first
+        self.max_slots = max(1, int(self.pool.n_slots * blend_store_share))
+        self._entries: collections.OrderedDict[bytes, SpanEntry] = collections.OrderedDict()  # LRU first
         self._n_slots = 0
         self.hits = self.misses = self.evictions = 0
         self.version = 0  # bumped whenever an entry is added or dropped (for indexes built on it)
@@ -96,14 +97,14 @@ class ChunkStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, ids: ChunkIds) -> bool:
-        entry = self._entries.get(chunk_key(ids))
+    def __contains__(self, ids: SpanIds) -> bool:
+        entry = self._entries.get(span_key(ids))
         return entry is not None and entry.ids == tuple(ids)
 
-    def match(self, ids: ChunkIds) -> ChunkEntry | None:
+    def match(self, ids: SpanIds) -> SpanEntry | None:
         """The entry for exactly these ids (marks it recently used, counts a hit), or None
         (counts a miss)."""
-        key = chunk_key(ids)
+        key = span_key(ids)
         entry = self._entries.get(key)
         if entry is None or entry.ids != tuple(ids):
             self.misses += 1
@@ -116,31 +117,31 @@ class ChunkStore:
         """Changes whenever an entry of `origin` is added or dropped."""
         return self._origin_versions[origin]
 
-    def entries_of(self, origin: str) -> list[ChunkEntry]:
+    def entries_of(self, origin: str) -> list[SpanEntry]:
         """Every entry that came from `origin` (does not change recency)."""
         return [e for e in self._entries.values() if e.origin == origin]
 
-    def touch(self, entry: ChunkEntry) -> None:
+    def touch(self, entry: SpanEntry) -> None:
         """Mark `entry` recently used (it was reused without a lookup)."""
         if entry.key in self._entries:
             self._entries.move_to_end(entry.key)
 
-    def load_rows(self, entry: ChunkEntry, at: int, n: int) -> ChunkKV:
+    def load_rows(self, entry: SpanEntry, at: int, n: int) -> SpanKV:
         """Copy rows at..at+n-1 of an entry out of the pool."""
         k, v = self.pool.read_slots(entry.slots[at : at + n])  # [L, n, H_kv, D]
         self.touch(entry)
-        return ChunkKV(k, v, entry.positions[at : at + n])
+        return SpanKV(k, v, entry.positions[at : at + n])
 
     def tokens_of(self, origin: str) -> int:
         return sum(len(e.ids) for e in self._entries.values() if e.origin == origin)
 
-    def load(self, entry: ChunkEntry) -> ChunkKV:
+    def load(self, entry: SpanEntry) -> SpanKV:
         """Copy an entry's rows out of the pool."""
         k, v = self.pool.read_slots(entry.slots)  # [L, n, H_kv, D]
-        return ChunkKV(k, v, entry.positions)
+        return SpanKV(k, v, entry.positions)
 
-    def insert(self, ids: ChunkIds, kv: ChunkKV, origin: str | None = None) -> ChunkEntry | None:
-        """Store a chunk's rows (replacing an entry with the same ids). Evicts this store's
+    def insert(self, ids: SpanIds, kv: SpanKV, origin: str | None = None) -> SpanEntry | None:
+        """Store a span's rows (replacing an entry with the same ids). Evicts this store's
         LRU entries to stay within its share, and lets the pool evict radix leaves; returns
         None (storing nothing) when the pool cannot make room."""
         ids = tuple(ids)
@@ -149,7 +150,7 @@ class ChunkStore:
             raise ValueError(f"insert: {n} ids but K/V/positions rows {kv.k.shape[1]}/{kv.v.shape[1]}/{kv.positions.shape[0]}")
         if n == 0 or n > self.max_slots:
             return None
-        key = chunk_key(ids)
+        key = span_key(ids)
         if key in self._entries:
             self._drop(key)
         while self._n_slots + n > self.max_slots and self._entries:
@@ -161,7 +162,7 @@ class ChunkStore:
         if slots is None:
             return None
         self.pool.write_slots(slots, kv.k, kv.v)  # [L, n, H_kv, D]; quantised in an int8 pool
-        entry = ChunkEntry(key, ids, slots, kv.positions.clone(), origin)
+        entry = SpanEntry(key, ids, slots, kv.positions.clone(), origin)
         self._entries[key] = entry
         self._n_slots += n
         self.version += 1
@@ -183,7 +184,7 @@ class ChunkStore:
             freed += self._evict_one()
         return freed
 
-    def drop(self, entry: ChunkEntry) -> None:
+    def drop(self, entry: SpanEntry) -> None:
         """Remove `entry` (if still stored), freeing its slots."""
         if self._entries.get(entry.key) is entry:
             self._drop(entry.key)
@@ -209,8 +210,8 @@ class ChunkStore:
         """Bytes of the pool slots this store holds."""
         return self._n_slots * self.pool.bytes_per_slot
 
-    def stats(self) -> ChunkStats:
-        return ChunkStats(
+    def stats(self) -> BlendStoreStats:
+        return BlendStoreStats(
             entries=len(self._entries),
             tokens=self._n_slots,
             bytes_used=self.nbytes(),
@@ -225,13 +226,13 @@ class ChunkStore:
         slots = [e.slots for e in self._entries.values()]
         all_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
         assert all_slots.numel() == self._n_slots, f"slot count {self._n_slots} != {all_slots.numel()} in entries"
-        assert all_slots.unique().numel() == all_slots.numel(), "a slot is in two chunk entries"
-        assert self._n_slots <= self.max_slots, "chunk store over its share of the pool"
+        assert all_slots.unique().numel() == all_slots.numel(), "a slot is in two span entries"
+        assert self._n_slots <= self.max_slots, "blend store over its share of the pool"
         if all_slots.numel():
-            assert self.pool.is_held(all_slots), "a chunk slot is not held in the pool"
+            assert self.pool.is_held(all_slots), "a span's slot is not held in the pool"
         for entry in self._entries.values():
             assert len(entry.ids) == entry.slots.numel() == entry.positions.numel(), "entry rows disagree"
-            assert chunk_key(entry.ids) == entry.key, "entry stored under a wrong key"
+            assert span_key(entry.ids) == entry.key, "entry stored under a wrong key"
 
 
-__all__ = ["ChunkStore", "ChunkEntry", "ChunkKV", "ChunkStats", "chunk_key", "prefill_chunk"]
+__all__ = ["BlendStore", "SpanEntry", "SpanKV", "BlendStoreStats", "span_key", "prefill_span"]

@@ -1,12 +1,12 @@
-"""Chunk KV store: rows live in held slots of the radix cache's pool, under its budget."""
+"""Blend store: span rows live in held slots of the radix cache's pool, under its budget."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.kv.blend_store import BlendStore, SpanKV, prefill_span, span_key
 from engine.kv.radix import RadixCache
-from engine.kv.chunk_store import ChunkKV, ChunkStore, chunk_key, prefill_chunk
 
 L, H, D = 2, 2, 4
 
@@ -16,9 +16,9 @@ def _cache(slots: int) -> RadixCache:
     return RadixCache(n_layers=L, n_kv_heads=H, head_dim=D, dtype=torch.float32, budget_bytes=slots * per_slot)
 
 
-def _kv(n: int, seed: int) -> ChunkKV:
+def _kv(n: int, seed: int) -> SpanKV:
     g = torch.Generator().manual_seed(seed)
-    return ChunkKV(torch.randn(L, n, H, D, generator=g), torch.randn(L, n, H, D, generator=g), torch.arange(1, n + 1))
+    return SpanKV(torch.randn(L, n, H, D, generator=g), torch.randn(L, n, H, D, generator=g), torch.arange(1, n + 1))
 
 
 def _check(cache, store):
@@ -28,7 +28,7 @@ def _check(cache, store):
 
 def test_add_lookup_load_roundtrip():
     cache = _cache(64)
-    store = ChunkStore(cache, max_fraction=0.5)
+    store = BlendStore(cache, blend_store_share=0.5)
     kv = _kv(5, 0)
     entry = store.insert([1, 2, 3, 4, 5], kv, origin="a.py")
     assert entry is not None and [1, 2, 3, 4, 5] in store
@@ -45,11 +45,11 @@ def test_add_lookup_load_roundtrip():
 
 def test_lru_eviction_within_its_share_and_forget_origin():
     cache = _cache(40)
-    store = ChunkStore(cache, max_fraction=0.5)  # 20 slots
+    store = BlendStore(cache, blend_store_share=0.5)  # 20 slots
     for i in range(3):
         assert store.insert([10 * i + j for j in range(6)], _kv(6, i), origin=f"f{i}.py") is not None
-    store.match([0, 1, 2, 3, 4, 5])  # chunk 0 becomes most recently used
-    assert store.insert(list(range(100, 106)), _kv(6, 9), origin="f1.py") is not None  # 24 > 20: evicts chunk 1
+    store.match([0, 1, 2, 3, 4, 5])  # span 0 becomes most recently used
+    assert store.insert(list(range(100, 106)), _kv(6, 9), origin="f1.py") is not None  # 24 > 20: evicts span 1
     assert [10, 11, 12, 13, 14, 15] not in store and [0, 1, 2, 3, 4, 5] in store
     assert store.stats().evictions == 1
     _check(cache, store)
@@ -62,10 +62,10 @@ def test_lru_eviction_within_its_share_and_forget_origin():
     _check(cache, store)
 
 
-def test_chunk_store_and_radix_tree_share_the_pool():
+def test_blend_store_and_radix_tree_share_the_pool():
     cache = _cache(32)
-    store = ChunkStore(cache, max_fraction=0.5)
-    # The radix tree fills the pool; adding a chunk evicts unpinned tree leaves.
+    store = BlendStore(cache, blend_store_share=0.5)
+    # The radix tree fills the pool; adding a span evicts unpinned tree leaves.
     kv = type("KV", (), {})()
     kv.k = torch.randn(L, H, 30, D)
     kv.v = torch.randn(L, H, 30, D)
@@ -91,10 +91,10 @@ def test_chunk_store_and_radix_tree_share_the_pool():
 
 
 def test_keys_are_content_hashes_checked_on_hit():
-    assert chunk_key([1, 2, 3]) == chunk_key((1, 2, 3))
-    assert chunk_key([1, 2, 3]) != chunk_key([3, 2, 1])
+    assert span_key([1, 2, 3]) == span_key((1, 2, 3))
+    assert span_key([1, 2, 3]) != span_key([3, 2, 1])
     cache = _cache(16)
-    store = ChunkStore(cache, max_fraction=1.0)
+    store = BlendStore(cache, blend_store_share=1.0)
     entry = store.insert([1, 2, 3], _kv(3, 0))
     # Forge a collision: the same key with other ids is a miss, never a wrong hit.
     store._entries[entry.key] = entry._replace(ids=(9, 9, 9))
@@ -103,16 +103,16 @@ def test_keys_are_content_hashes_checked_on_hit():
         store.insert([1, 2], _kv(3, 0))
 
 
-def test_prefill_chunk_drops_the_header_rows(tiny_model_factory):
+def test_prefill_span_drops_the_header_rows(tiny_model_factory):
     from engine.model.loader import load_model
 
     model = load_model(tiny_model_factory("llama"), dtype="fp32").model
     ids = [5, 17, 300, 42]
-    c = prefill_chunk(model, ids, header=[0])
+    c = prefill_span(model, ids, header=[0])
     kv = model.new_kv(5)
     model.forward(torch.tensor([0, *ids]), kv, 0, "none")
     assert torch.equal(c.positions, torch.tensor([1, 2, 3, 4]))
     torch.testing.assert_close(c.k, kv.k[:, :, 1:5].transpose(1, 2))
     torch.testing.assert_close(c.v, kv.v[:, :, 1:5].transpose(1, 2))
     with pytest.raises(ValueError, match="empty"):
-        prefill_chunk(model, [], header=[0])
+        prefill_span(model, [], header=[0])
