@@ -18,6 +18,7 @@ complete (a block whose indentation ended, a line that ended).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 
 import msgspec
@@ -52,6 +53,8 @@ SENTINEL_RESERVE_TOKENS = 16
 # Cursor signals closer together than this replace each other before a warm-up starts
 # (clients debounce too; this bounds what a flood of notifications can cost).
 WARM_SETTLE_SECONDS = 0.03
+# Documents whose last cursor position is remembered for a re-open.
+LAST_CURSORS_KEPT = 256
 
 
 class Answer(NamedTuple):
@@ -112,6 +115,9 @@ class DocumentState:
         self.warming: CompletionHandle | None = None  # the background warm-up in flight
         self.warm_cursor: int | None = None  # where the latest cursor signal put the user
         self.warm_timer: asyncio.TimerHandle | None = None
+        # The cursor of the last request that ran to its end (its KV is the engine's latest
+        # for this document); None once a request was cancelled or superseded.
+        self.served_at: int | None = None
 
     def stop_warming(self) -> None:
         if self.warm_timer is not None:
@@ -169,6 +175,9 @@ class Completer:
         self.settings = settings
         self.context_source = context_source
         self._states: dict[str, DocumentState] = {}
+        # Where the person last was in each document (requests and cursor signals), kept
+        # across close and re-open (least recently used dropped past LAST_CURSORS_KEPT).
+        self._last_cursor: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._streams = ThreadPoolExecutor(max_workers=stream_workers, thread_name_prefix="efim-stream")
         self._ids = itertools.count(1)
         self._drains: set[asyncio.Task] = set()
@@ -182,6 +191,9 @@ class Completer:
             old.stop_warming()
         self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
         self.keep_document_pieces(uri, 0)
+        last = self._last_cursor.get(uri)
+        if last is not None:  # opened again: the person is likely back where they last worked
+            self.cursor_moved(uri, last)
 
     def changed(self, uri: str, outcome: ChangeOutcome) -> None:
         state = self._states.get(uri)
@@ -192,6 +204,7 @@ class Completer:
         if outcome.resynced:
             state.session.forget("document replaced")
             state.typed.forget()
+            state.stop_warming()  # its prompt was of the old text
         was_alive = state.session.alive
         for edit in outcome.edits:
             state.session.observe(edit)
@@ -199,11 +212,17 @@ class Completer:
         if not outcome.in_sync:
             state.session.forget("document out of sync")
             state.typed.forget()
-        elif outcome.edits and was_alive and not state.session.alive:
-            # An edit away from the session (the user jumped and edited): the cursor is
-            # where the edit ends; warm there unless a request follows at once.
+            state.stop_warming()
+        elif outcome.edits:
+            # Every edit is a cursor signal (docs/design.md "After a jump"): the person is
+            # where the last edit ends. Typing at the live session's cursor needs none (the
+            # request that follows continues the session); any other edit — one that ended
+            # the session, one above or below its window that left it alive, the first edit
+            # of a document without a session — warms there unless a request follows at once.
             last = outcome.edits[-1]
-            self.cursor_moved(uri, last.start + len(last.new_text))
+            end = last.start + len(last.new_text)
+            if not (was_alive and state.session.alive and state.session.cursor == end):
+                self.cursor_moved(uri, end)
 
     def closed(self, uri: str) -> None:
         state = self._states.pop(uri, None)
@@ -274,6 +293,7 @@ class Completer:
         if doc.unsupported:
             return self._decline("unsupportedDocument", doc.unsupported)
         version = doc.version
+        self._remember_cursor(uri, cursor)
         if state.inflight is not None:
             state.inflight.supersede("a newer request")
         if state.warm_timer is not None:  # the request itself is the better warm-up
@@ -295,10 +315,19 @@ class Completer:
         inflight = _Inflight(version)
         state.inflight = inflight
         try:
-            return await self._run(uri, doc, state, inflight, cursor, arrival)
+            state.served_at = None
+            result = await self._run(uri, doc, state, inflight, cursor, arrival)
+            if inflight.superseded is None:
+                state.served_at = cursor
+            return result
         except asyncio.CancelledError:
             inflight.supersede("request cancelled ($/cancelRequest)")
             stats.cancelled += 1
+            current = self.documents.get(uri)
+            if current is not None and current.version == version:
+                # A cancelled request still says where the person is (its rows computed so
+                # far stay cached): warm there, unless a newer signal or request replaces it.
+                self.cursor_moved(uri, cursor)
             raise
         finally:
             if state.inflight is inflight:
@@ -502,10 +531,17 @@ class Completer:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a caller outside the server): nothing to schedule on
             return
+        self._remember_cursor(uri, cursor)
         state.warm_cursor = cursor
         if state.warm_timer is not None:
             state.warm_timer.cancel()
         state.warm_timer = loop.call_later(WARM_SETTLE_SECONDS, self._warm_now, uri)
+
+    def _remember_cursor(self, uri: str, cursor: int) -> None:
+        self._last_cursor[uri] = cursor
+        self._last_cursor.move_to_end(uri)
+        while len(self._last_cursor) > LAST_CURSORS_KEPT:
+            self._last_cursor.popitem(last=False)
 
     def _warm_now(self, uri: str) -> None:
         state = self._states.get(uri)
@@ -542,8 +578,8 @@ class Completer:
             _document_pass(engine, uri, doc.text, cursor)
         if not settings.warm_ahead or state.inflight is not None:
             return False
-        if state.session.alive and state.session.cursor == cursor:
-            return False  # the live session's prompt is the one a request here renders
+        if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
+            return False  # the last request here ran to its end: its prompt's KV is the engine's
         request, _segments = self._request_at(uri, doc, state, cursor, settings, info)
         # Same max_tokens as the request it stands in for: the prompt is fitted to the
         # context identically; the engine samples nothing for a background request.

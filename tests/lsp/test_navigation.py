@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from efim_lsp.completer import WARM_SETTLE_SECONDS, Answer
+from efim_lsp.documents import FullChange
 
 from lsp_fakes import FakeEngine, render
 from test_completer import SRC, URI, Rig
@@ -104,3 +105,99 @@ async def test_a_document_emptied_forgets_its_pieces_instead_of_warming_an_empty
     await asyncio.sleep(SETTLE)
     assert rig.engine.documents_forgotten == [URI]
     assert all(length > 0 for _, length, _ in rig.engine.document_warms)
+
+
+# -- every signal a client already gives is a cursor signal (issue #31) --------
+
+
+async def test_an_edit_below_the_live_window_warms_where_it_ends():
+    """A jump-and-edit that leaves the live session alive (the edit is outside its window)
+    still says where the person is: a plain LSP client sends nothing else."""
+    far = "\n".join(f"line_{k} = {k}" for k in range(400)) + "\n"
+    rig = await Rig(FakeEngine(), prefixTokens=16, suffixTokens=16).start(SRC + far)
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    assert rig.completer.session(URI).alive
+    at = rig.text.index("line_300 = 300") + len("line_300 = 300")
+    rig.edit(at, at, "0")  # far below the window: the session stays alive
+    assert rig.completer.session(URI).alive
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert warm.prefix.endswith("line_300 = 3000")
+
+
+async def test_typing_at_the_session_cursor_is_no_cursor_signal():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    rig.edit(cursor, cursor, "x")
+    rig.edit(cursor + 1, cursor + 1, "y")
+    rig.edit(cursor + 1, cursor + 2, "")  # a backspace inside the increment
+    await asyncio.sleep(SETTLE)
+    assert _warmups(rig.engine) == []
+
+
+async def test_the_first_edit_of_a_document_without_a_session_warms_unless_a_request_follows():
+    rig = await Rig(FakeEngine()).start()
+    at = SRC.index("return")
+    rig.edit(at, at, "z")  # a plain client's first key after opening: no session yet
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert warm.prefix.endswith("z")
+    quick = await Rig(FakeEngine()).start()
+    quick.edit(at, at, "z")
+    await quick.complete(at + 1)  # the request follows at once: it is the better warm-up
+    await asyncio.sleep(SETTLE)
+    assert _warmups(quick.engine) == []
+
+
+async def test_a_cancelled_request_warms_where_it_was_asked():
+    """Neovim 0.12 asks on InsertEnter; a request cancelled before its answer
+    ($/cancelRequest) still tells where the person is."""
+    slow = FakeEngine(lambda r: "pass\n")
+    rig = await Rig(slow).start()
+    cursor = SRC.index("return")
+    task = asyncio.get_running_loop().create_task(rig.complete(cursor))
+    await asyncio.sleep(0)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    await asyncio.sleep(SETTLE)
+    warms = _warmups(rig.engine)
+    assert warms and len(warms[-1].prefix) == cursor
+
+
+async def test_a_reopened_document_warms_where_the_person_last_was():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    rig.docs.close(URI)
+    rig.completer.closed(URI)
+    rig.version += 1
+    rig.open(SRC)
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert len(warm.prefix) == cursor
+    # Positions past the end after a shorter re-open warm nothing and raise nothing.
+    rig.docs.close(URI)
+    rig.completer.closed(URI)
+    rig.version += 1
+    rig.open("x = 1\n")
+    await asyncio.sleep(SETTLE)
+    assert len(_warmups(rig.engine)) == 1
+
+
+async def test_a_document_replaced_or_out_of_sync_drops_its_warm_up():
+    slow = FakeEngine()
+    rig = await Rig(slow).start()
+    rig.completer.cursor_moved(URI, SRC.index("return"))
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    state = rig.completer._states[URI]
+    assert state.warming is not None
+    rig.version += 1
+    out = rig.docs.change(URI, rig.version, [FullChange("x = 1\n")])
+    rig.completer.changed(URI, out)
+    assert state.warming is None
