@@ -33,10 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-model", help="default remoteModel: the model name an openai backend is asked for")
     p.add_argument("--api-key-env", help="default apiKeyEnv: the NAME of an environment variable holding the API key")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
-    p.add_argument("--quant", choices=("none", "int8", "int4", "auto"), help="engine weight format: none (bf16/fp32), int8, int4, auto (a GGUF keeps its own class); docs/model.md")
+    p.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), help="engine weight format: none (bf16/fp32), int8, int4, auto (a GGUF keeps its own class), mixed (int4 decode steps, bf16 prefill); docs/model.md")
     p.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp32", "int8"), help="KV cache format: auto (the model dtype) or int8 (per token-head scales: about half the bytes, so --kv-budget holds ~2x the tokens; docs/model.md \"int8 KV cache\")")
     p.add_argument("--kv-budget", help="ceiling for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 1/2 radix-cached pool, 1/2 the running requests' working KV and the per-document KV kept between keystrokes")
-    p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts warm (default on)")
+    p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts with it (default on)")
     p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')
     p.add_argument("--threads", type=int, help="torch threads for the engine")
     p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
@@ -72,7 +72,7 @@ def engine_factory(args: argparse.Namespace):
 
 def model_preflight(args: argparse.Namespace):
     """`preflight(model, *, fim_tokens, adapter, **factory options)`: a new local model's
-    weight-free checks (engine.local.check_model with the CLI's --quant); EngineSlot runs
+    weight-free checks (engine.local.check_model with the CLI's --quant); EngineHolder runs
     them while the old engine still serves, before giving it up."""
 
     def preflight(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_ignored) -> None:
