@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, TYPE_CHECKING
 
 import torch
 
 import kernels
 from engine.kv.radix import common_prefix_len
 from engine.kv.blend_store import BlendStore, prefill_span
+
+if TYPE_CHECKING:
+    from engine.model.transformer import KV, Transformer
 
 # Recomputed rows run through a layer in up to MAX_BLOCKS blocks of consecutive
 # positions, each attending only to the keys up to its last position: masked attention
@@ -82,7 +85,7 @@ class BlendResult(NamedTuple):
     uncached: int  # rows without a cache entry (always recomputed)
 
 
-def place_spans(model: Any, kv: Any, spans: Sequence[ReusedSpan]) -> None:
+def place_spans(model: Transformer, kv: KV, spans: Sequence[ReusedSpan]) -> None:
     """Write each span's K (rotated from its cached positions to its rows) and V into
     every layer of `kv` (a `SequenceKV` or `Int8SequenceKV`, through its row API: an int8
     KV quantises the rotated rows as it stores them); row r has position r."""
@@ -100,7 +103,7 @@ def place_spans(model: Any, kv: Any, spans: Sequence[ReusedSpan]) -> None:
         kv.write(span.start, k.transpose(1, 2), span.v.transpose(1, 2))  # [L, H_kv, n, D]
 
 
-def run_layer(model: Any, i: int, h: torch.Tensor, positions: torch.Tensor, kv: Any) -> torch.Tensor:
+def run_layer(model: Transformer, i: int, h: torch.Tensor, positions: torch.Tensor, kv: KV) -> torch.Tensor:
     """Layer i for rows at ascending `positions` [R] (row r of `kv` has position r), in
     blocks of consecutive positions (see MAX_BLOCKS). A block's rows see every key up to
     their own position: earlier blocks wrote theirs first, later ones are masked anyway.
@@ -118,9 +121,9 @@ def run_layer(model: Any, i: int, h: torch.Tensor, positions: torch.Tensor, kv: 
 
 
 def blend_prefill(
-    model: Any,
+    model: Transformer,
     ids: torch.Tensor,
-    kv: Any,
+    kv: KV,
     spans: Sequence[ReusedSpan],
     ratio: float,
     start: int = 0,
@@ -229,10 +232,10 @@ class BlendOutcome(NamedTuple):
 
 
 def blend_sequence(
-    model: Any,
+    model: Transformer,
     store: BlendStore,
     ids: Sequence[int],
-    kv: Any,
+    kv: KV,
     start: int,
     request: BlendRequest,
     extra: Sequence[ReusedSpan] = (),
@@ -280,7 +283,7 @@ def find_run(haystack: Sequence[int], needle: Sequence[int]) -> int:
 
 def previous_spans(
     prev_ids: Sequence[int],
-    prev_kv: Any,
+    prev_kv: KV,
     ids: Sequence[int],
     segments: Sequence[tuple[int, int]],
     start: int = 0,
@@ -312,7 +315,7 @@ def previous_spans(
 
 
 def plan_spans(
-    model: Any,
+    model: Transformer,
     store: BlendStore,
     ids: Sequence[int],
     units: Sequence[tuple[int, int]],

@@ -23,10 +23,13 @@ Everything here runs on the engine thread.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from engine.cacheblend.blend import ReusedSpan
 from engine.kv.radix import common_prefix_len
+
+if TYPE_CHECKING:
+    from engine.kv.blend_store import BlendStore, SpanEntry
 
 MIN_RUN = 16  # shortest run of a piece reused in a prompt (shorter: cheap to recompute)
 MAX_HITS = 8  # places remembered per n-gram (code repeats itself: the longest run wins)
@@ -84,7 +87,7 @@ def nearest_first(pieces: Sequence[Piece], cursor: int) -> list[int]:
 
 
 class _Hit(NamedTuple):
-    entry: Any  # engine.kv.blend_store.SpanEntry
+    entry: SpanEntry
     at: int  # row inside the entry
 
 
@@ -94,7 +97,7 @@ class DocumentIndex:
     `find(ids)` answers where a run of `MIN_RUN` ids occurs in the document's pieces.
     The index is a snapshot: `stale(store)` tells when the store changed since."""
 
-    def __init__(self, store: Any, origin: str) -> None:
+    def __init__(self, store: BlendStore, origin: str) -> None:
         self.origin = origin
         self.version = store.version_of(origin)
         self._grams: dict[tuple[int, ...], list[_Hit]] = {}
@@ -105,7 +108,7 @@ class DocumentIndex:
                 if len(hits) < MAX_HITS:
                     hits.append(_Hit(entry, i))
 
-    def stale(self, store: Any) -> bool:
+    def stale(self, store: BlendStore) -> bool:
         return store.version_of(self.origin) != self.version
 
     def __len__(self) -> int:
@@ -117,7 +120,7 @@ class DocumentIndex:
 
 
 def document_spans(
-    store: Any,
+    store: BlendStore,
     index: DocumentIndex,
     ids: Sequence[int],
     segments: Sequence[tuple[int, int]],
@@ -181,7 +184,7 @@ class DocumentPass:
     first, made on demand on the engine thread (`tokenize` is the text layer's
     segment tokenizer). `ids_in_order()` is computed once per pass."""
 
-    def __init__(self, key: str, text: str, cursor: int, tokenize: Any, max_tokens: int) -> None:
+    def __init__(self, key: str, text: str, cursor: int, tokenize: Callable[[str], list[int]], max_tokens: int) -> None:
         self.key = key
         self.text = text
         self.cursor = cursor

@@ -26,12 +26,15 @@ import collections
 import hashlib
 import logging
 from array import array
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence, TYPE_CHECKING
 
 import torch
 
 from engine.kv.radix import RadixCache
 from engine.kv.store import SpanIds
+
+if TYPE_CHECKING:
+    from engine.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class BlendStoreStats(NamedTuple):
     evictions: int
 
 
-def prefill_span(model: Any, ids: Sequence[int], header: Sequence[int] = ()) -> SpanKV:
+def prefill_span(model: Transformer, ids: Sequence[int], header: Sequence[int] = ()) -> SpanKV:
     """Prefill `header + ids` on a fresh sequence; return the K/V rows of `ids`
     (the header's rows are dropped: every prompt has its own header at position 0)."""
     h, n = len(header), len(ids)

@@ -18,9 +18,12 @@ All methods are called from one thread (the engine thread), except `usage`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.model.transformer import KV
 
 _FREE, _TREE, _HELD = 0, 1, 2
 
@@ -137,7 +140,7 @@ class SlotPool:
         self._owner[slots] = _FREE
 
     # ------------------------------------------------------------------ rows
-    def gather(self, slots: torch.Tensor, kv: Any, start: int = 0) -> None:
+    def gather(self, slots: torch.Tensor, kv: KV, start: int = 0) -> None:
         """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],
         or with an int8 pool an Int8SequenceKV: rows and scales as they are) at rows
         start..start+n-1. One index_select over all layers per tensor."""
@@ -155,11 +158,11 @@ class SlotPool:
         kv.k[:, :, rows].copy_(self.k.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
         kv.v[:, :, rows].copy_(self.v.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
 
-    def _check_format(self, kv: Any) -> None:
+    def _check_format(self, kv: KV) -> None:
         if bool(getattr(kv, "quantized", False)) != self.int8:
             raise TypeError(f"a {type(kv).__name__} does not fit a pool of {'int8' if self.int8 else self.dtype} rows")
 
-    def store_rows(self, slots: torch.Tensor, kv: Any, lo: int, hi: int) -> None:
+    def store_rows(self, slots: torch.Tensor, kv: KV, lo: int, hi: int) -> None:
         """Workspace rows lo..hi-1 of `kv` -> pool `slots`: as they are when the formats
         match; dense rows (the disk tier's) are quantised into an int8 pool."""
         if self.int8 and not getattr(kv, "quantized", False):

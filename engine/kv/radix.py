@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Sequence, TYPE_CHECKING
 
 import torch
 
 from engine.kv.pool import SlotPool
+
+if TYPE_CHECKING:
+    from engine.model.transformer import KV
 
 
 class RadixNode:
@@ -229,7 +232,7 @@ class RadixCache:
         """Return held slots (from `alloc`, not inserted) to the free list."""
         self.pool.free(slots)
 
-    def gather(self, slots: torch.Tensor, kv: Any, start: int = 0) -> None:
+    def gather(self, slots: torch.Tensor, kv: KV, start: int = 0) -> None:
         """`SlotPool.gather`: pool rows `slots` into workspace `kv` at rows start.."""
         self.pool.gather(slots, kv, start)
 
@@ -325,7 +328,7 @@ class RadixCache:
         node.parent = None
 
     # ------------------------------------------------------------------ KV rows
-    def commit(self, ids: Sequence[int], kv: Any, upto: int, key: str | None = None) -> CommitResult:
+    def commit(self, ids: Sequence[int], kv: KV, upto: int, key: str | None = None) -> CommitResult:
         """Store workspace rows for `ids[:upto]` that the tree lacks (rows 0..upto-1 of `kv`
         must be valid). Stores what fits: when the budget cannot hold the missing rows,
         nothing new is stored and `node` is None. Never raises for lack of room."""

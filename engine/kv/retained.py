@@ -20,17 +20,20 @@ Contracts:
 from __future__ import annotations
 
 import collections
-from typing import Any, NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 from engine.kv.store import DocumentKey
 
+if TYPE_CHECKING:
+    from engine.model.transformer import KV
+
 
 class RetainedSequence(NamedTuple):
-    kv: Any  # engine.model.transformer.SequenceKV
+    kv: KV
     ids: list[int]  # the tokens whose rows kv holds, row i = ids[i]
 
 
-def kv_bytes(kv: Any) -> int:
+def kv_bytes(kv: KV) -> int:
     """Bytes a sequence KV holds (k and v, and an int8 KV's scales)."""
     return kv.nbytes()
 

@@ -194,6 +194,10 @@ class Int8SequenceKV(NamedTuple):
 _ONES: dict = {}
 
 
+# A sequence's KV in either format (the model dtype, or int8 rows with scales).
+KV = SequenceKV | Int8SequenceKV
+
+
 def _ones(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     key = (n, dtype, device)
     t = _ONES.get(key)
@@ -639,4 +643,4 @@ class Transformer:
         return self.lm_head(self.norm(h)).float()  # [n, V]
 
 
-__all__ = ["Transformer", "SequenceKV", "Int8SequenceKV", "KV_DTYPES", "kv_dtype_name", "quantize_rows", "rope_inv_freq"]
+__all__ = ["Transformer", "SequenceKV", "Int8SequenceKV", "KV", "KV_DTYPES", "kv_dtype_name", "quantize_rows", "rope_inv_freq"]

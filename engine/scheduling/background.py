@@ -21,11 +21,15 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
 from engine.cacheblend.document_kv import DocumentPass
+
+if TYPE_CHECKING:
+    from engine.model.transformer import KV, Transformer
+    from engine.kv.blend_store import BlendStore
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +38,7 @@ class _PieceInFlight(NamedTuple):
     """The piece being prefilled: its document, its ids, its KV so far."""
     key: str
     ids: tuple[int, ...]
-    kv: Any  # SequenceKV of header + ids
+    kv: KV  # header + ids
     done: int  # rows of kv computed (header included)
 
 
@@ -47,7 +51,7 @@ class DocumentWork:
     """Documents' passes, most recently asked first; one piece prefilled at a time."""
 
     def __init__(
-        self, model: Any, store: Any, header: tuple[int, ...] = (), step_tokens: int = 64, max_rows: int | None = None
+        self, model: Transformer, store: BlendStore, header: tuple[int, ...] = (), step_tokens: int = 64, max_rows: int | None = None
     ) -> None:
         if step_tokens < 1:
             raise ValueError("step_tokens must be >= 1")
@@ -145,7 +149,7 @@ class DocumentWork:
             self._complete(key, work)
         return None
 
-    def _store(self, key: str, ids: tuple[int, ...], kv: Any) -> None:
+    def _store(self, key: str, ids: tuple[int, ...], kv: KV) -> None:
         work = self._passes.get(key)
         if work is None or ids not in set(work.ids_in_order()):
             return  # replaced or forgotten meanwhile

@@ -17,7 +17,7 @@ Contracts:
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -27,6 +27,9 @@ from engine.kv.blend_store import BlendStore
 from engine.kv.radix import MatchResult, RadixCache
 from engine.kv.retained import RetainedSequence
 from engine.scheduling.sequence import Sequence
+
+if TYPE_CHECKING:
+    from engine.model.transformer import Transformer
 
 
 class PrefillOut(NamedTuple):
@@ -41,7 +44,7 @@ def _round_up(n: int, to: int) -> int:
 
 
 class ModelRunner:
-    def __init__(self, model: Any, cache: RadixCache, blend_store: BlendStore, *, step_tokens: int = 256) -> None:
+    def __init__(self, model: Transformer, cache: RadixCache, blend_store: BlendStore, *, step_tokens: int = 256) -> None:
         if not 1 <= step_tokens:
             raise ValueError("step_tokens must be >= 1")
         self.model = model

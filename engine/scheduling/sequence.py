@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TYPE_CHECKING
 
 from engine.api import FinishReason, RequestStats
 from engine.kv.radix import RadixNode
 from engine.text.sampler import Sampler
 from engine.text.tokenize import HealingProgress
+
+if TYPE_CHECKING:
+    from engine.model.transformer import KV
 
 
 class Prompt(NamedTuple):
@@ -66,7 +69,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt ids, then fed generated ids
     n_prompt: int = 0
     healing: HealingProgress | None = None  # while the healed text is not spelled out yet
-    kv: Any = None  # engine.model.transformer.SequenceKV
+    kv: KV | None = None
     n_valid: int = 0  # rows of kv holding tokens[:n_valid]
     pending: int | None = None  # sampled, not yet fed
     pinned: RadixNode | None = None  # the radix path this sequence's reused rows came from
