@@ -23,7 +23,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--backend", choices=("transformers", "engine", "llama.cpp"), default="transformers",
-                   help="generate with transformers' forward (default), the product engine on a merged copy of the model, or llama.cpp's llama-server on an exported GGUF through the remote engine")
+                   help="generate with transformers' forward (default), the product engine on a merged copy of the model (with --quant: on the model as `efim serve` loads it), or llama.cpp's llama-server on an exported GGUF through the remote engine")
+    p.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), default=None,
+                   help="--backend engine: load the model as `efim serve --quant` does (the adapter merged at load, a GGUF's int4 groups kept) in this weight form, instead of a merged float copy (docs/model.md \"Formats\")")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,8 +83,14 @@ def _infiller(args: argparse.Namespace):
     beams = getattr(args, "beams", 1)  # humaneval-infilling only
     if beams != 1 and args.backend != "transformers":
         raise ValueError("--beams runs on the transformers backend only")
+    if args.quant is not None and args.backend != "engine":
+        raise ValueError("--quant is the product engine's weight form: use it with --backend engine")
     if args.backend == "llama.cpp":
         return _llama_cpp_infiller(args)
+    if args.backend == "engine" and args.quant is not None:
+        infiller = EngineInfiller.as_served(args.model, args.adapter, args.quant, threads=args.threads or None)
+        atexit.register(infiller.close)
+        return infiller
     if args.backend == "engine":
         scratch = Path(tempfile.mkdtemp(prefix="efim-eval-merged-"))
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # a merged model is ~0.5 GB

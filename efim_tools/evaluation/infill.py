@@ -32,7 +32,7 @@ from engine.text.templates import detect_template
 from engine.text.tokenize import Encoded, SegmentTokenizer, StreamDecoder
 
 from efim_tools.evaluation.beam import beam_line
-from efim_tools.evaluation.model import EvalModel
+from efim_tools.evaluation.model import EvalModel, resolve_adapter
 
 Format = Literal["prefix", "fim", "efim"]
 
@@ -143,9 +143,10 @@ class TransformersInfiller:
 
 class EngineInfiller:
     """The same `complete` contract through the product engine (`engine.local`): the
-    merged model folder is loaded by the engine's loader and the request goes through its
-    template detection, per-segment tokenization, healing and stop rules. Differences:
-    single-line stops at the first newline even before any text."""
+    merged model folder (or, `as_served`, the model as serving loads it) is loaded by the
+    engine's loader and the request goes through its template detection, per-segment
+    tokenization, healing and stop rules. Differences: single-line stops at the first
+    newline even before any text."""
 
     def __init__(self, model_dir, name: str, threads: int | None = None, dtype: str | None = None, *, engine=None):
         """The local engine on `model_dir`; or, with `engine`, any `engine.api.Engine` (a
@@ -160,6 +161,25 @@ class EngineInfiller:
             raise ValueError(f"the engine found no FIM template in {model_dir} ({info.template})")
         self.name = name
         self._n = 0
+
+    @classmethod
+    def as_served(cls, model_spec: str, adapter: str | None, quant: str, *, threads: int | None = None, dtype: str | None = None) -> "EngineInfiller":
+        """The local engine loaded as `efim serve --quant` loads it (`engine.local.load_engine`
+        on `model_spec` itself): the engine's loader merges the adapter — or, for a GGUF's
+        kept int4 groups (quant "int4", "mixed", "auto"), computes it beside them — where the
+        merged float folder of the constructor would be requantised, losing the file's own
+        groups. `adapter` means what it means to this package (`model.resolve_adapter`:
+        "auto" is the shipped adapter, ready or not); healing stays the request's `heal`."""
+        from engine.local import load_engine  # noqa: PLC0415
+
+        chosen = resolve_adapter(model_spec, adapter)
+        engine = load_engine(model_spec, quant=quant, dtype=dtype, threads=threads, adapter=chosen if chosen is not None else "none",
+                             fragment_trained=False)
+        try:
+            return cls(model_spec, f"{model_spec}+{adapter} (engine, quant {quant})", engine=engine)
+        except BaseException:
+            engine.close()
+            raise
 
     def complete(self, prefix: str, suffix: str, increment: str, fmt: Format, *, heal: bool = False, max_tokens: int = 48, single_line: bool = True, stop_line=None, fresh_line: bool = False, fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD) -> Infill:
         from engine.api import InfillRequest  # noqa: PLC0415
