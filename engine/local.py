@@ -514,7 +514,7 @@ def load_engine(
             fragment_trained=fragment_trained, reserve_bytes=reserve,
         )
         return LocalEngine(
-            got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=quant,
+            got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=got.quant,
             adapter_path=got.adapter, **engine_options,
         )
 
