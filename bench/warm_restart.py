@@ -3,11 +3,11 @@ KV disk tier (engine.kv.disk_tier).
 
 Through the engine API (`engine.local.load_engine`, the factory `efim serve` uses), each
 phase in a fresh Python process, as a restart is:
-1. cold: start an engine with the tier on an empty directory, one tiny warm-up request
-   (as `efim_lsp.engine_slot` does after a load), then the request at the place; close
+1. cold: start an engine with the tier on an empty directory, one tiny first request
+   (as `efim_lsp.engine_holder` does after a load), then the request at the place; close
    (the document's KV is written).
 2. warm: a fresh process starts an engine on the same directory, waits for the tier's
-   preload (timed: read + verify), the warm-up, then the same request.
+   preload (timed: read + verify), the first request, then the same request.
 Reported: first TTFT of each, prefilled tokens, bytes per document, disk read bandwidth
 (file bytes / read-and-verify seconds). The file was just written, so it is read from the
 OS page cache: the bandwidth is the tier's (read, checksum, tensors), not the drive's.

@@ -30,7 +30,7 @@ from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 from engine.api import Completion, CompletionHandle, ContextChunk, Engine, EngineInfo, InfillRequest, StreamEvent
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
-from efim_lsp.engine_slot import EngineSlot
+from efim_lsp.engine_holder import EngineHolder
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
@@ -90,7 +90,7 @@ class _Streamed(NamedTuple):
     error: str | None
 
 
-class _Inflight:
+class _PendingRequest:
     """The engine request a document is waiting for."""
 
     __slots__ = ("version", "handle", "superseded")
@@ -111,7 +111,7 @@ class DocumentState:
     def __init__(self, meter: TokenMeter):
         self.session = EditSession(meter)
         self.typed = TypingThrough()
-        self.inflight: _Inflight | None = None
+        self.pending: _PendingRequest | None = None
         self.warming: CompletionHandle | None = None  # the background warm-up in flight
         self.warm_cursor: int | None = None  # where the latest cursor signal put the user
         self.warm_timer: asyncio.TimerHandle | None = None
@@ -162,7 +162,7 @@ class Completer:
     def __init__(
         self,
         documents: DocumentStore,
-        slot: EngineSlot,
+        holder: EngineHolder,
         stats: ServerStats,
         settings: Callable[[], Settings],
         *,
@@ -170,7 +170,7 @@ class Completer:
         stream_workers: int = 8,
     ):
         self.documents = documents
-        self.slot = slot
+        self.holder = holder
         self.stats = stats
         self.settings = settings
         self.context_source = context_source
@@ -185,8 +185,8 @@ class Completer:
     # -- document lifecycle (called synchronously, in message order) --------
     def opened(self, uri: str) -> None:
         old = self._states.pop(uri, None)
-        if old and old.inflight:
-            old.inflight.supersede("document re-opened")
+        if old and old.pending:
+            old.pending.supersede("document re-opened")
         if old:
             old.stop_warming()
         self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
@@ -199,8 +199,8 @@ class Completer:
         state = self._states.get(uri)
         if state is None:
             return
-        if state.inflight is not None:
-            state.inflight.supersede("document changed")
+        if state.pending is not None:
+            state.pending.supersede("document changed")
         if outcome.resynced:
             state.session.forget("document replaced")
             state.typed.forget()
@@ -226,26 +226,26 @@ class Completer:
 
     def closed(self, uri: str) -> None:
         state = self._states.pop(uri, None)
-        if state and state.inflight:
-            state.inflight.supersede("document closed")
+        if state and state.pending:
+            state.pending.supersede("document closed")
         if state:
             state.stop_warming()
-        engine = self.slot.engine
+        engine = self.holder.engine
         if engine is not None:
             engine.forget_document(uri)
 
     def reset_sessions(self, reason: str) -> None:
         """Settings that shape prompts changed: every document starts a new session."""
         for state in self._states.values():
-            if state.inflight:
-                state.inflight.supersede(reason)
+            if state.pending:
+                state.pending.supersede(reason)
             state.session.end(reason)
             state.typed.forget()
 
     def cancel_all(self, reason: str) -> None:
         for state in self._states.values():
-            if state.inflight:
-                state.inflight.supersede(reason)
+            if state.pending:
+                state.pending.supersede(reason)
 
     @property
     def sessions_active(self) -> int:
@@ -294,8 +294,8 @@ class Completer:
             return self._decline("unsupportedDocument", doc.unsupported)
         version = doc.version
         self._remember_cursor(uri, cursor)
-        if state.inflight is not None:
-            state.inflight.supersede("a newer request")
+        if state.pending is not None:
+            state.pending.supersede("a newer request")
         if state.warm_timer is not None:  # the request itself is the better warm-up
             state.warm_timer.cancel()
             state.warm_timer = None
@@ -307,21 +307,21 @@ class Completer:
             stats.latency.add((time.monotonic() - arrival) * 1000)
             return Answer(rest, cursor, cursor, version, next(self._ids), "typing-through")
 
-        if not self.slot.ready:
-            if self.slot.state == "failed":
-                return self._decline("modelFailed", f"model failed to load: {self.slot.error}")
+        if not self.holder.ready:
+            if self.holder.state == "failed":
+                return self._decline("modelFailed", f"model failed to load: {self.holder.error}")
             return self._decline("modelLoading", "model loading")
 
-        inflight = _Inflight(version)
-        state.inflight = inflight
+        pending = _PendingRequest(version)
+        state.pending = pending
         try:
             state.served_at = None
-            result = await self._run(uri, doc, state, inflight, cursor, arrival)
-            if inflight.superseded is None:
+            result = await self._run(uri, doc, state, pending, cursor, arrival)
+            if pending.superseded is None:
                 state.served_at = cursor
             return result
         except asyncio.CancelledError:
-            inflight.supersede("request cancelled ($/cancelRequest)")
+            pending.supersede("request cancelled ($/cancelRequest)")
             stats.cancelled += 1
             current = self.documents.get(uri)
             if current is not None and current.version == version:
@@ -330,17 +330,17 @@ class Completer:
                 self.cursor_moved(uri, cursor)
             raise
         finally:
-            if state.inflight is inflight:
-                state.inflight = None
+            if state.pending is pending:
+                state.pending = None
 
-    async def _run(self, uri, doc, state: DocumentState, inflight: _Inflight, cursor: int, arrival: float) -> Answer | Declined:
+    async def _run(self, uri, doc, state: DocumentState, pending: _PendingRequest, cursor: int, arrival: float) -> Answer | Declined:
         settings = self.settings()
         if settings.debounce_ms:
             await asyncio.sleep(settings.debounce_ms / 1000)
-            if inflight.superseded:
+            if pending.superseded:
                 self.stats.cancelled += 1
-                return self._decline("superseded", f"superseded: {inflight.superseded}")
-        engine, info = self.slot.engine, self.slot.info
+                return self._decline("superseded", f"superseded: {pending.superseded}")
+        engine, info = self.holder.engine, self.holder.info
         if engine is None:
             return self._decline("modelLoading", "model loading")
         ctx = CursorContext.at(doc.text, cursor, offside=doc.language_id in OFFSIDE_LANGUAGES)
@@ -360,17 +360,17 @@ class Completer:
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses
             log.warning("%s: the engine refused the request: %s", uri, exc)
             return self._decline("engineError", f"engine error: {type(exc).__name__}: {exc}")
-        inflight.handle = handle
-        if inflight.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
+        pending.handle = handle
+        if pending.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
             handle.cancel()
         streamed = await self._stream(handle, ctx, mode, forks=request.n > 1)
         if streamed.first_token_at is not None:
             self.stats.ttft.add((streamed.first_token_at - arrival) * 1000)
 
-        if inflight.superseded:
+        if pending.superseded:
             self.stats.cancelled += 1
-            return self._decline("superseded", f"superseded: {inflight.superseded}")
-        if self.documents.get(uri) is not doc or doc.version != inflight.version:
+            return self._decline("superseded", f"superseded: {pending.superseded}")
+        if self.documents.get(uri) is not doc or doc.version != pending.version:
             return self._decline("stale", "the document changed while generating")
         if streamed.error:
             log.warning("%s: engine error: %s", uri, streamed.error)
@@ -395,7 +395,7 @@ class Completer:
             alternatives = tuple(alt.replace("\n", eol) for alt in alternatives)
         state.typed.remember(cursor, text)
         self.stats.served += 1
-        return Answer(text, cursor, cursor, inflight.version, next(self._ids), "engine", alternatives)
+        return Answer(text, cursor, cursor, pending.version, next(self._ids), "engine", alternatives)
 
     async def _stream(self, handle: CompletionHandle, ctx: CursorContext, mode: Mode, *, forks: bool = False) -> _Streamed:
         """Stream fork 0's text until the suggestion is complete (then cancel the handle) or
@@ -558,8 +558,8 @@ class Completer:
 
     def keep_document_pieces(self, uri: str, cursor: int) -> None:
         """Let the engine compute the document's pieces in the background (documentKv)."""
-        settings, engine, doc = self.settings(), self.slot.engine, self.documents.get(uri)
-        if engine is None or doc is None or not self.slot.ready or not settings.document_kv or not settings.cache:
+        settings, engine, doc = self.settings(), self.holder.engine, self.documents.get(uri)
+        if engine is None or doc is None or not self.holder.ready or not settings.document_kv or not settings.cache:
             return
         if doc.in_sync and not doc.unsupported:
             _document_pass(engine, uri, doc.text, cursor)
@@ -568,15 +568,15 @@ class Completer:
         """Submit the background warm-up for `cursor` now; False when there is nothing to
         do (no engine, a request in flight, the live session already serves `cursor`)."""
         settings = self.settings()
-        engine, info = self.slot.engine, self.slot.info
+        engine, info = self.holder.engine, self.holder.info
         doc, state = self.documents.get(uri), self._states.get(uri)
-        if engine is None or doc is None or state is None or not self.slot.ready:
+        if engine is None or doc is None or state is None or not self.holder.ready:
             return False
         if not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text) or not settings.cache:
             return False
         if settings.document_kv:
             _document_pass(engine, uri, doc.text, cursor)
-        if not settings.warm_ahead or state.inflight is not None:
+        if not settings.warm_ahead or state.pending is not None:
             return False
         if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
@@ -609,7 +609,7 @@ class Completer:
         return Declined(code, reason)
 
     def _count_tokens(self, text: str) -> int:
-        engine = self.slot.engine
+        engine = self.holder.engine
         if engine is None:
             raise RuntimeError("no engine yet")
         return engine.count_tokens(text)

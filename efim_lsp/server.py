@@ -1,15 +1,15 @@
 """The pygls language server: the state its handlers share, and `build_server`.
 
-`EfimServer` holds exactly one of each part — documents, settings, stats, the engine slot,
+`EfimServer` holds exactly one of each part — documents, settings, stats, the engine holder,
 the completer, the context source — and the services around them: settings updates,
 engine loads (with `$/progress`), position conversion at the LSP edge, stdio serving.
 The handlers are thin and grouped by concern in `efim_lsp.handlers` (lifecycle,
 documents, completion, the custom `efim/*` protocol, described there); logic lives
 elsewhere: sessions (`session.py`), windows (`window.py`), suggestions (`suggest.py`),
-typing-through, the engine slot, stats.
+typing-through, the engine holder, stats.
 
 The context source is told, never asked: the document and folder handlers push what is
-open and where, and the engine slot pushes each new engine
+open and where, and the engine holder pushes each new engine
 (`efim_lsp.context.source.WorkspaceContext`).
 """
 
@@ -28,7 +28,7 @@ from efim_lsp import settings as settings_mod
 from efim_lsp.completer import Answer, Completer
 from efim_lsp.context.source import WorkspaceContext
 from efim_lsp.documents import DocumentStore
-from efim_lsp.engine_slot import EngineFactory, EngineSlot, EngineSpec, Preflight
+from efim_lsp.engine_holder import EngineFactory, EngineHolder, EngineSpec, Preflight
 from efim_lsp.positions import PositionError
 from efim_lsp.protocol import EfimProtocol, MessageObserver
 from efim_lsp.settings import Settings
@@ -63,14 +63,14 @@ class EfimServer(LanguageServer):
         self.settings = Settings()
         if defaults:  # command-line flags (e.g. --model); initializationOptions override them
             self.settings = settings_mod.apply(self.settings, defaults).settings
-        self.slot = EngineSlot(engine_factory, preflight=preflight)
-        self.slot.on_engine_fault = self._engine_fault
+        self.holder = EngineHolder(engine_factory, preflight=preflight)
+        self.holder.on_engine_fault = self._engine_fault
         self._engine_faults_shown: set[str] = set()
         self.context = context_source  # told what is open and where (handlers.documents)
         if context_source is not None:
-            self.slot.on_engine_changed = context_source.set_engine
+            self.holder.on_engine_changed = context_source.set_engine
             context_source.on_watch_problem(self.show_from_thread)  # a lost workspace folder, once
-        self.completer = Completer(self.documents, self.slot, self.stats, lambda: self.settings, context_source=context_source)
+        self.completer = Completer(self.documents, self.holder, self.stats, lambda: self.settings, context_source=context_source)
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
         self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)
@@ -149,11 +149,11 @@ class EfimServer(LanguageServer):
         s = self.settings
         spec = EngineSpec.from_settings(s)
         progress = await self._progress_sink()
-        ok = await self.slot.load(spec, progress)
+        ok = await self.holder.load(spec, progress)
         if ok:
             self.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"efim: model ready ({spec.model})"))
-        elif self.slot.state == "failed" or self.slot.error:  # failed, or a new remote engine failed and the old one serves
-            self.show(f"model failed to load: {self.slot.error}", types.MessageType.Error)
+        elif self.holder.state == "failed" or self.holder.error:  # failed, or a new remote engine failed and the old one serves
+            self.show(f"model failed to load: {self.holder.error}", types.MessageType.Error)
 
     async def _progress_sink(self):
         caps = self.client_capabilities
@@ -222,7 +222,7 @@ class EfimServer(LanguageServer):
 
     def close(self) -> None:
         self.completer.close()
-        self.slot.close()
+        self.holder.close()
 
 
 class _LspProgress:
@@ -250,7 +250,7 @@ def build_server(
     context_source: WorkspaceContext | None = None,
 ) -> EfimServer:
     """A server with every handler registered. `preflight`: the checks a new local model
-    passes before the serving engine is given up (`EngineSlot`); `context_source`: the
+    passes before the serving engine is given up (`EngineHolder`); `context_source`: the
     cross-file context, fed by this server."""
     server = EfimServer(
         engine_factory, preflight=preflight, message_observer=message_observer, defaults=defaults, context_source=context_source

@@ -27,7 +27,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """"default" (the embedded SmolLM2-135M) or a path to a Hugging Face folder / GGUF file. With a remote backend: the model the server serves (its tokenizer renders the prompts; no weights are loaded)."""
 
     backend: Literal["local", "openai", "llama.cpp"] = "local"
-    """Where completions are computed: local (the in-process engine), llama.cpp (llama.cpp's llama-server: /completion, cache_prompt, a slot per document) or openai (an OpenAI-compatible /v1/completions server: vLLM, SGLang). docs/deploy.md."""
+    """Where completions are computed: local (the in-process engine), llama.cpp (llama.cpp's llama-server: /completion, cache_prompt, a server slot per document) or openai (an OpenAI-compatible /v1/completions server: vLLM, SGLang). docs/deploy.md."""
 
     endpoint: str = ""
     """Base URL of the remote server (http://127.0.0.1:8080, https://gpu-box:8000/v1). Plain HTTP to another machine is warned about."""
@@ -96,7 +96,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """Navigation: keep each open document's KV in stable pieces (computed in the background, nearest the cursor first) and assemble a new window after a jump from them with CacheBlend (`blendRatio`). Off by default: 3.3x faster than a prefill after a jump, but with the embedded 135M model the assembled window changes the suggested line in 2 of 3 held-out lines (docs/navigation.md)."""
 
     kv_disk: bool = True
-    """Disk tier: keep each document's last KV in the user cache directory (efim-lsp/kv), so a restarted server starts warm; `efim cache ls|clear` shows and removes it."""
+    """Disk tier: keep each document's last KV in the user cache directory (efim-lsp/kv), so a restarted server starts with it; `efim cache ls|clear` shows and removes it."""
 
     kv_disk_budget: Annotated[str, msgspec.Meta(pattern=r"^\s*[0-9]*\.?[0-9]+\s*[kKmMgGtT]?(i?[bB])?\s*$")] = "2G"
     """Most disk the KV files take (e.g. "2G", "500MB"); the least recently used go first."""

@@ -36,7 +36,7 @@ Thread map (the served process; docs/design.md, "Threads"):
   gatherer's invalidation listeners, `forget_context` when a file's chunks change.
 - file watcher ("efim-watch", `efim_lsp.context.watcher`): only reports changed paths to
   the gatherer; it calls nothing in the engine.
-- model loader (an executor thread, `efim_lsp.engine_slot`): the engine factory
+- model loader (an executor thread, `efim_lsp.engine_holder`): the engine factory
   (`engine.local.load_engine`, which does the torch work — weights, pool, the engine
   thread's start — on a thread of its own, "efim-load", that ends when the engine is built:
   a thread that ran parallel torch work keeps an OpenMP team, see `engine.runtime.cpu_threads`) and,

@@ -552,7 +552,7 @@ def check_model(
     """Pre-flight for `load_engine` with the same arguments: every check of the model's and
     the adapter's files that reads no weight (`engine.model.loader.inspect_model`), raising
     the EngineError the load would raise. A server runs it before closing the engine it
-    serves with, so a bad model leaves the old one serving (`efim_lsp.engine_slot`).
+    serves with, so a bad model leaves the old one serving (`efim_lsp.engine_holder`).
     The memory check is left to the load, when the old engine's memory is free."""
     from engine.adapters import resolve_adapter  # noqa: PLC0415
     from engine.model.gguf import forget_readers  # noqa: PLC0415

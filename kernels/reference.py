@@ -65,10 +65,10 @@ def attention(
     return out.squeeze(0)
 
 
-# A prefill chunk after a prefix (T queries at the tail of S keys) runs every layer with
+# A prefill step after a prefix (T queries at the tail of S keys) runs every layer with
 # the same mask. SDPA turns a boolean mask into an additive one on every call (fill +
-# where: ~10 % of a 256-token chunk's attention on a CPU), so the additive mask is built
-# once and kept for the next call of the same shape — the 29 other layers of the chunk.
+# where: ~10 % of a 256-token step's attention on a CPU), so the additive mask is built
+# once and kept for the next call of the same shape — the 29 other layers of the step.
 _last_tail_mask: tuple[tuple, torch.Tensor] | None = None
 
 

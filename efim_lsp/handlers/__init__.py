@@ -10,7 +10,7 @@
 - `efim`: the custom `efim/*` requests and notifications.
 
 Each handler is thin: it reads and checks its params, calls the server's parts
-(`efim_lsp.server.EfimServer`: documents, completer, slot, stats, context) and shapes
+(`efim_lsp.server.EfimServer`: documents, completer, holder, stats, context) and shapes
 the reply. A client's mistake in a notification is logged or ignored, in a request it is
 an InvalidParams error: the server never stops for one.
 """

@@ -4,7 +4,7 @@
   (state, info) and `context` (index status, when a context source is attached);
   params `{"reset": true}` zero them after answering (benchmarks measure phases).
 - `efim/debug/checkIntegrity` (request) → `{ok, engine, problems}`: the engine's KV
-  integrity check (radix cache, chunk store, retained KV; run on the engine thread when it
+  integrity check (radix cache, blend store, retained KV; run on the engine thread when it
   is idle) and every edit session's consistency with its document.
 - `efim/didMoveCursor` (notification, client → server): `{textDocument: {uri}, position}`
   where the cursor is now, sent by our clients (debounced) when it moves without an edit
@@ -58,10 +58,10 @@ def did_move_cursor(ls: EfimServer, params: Any) -> None:
 
 
 def stats(ls: EfimServer, params: Any) -> dict[str, Any]:
-    engine = ls.slot.engine
+    engine = ls.holder.engine
     engine_stats = engine.stats() if engine is not None else None
-    extra: dict[str, Any] = {"model": {"state": ls.slot.state, "error": ls.slot.error, "info": _info_dict(ls.slot.info)}}
-    extra["engine"] = ls.slot.health()
+    extra: dict[str, Any] = {"model": {"state": ls.holder.state, "error": ls.holder.error, "info": _info_dict(ls.holder.info)}}
+    extra["engine"] = ls.holder.health()
     context_source = ls.completer.context_source
     if context_source is not None:
         try:
@@ -93,7 +93,7 @@ async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:
         if session is not None and doc is not None and doc.in_sync and not session.consistent(doc.text):
             problems.append(f"edit session of {uri} does not match the text")
     engine_report = "not loaded"
-    engine = ls.slot.engine
+    engine = ls.holder.engine
     if engine is not None:
         try:  # on the engine thread, between steps, once it is idle (engine.api thread map)
             await asyncio.wait_for(asyncio.wrap_future(engine.check_integrity()), INTEGRITY_TIMEOUT_S)

@@ -3,7 +3,7 @@
 `initialize` answers at once: it picks the position encoding, applies the client's
 `initializationOptions` (problems are shown after `initialized`, when the client can
 show them) and hands the workspace folders to the context source; the model loads after
-`initialized`, off the event loop (`efim_lsp.engine_slot`). Settings arrive pushed in
+`initialized`, off the event loop (`efim_lsp.engine_holder`). Settings arrive pushed in
 `workspace/didChangeConfiguration` or, when a client sends `settings: null` (VS Code), are
 pulled with `workspace/configuration`.
 """

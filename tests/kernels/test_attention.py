@@ -176,8 +176,8 @@ def test_bad_inputs_are_refused_with_a_clear_message():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunk_after_prefix_equals_explicit_positions(dtype):
-    """A prefill chunk after a prefix (T tail queries, no positions given) uses an additive
+def test_prefill_step_after_prefix_equals_explicit_positions(dtype):
+    """A prefill step after a prefix (T tail queries, no positions given) uses an additive
     mask kept between calls of one shape; it must equal the explicit-position path exactly,
     also on the second call (the kept mask) and after the shape or dtype changes."""
     gen = torch.Generator().manual_seed(11)

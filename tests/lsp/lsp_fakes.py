@@ -123,7 +123,7 @@ class FakeEngine:
         self.count_calls = 0
         self.closed = False
         self.forgotten: list[str] = []
-        self.document_warms: list[tuple[str, int, int]] = []
+        self.document_pieces_kept: list[tuple[str, int, int]] = []
         self.documents_forgotten: list[str] = []
 
     def info(self) -> EngineInfo:
@@ -177,12 +177,12 @@ class FakeEngine:
             time.sleep(0.001)
 
     def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
-        self.document_warms.append((key, len(text), cursor))
+        self.document_pieces_kept.append((key, len(text), cursor))
 
     def forget_document(self, key: str) -> None:
         self.documents_forgotten.append(key)
 
-    on_fault = None  # the slot sets it; a fake has no faults to report
+    on_fault = None  # the engine holder sets it; a fake has no faults to report
 
     def health(self) -> dict:
         return {"state": "closed" if self.closed else "running"}

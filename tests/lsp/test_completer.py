@@ -9,7 +9,7 @@ import pytest
 
 from efim_lsp.completer import Answer, Completer, Declined, budget_for
 from efim_lsp.documents import DocumentStore, FullChange, RangeChange
-from efim_lsp.engine_slot import EngineSlot, EngineSpec
+from efim_lsp.engine_holder import EngineHolder, EngineSpec
 from efim_lsp.settings import Settings, apply
 from efim_lsp.stats import ServerStats
 
@@ -25,14 +25,14 @@ class Rig:
     def __init__(self, engine: FakeEngine, **settings):
         self.engine = engine
         self.docs = DocumentStore()
-        self.slot = EngineSlot(lambda model, fim_tokens="auto", adapter="auto", **_options: engine)
+        self.holder = EngineHolder(lambda model, fim_tokens="auto", adapter="auto", **_options: engine)
         self.stats = ServerStats()
         self.settings = apply(Settings(), settings).settings
-        self.completer = Completer(self.docs, self.slot, self.stats, lambda: self.settings)
+        self.completer = Completer(self.docs, self.holder, self.stats, lambda: self.settings)
         self.version = 0
 
     async def start(self, text: str = SRC):
-        assert await self.slot.load(EngineSpec("fake", "auto"))
+        assert await self.holder.load(EngineSpec("fake", "auto"))
         self.open(text)
         return self
 
@@ -62,7 +62,7 @@ async def test_efim_requests_keep_prefix_and_suffix_and_grow_the_increment():
         rig.edit(cursor, cursor, ch)
         cursor += 1
         answers.append(await rig.complete(cursor))
-    reqs = rig.engine.requests[1:]  # [0] is the warm-up
+    reqs = rig.engine.requests[1:]  # [0] is the first request after the load
     assert len(reqs) == 6
     assert {r.prefix for r in reqs} == {SRC[:BODY]} and {r.suffix for r in reqs} == {SRC[BODY:]}
     assert [r.increment for r in reqs] == ["", "y", "y ", "y =", "y = ", "y = x"]
@@ -129,7 +129,7 @@ async def test_a_request_for_an_older_version_gets_no_answer():
     rig.edit(BODY, BODY, "y")
     result = await rig.complete(BODY + 1, version=rig.version - 1)
     assert isinstance(result, Declined) and result.code == "stale"
-    assert len(rig.engine.requests) == 1  # only the warm-up: nothing computed for a stale request
+    assert len(rig.engine.requests) == 1  # only the first request after the load: nothing computed for a stale request
 
 
 async def test_asyncio_cancellation_cancels_the_engine_handle():
@@ -170,7 +170,7 @@ async def test_declines_before_the_model_is_ready_and_when_out_of_sync():
     rig = Rig(FakeEngine())
     rig.open(SRC)
     assert (await rig.complete(BODY)).reason == "model loading"
-    assert await rig.slot.load(EngineSpec("fake", "auto"))
+    assert await rig.holder.load(EngineSpec("fake", "auto"))
     rig.version += 2
     out = rig.docs.change(URI, rig.version, [RangeChange(0, 0, 0, 0, "x")])
     rig.completer.changed(URI, out)
@@ -185,9 +185,9 @@ async def test_failed_model_load_is_reported():
         raise FileNotFoundError("no such model: /nope")
 
     docs = DocumentStore()
-    slot = EngineSlot(broken)
-    completer = Completer(docs, slot, ServerStats(), Settings)
-    assert not await slot.load(EngineSpec("/nope", "auto"))
+    holder = EngineHolder(broken)
+    completer = Completer(docs, holder, ServerStats(), Settings)
+    assert not await holder.load(EngineSpec("/nope", "auto"))
     docs.open(URI, "python", 0, SRC)
     completer.opened(URI)
     result = await completer.complete(URI, 0, 0, time.monotonic())

@@ -1,5 +1,5 @@
 """The server tells its context source what is open and where (the source never asks):
-the document and folder handlers push documents and workspace folders, the engine slot
+the document and folder handlers push documents and workspace folders, the engine holder
 pushes each new engine. The real server's handlers, driven in process; nothing reaches
 the gatherer until a request wants context."""
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from efim_lsp.context.source import WorkspaceContext, uri_to_path
-from efim_lsp.engine_slot import EngineSpec
+from efim_lsp.engine_holder import EngineSpec
 from efim_lsp.server import build_server
 from efim_lsp.settings import Settings
 
@@ -56,7 +56,7 @@ def _folder(tmp_path: Path, name: str, source: str) -> Path:
     return root
 
 
-async def test_handlers_push_documents_and_folders_and_the_slot_pushes_the_engine(tmp_path, monkeypatch):
+async def test_handlers_push_documents_and_folders_and_the_holder_pushes_the_engine(tmp_path, monkeypatch):
     first = _folder(tmp_path, "first", "def convert_currency(amount, exchange_rate):\n    return amount * exchange_rate\n")
     second = _folder(tmp_path, "second", "def parse_invoice(lines):\n    return [l for l in lines]\n")
     engine = FakeEngine()
@@ -87,8 +87,8 @@ async def test_handlers_push_documents_and_folders_and_the_slot_pushes_the_engin
         assert source.gatherer.wait_idle(10)
         assert source.status()["folders"] == 2
 
-        # The engine: pushed by the slot when it serves, withdrawn when it closes.
-        assert await server.slot.load(EngineSpec("fake", "auto"))
+        # The engine: pushed by the holder when it serves, withdrawn when it closes.
+        assert await server.holder.load(EngineSpec("fake", "auto"))
         calls = engine.count_calls
         source.gatherer.count_tokens("a fresh text to count")
         assert engine.count_calls == calls + 1
@@ -102,7 +102,7 @@ async def test_handlers_push_documents_and_folders_and_the_slot_pushes_the_engin
         source.chunks("file:///elsewhere.py", text, len(text), ON)
         assert closed == [uri_to_path(scratch)]
 
-        server.slot.close()
+        server.holder.close()
         calls = engine.count_calls
         source.gatherer.count_tokens("another fresh text")
         assert engine.count_calls == calls  # no engine: the estimate counts

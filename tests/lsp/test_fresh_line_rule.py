@@ -57,6 +57,6 @@ async def test_the_completer_sets_the_flag_from_the_rule():
     await rig.complete(BODY)  # the empty, indented line of f's body
     rig.edit(BODY, BODY, "y")
     await rig.complete(BODY + 1)  # text typed on it
-    asked = rig.engine.requests[1:]  # [0] is the warm-up
+    asked = rig.engine.requests[1:]  # [0] is the first request after the load
     assert [r.fresh_line for r in asked] == [True, False]
     assert not rig.engine.requests[0].fresh_line

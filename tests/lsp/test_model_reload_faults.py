@@ -4,7 +4,7 @@ names the file and what is wrong, `efim/stats` keeps the state `ready` with that
 previous model keeps answering, and switching back loads.
 
 A local load closes the previous engine before it reads the new model (two models need not
-fit in memory at once: `efim_lsp/engine_slot.py`), so the loader's weight-free checks
+fit in memory at once: `efim_lsp/engine_holder.py`), so the loader's weight-free checks
 (format, tensor types, vocabulary: `engine.local.check_model`, docs/model.md "Bad input")
 run first, while the old engine still serves."""
 

@@ -67,12 +67,12 @@ async def test_settings_turn_warm_ahead_and_document_kv_off():
     rig = await Rig(FakeEngine(), warmAhead=False, documentKv=False).start()
     rig.completer.cursor_moved(URI, 5)
     await asyncio.sleep(SETTLE)
-    assert _warmups(rig.engine) == [] and rig.engine.document_warms == []
+    assert _warmups(rig.engine) == [] and rig.engine.document_pieces_kept == []
     on = await Rig(FakeEngine(), warmAhead=False, documentKv=True).start()
     on.completer.cursor_moved(URI, 5)
     await asyncio.sleep(SETTLE)
     assert _warmups(on.engine) == []
-    assert (URI, len(SRC), 5) in on.engine.document_warms
+    assert (URI, len(SRC), 5) in on.engine.document_pieces_kept
     await on.complete(5)
     assert on.engine.requests[-1].document_kv  # requests may assemble from the document's KV
 
@@ -104,7 +104,7 @@ async def test_a_document_emptied_forgets_its_pieces_instead_of_warming_an_empty
     rig.completer.cursor_moved(URI, 0)
     await asyncio.sleep(SETTLE)
     assert rig.engine.documents_forgotten == [URI]
-    assert all(length > 0 for _, length, _ in rig.engine.document_warms)
+    assert all(length > 0 for _, length, _ in rig.engine.document_pieces_kept)
 
 
 # -- every signal a client already gives is a cursor signal (issue #31) --------

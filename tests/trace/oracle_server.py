@@ -187,7 +187,7 @@ class OracleEngine:
     def forget_document(self, key: str) -> None:
         pass  # nothing kept
 
-    on_fault = None  # the slot sets it; an oracle has no faults to report
+    on_fault = None  # the engine holder sets it; an oracle has no faults to report
 
     def health(self) -> dict:
         return {"state": "running"}

@@ -25,7 +25,7 @@ EngineFactory = Callable[..., Engine]
 # (`engine.local.check_model`); it raises when the model cannot load.
 Preflight = Callable[..., None]
 
-SlotState = Literal["empty", "loading", "ready", "failed"]
+LoadState = Literal["empty", "loading", "ready", "failed"]
 
 
 class EngineSpec(NamedTuple):
@@ -82,13 +82,16 @@ class _NoProgress:
         pass
 
 
-class EngineSlot:
+class EngineHolder:
+    """Holds the server's one engine: loads it, swaps it when its settings change (keeping
+    the serving one where the new one cannot start), and reports its state and health."""
+
     def __init__(self, factory: EngineFactory, preflight: Preflight | None = None):
         """`preflight(model, **factory options)`: the new local model's checks that read no
         weights (`engine.local.check_model`); when it raises, the serving engine is kept."""
         self._factory = factory
         self._preflight = preflight
-        self.state: SlotState = "empty"
+        self.state: LoadState = "empty"
         self.error: str | None = None
         self._engine: Engine | None = None
         self.info: EngineInfo | None = None
@@ -190,8 +193,8 @@ class EngineSlot:
         if generation != self._generation:
             await loop.run_in_executor(None, _close_quietly, engine)
             return False
-        progress.report(f"warming up {info.architecture} ({info.template})", 80)
-        await self._warm_up(engine, info)
+        progress.report(f"first request on {info.architecture} ({info.template})", 80)
+        await self._first_request(engine, info)
         if generation != self._generation:
             await loop.run_in_executor(None, _close_quietly, engine)
             return False
@@ -209,18 +212,19 @@ class EngineSlot:
         progress.end(f"ready: {info.architecture}, {info.template}")
         return True
 
-    async def _warm_up(self, engine: Engine, info: EngineInfo) -> None:
-        """One tiny request, so the first keystroke does not pay for lazy initialisation."""
+    async def _first_request(self, engine: Engine, info: EngineInfo) -> None:
+        """One tiny request, so the first keystroke does not pay for lazy initialisation
+        (not a warm-up: it prefills no window anyone will ask for)."""
         handle = None
         try:
             request = InfillRequest(
-                key="efim-lsp/warm-up", prefix="def f(", suffix="\n", max_tokens=1, cache=False,
+                key="efim-lsp/first-request", prefix="def f(", suffix="\n", max_tokens=1, cache=False,
                 format="efim" if info.supports_fim else "prefix",
             )
             handle = engine.submit(request)
             await asyncio.wait_for(handle.wait(), timeout=120)
-        except Exception as exc:  # a failed warm-up is not a failed load
-            log.warning("warm-up request failed: %s", exc)
+        except Exception as exc:  # a failed first request is not a failed load
+            log.warning("first request failed: %s", exc)
             if handle is not None:
                 handle.cancel()
 
