@@ -66,9 +66,15 @@ def _valid_id(msg_id: Any) -> bool:
     return isinstance(msg_id, (str, int)) and not isinstance(msg_id, bool)
 
 
+try:  # Python >= 3.11; on 3.10 cattrs raises the `exceptiongroup` backport's groups
+    _ExceptionGroup = BaseExceptionGroup
+except NameError:  # pragma: no cover - Python 3.10
+    from exceptiongroup import BaseExceptionGroup as _ExceptionGroup  # noqa: PLC0415
+
+
 def _explain(exc: BaseException) -> str:
     """A cattrs structuring error as "what @ where" lines (its own str() says only "1 sub-exception")."""
-    if isinstance(exc, BaseExceptionGroup):
+    if isinstance(exc, _ExceptionGroup):
         try:
             return "; ".join(transform_error(exc, path="$"))[:500]
         except Exception:
