@@ -54,8 +54,16 @@ def plain(obj):
     return obj
 
 
-async def request(client: LanguageClient, method: str, params=None) -> dict:
-    return plain(await client.protocol.send_request_async(method, params if params is not None else {}))
+# A reply that never comes fails the test with the method's name instead of hanging the suite.
+REPLY_TIMEOUT_S = 180.0
+
+
+async def request(client: LanguageClient, method: str, params=None, timeout: float = REPLY_TIMEOUT_S) -> dict:
+    sent = client.protocol.send_request_async(method, params if params is not None else {})
+    try:
+        return plain(await asyncio.wait_for(sent, timeout))
+    except asyncio.TimeoutError:
+        raise AssertionError(f"no reply to {method} within {timeout:.0f} s") from None
 
 
 def send_raw(client: LanguageClient, message: dict) -> asyncio.Future:
