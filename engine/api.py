@@ -239,13 +239,11 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     def from_counters(cls, counters: object, **measured: int | float | str) -> EngineStats:
         """The stats of an engine from its counters record (the scheduler's `Counters`, the
         remote engine's `Ledger`: any object with attributes): every count named as a
-        field here is taken as it is, a `warm_seconds` count as `warm_ms`, and counts of
-        other names stay the record's own. `measured`: the fields an engine measures when
+        field here is taken as it is (`warm_ms` rounded to 0.1 ms), and counts of other
+        names stay the record's own. `measured`: the fields an engine measures when
         asked (cache bytes, document tokens, the disk tier). One conversion for every
         engine: a count named alike on both sides needs no copying code."""
         fields = {name: getattr(counters, name) for name in cls.__struct_fields__ if hasattr(counters, name)}
-        if hasattr(counters, "warm_seconds"):  # the scheduler times its background work in seconds
-            fields["warm_ms"] = getattr(counters, "warm_seconds") * 1e3
         fields["warm_ms"] = round(fields.get("warm_ms", 0.0), 1)
         return cls(**{**fields, **measured})
 

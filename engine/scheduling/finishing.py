@@ -45,7 +45,7 @@ class Counters:
     warm_completed: int = 0
     warm_cancelled: int = 0
     warm_prefilled_tokens: int = 0
-    warm_seconds: float = 0.0
+    warm_ms: float = 0.0
     # Decode forwards of all sequences (forks included) and prompt-lookup speculation.
     decode_steps: int = 0
     verify_steps: int = 0
@@ -112,7 +112,7 @@ class Finisher:
             c.warm_cancelled += reason == "cancelled"
             c.warm_completed += reason != "cancelled"
             c.warm_prefilled_tokens += seq.prefilled
-            c.warm_seconds += seq.compute_s
+            c.warm_ms += seq.compute_s * 1e3
             self._tell_sink(seq, reason, error)
             return
         if reason == "cancelled":

@@ -447,7 +447,7 @@ class Scheduler:
             self.documents = self._document_work(self.runner.model, self.documents.header)
             return
         self.counters.warm_prefilled_tokens += done.tokens
-        self.counters.warm_seconds += done.seconds
+        self.counters.warm_ms += done.seconds * 1e3
         self.admission.drop_stale_indexes()
 
 

@@ -70,18 +70,18 @@ def test_wait_resolves_on_the_waiters_loop_when_another_thread_completes():
 
 @dataclass
 class _Counters:
-    """Shaped like the scheduler's counters: aligned names, seconds, and counts of its own."""
+    """Shaped like the scheduler's counters: aligned names and counts of its own."""
 
     requests: int = 3
     completed: int = 2
     errors: int = 1
     prompt_tokens: int = 40
-    warm_seconds: float = 0.01234
+    warm_ms: float = 12.34
     decode_steps: int = 5
     kv_grow_refused: int = 9
 
 
-def test_engine_stats_take_every_aligned_count_and_warm_seconds_as_ms():
+def test_engine_stats_take_every_aligned_count_and_round_warm_ms():
     stats = EngineStats.from_counters(_Counters(), cache_bytes_used=4096, kv_disk="on")
     assert (stats.requests, stats.completed, stats.prompt_tokens, stats.decode_steps) == (3, 2, 40, 5)
     assert stats.warm_ms == 12.3 and stats.cache_bytes_used == 4096 and stats.kv_disk == "on"
