@@ -66,6 +66,22 @@ async def request(client: LanguageClient, method: str, params=None, timeout: flo
         raise AssertionError(f"no reply to {method} within {timeout:.0f} s") from None
 
 
+async def end_server(client: LanguageClient, timeout: float = 30.0) -> None:
+    """Shut the server down and wait for it, killing it when it does not go within `timeout`.
+
+    For tests that start a server themselves: pygls' `stop()` waits for the process to exit
+    without ending it, so a test that failed before `shutdown` would otherwise hang the suite
+    (a fresh-clone CI run sat 75 minutes in `stop()` after an assertion had failed)."""
+    process = client._server
+    try:
+        await asyncio.wait_for(client.shutdown_session(), timeout)
+    except Exception:  # noqa: BLE001 - a server that cannot shut down is ended below
+        pass
+    if process is not None and process.returncode is None:
+        process.kill()
+    await asyncio.wait_for(client.stop(), timeout)
+
+
 def send_raw(client: LanguageClient, message: dict) -> asyncio.Future:
     """Write a JSON-RPC message as is (the typed client refuses to send malformed params)."""
     body = json.dumps(message).encode()
