@@ -36,7 +36,7 @@ from typing import Any, Callable, NamedTuple
 import attrs
 from cattrs import transform_error
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInvalidRequest, JsonRpcMethodNotFound, JsonRpcParseError
 from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.protocol.json_rpc import RPCRequest
 
@@ -128,6 +128,12 @@ class EfimProtocol(LanguageServerProtocol):
         if not isinstance(data, dict) or "jsonrpc" not in data:
             return data
         self._observe("in", data)
+        method = data.get("method")
+        if data["jsonrpc"] != "2.0":  # JSON-RPC: an Invalid Request, answered with id null
+            reason = f"not a JSON-RPC 2.0 message (jsonrpc is {data['jsonrpc']!r})"
+            return _Malformed(None, method if isinstance(method, str) else None, reason, JsonRpcInvalidRequest.CODE)
+        if "method" in data and not isinstance(method, str):
+            return _Malformed(None, None, f"the method must be a string, not {method!r:.80}", JsonRpcInvalidRequest.CODE)
         if "method" in data and "id" in data and not _valid_id(data["id"]):
             # JSON-RPC: an id is a string or a number; the answer to an invalid request has id null.
             return _Malformed(None, data["method"], f"invalid request id {data['id']!r} (must be a string or an integer)", JsonRpcInvalidRequest.CODE)
@@ -172,11 +178,12 @@ class EfimProtocol(LanguageServerProtocol):
             log.warning("%s", message.reason)
             if message.method is not None and message.id is not None:
                 self._send_response(message.id, error=types.ResponseError(code=message.code, message=message.reason))
-            elif message.method is not None and invalid_id:  # answered with id null, whatever the lifecycle state
-                self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": message.code, "message": message.reason}})
+            elif invalid_id:  # answered with id null, whatever the lifecycle state
+                self._answer_without_id(message.code, message.reason)
             return
-        if not hasattr(message, "jsonrpc"):  # a JSON array, number, string or null
-            log.warning("ignored a message that is not a JSON object: %.200r", message)
+        if not hasattr(message, "jsonrpc"):  # a JSON array (LSP has no batches), number, string or null
+            log.warning("a message that is not a JSON object: %.200r", message)
+            self._answer_without_id(JsonRpcInvalidRequest.CODE, f"not a JSON-RPC request object: {type(message).__name__}")
             return
         method = getattr(message, "method", None)
         if method is not None and self._refused_by_lifecycle(method, message.id if isinstance(message, RPCRequest) else None):
@@ -187,6 +194,13 @@ class EfimProtocol(LanguageServerProtocol):
             while len(self._completions) > _MAX_PENDING_ARRIVALS:
                 self._completions.pop(next(iter(self._completions)))
         super().handle_message(message)
+
+    def answer_parse_error(self, reason: str) -> None:
+        """A message body that is not JSON: ParseError with id null (JSON-RPC 2.0, 5.1)."""
+        self._answer_without_id(JsonRpcParseError.CODE, reason)
+
+    def _answer_without_id(self, code: int, reason: str) -> None:
+        self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": reason}})
 
     def _refused_by_lifecycle(self, method: str | None, msg_id: Any, *, malformed: bool = False) -> bool:
         """Apply the lifecycle rules to an incoming request (`msg_id` set) or notification;

@@ -16,7 +16,8 @@ protocol needs it:
 - a `Content-Length` header is found even at the end of a line of garbage (the
   tail of a body whose length was too short), so the stream re-synchronises on
   the next message instead of losing every message after a framing error;
-- a body that is not JSON is re-read as header lines: a length that was too long
+- a body that is not JSON is answered ParseError (-32700, id null, as JSON-RPC asks)
+  and re-read as header lines: a length that was too long
   swallowed the next message's header, which the line scan then finds; one that was
   too short leaves the rest of the body in front of the next header line;
 - a body that stalls mid-way (no bytes for `STALL_SECONDS`) while it already
@@ -200,7 +201,8 @@ async def serve(reader, protocol, *, exit_code: Callable[[], int | None], on_err
         try:
             message = json.loads(body)
         except ValueError as exc:  # not JSON, not UTF-8
-            log.warning("ignored a message body that is not JSON (%s): %.120r", exc, body)
+            log.warning("a message body that is not JSON (%s): %.120r", exc, body)
+            protocol.answer_parse_error(f"the message body is not JSON: {exc}")
             framer.resync(body)
             continue
         if isinstance(message, dict):  # only the top level is a message (nested dicts stay dicts)

@@ -15,12 +15,16 @@ from efim_lsp import stdio
 class Collect:
     def __init__(self):
         self.messages = []
+        self.parse_errors = []
 
     def structure_message(self, data):
         return data
 
     def handle_message(self, message):
         self.messages.append(message)
+
+    def answer_parse_error(self, reason):
+        self.parse_errors.append(reason)
 
 
 def msg(n: int) -> bytes:
@@ -84,3 +88,13 @@ async def test_header_names_are_case_insensitive_and_other_headers_ignored():
 
 async def test_json_that_is_not_an_object_reaches_the_protocol_which_decides():
     assert await read_all(b"Content-Length: 2\r\n\r\n[]", msg(1)) == [[], 1]
+
+
+async def test_a_body_that_is_not_json_is_answered_a_parse_error_once_and_reading_goes_on():
+    reader = asyncio.StreamReader()
+    sink = Collect()
+    reader.feed_data(b"Content-Length: 5\r\n\r\nhello" + b"Content-Length: 4\r\n\r\n\"\xff\xfe\"" + msg(4))
+    reader.feed_eof()
+    await asyncio.wait_for(stdio.serve(stdio._PipeReader(reader), sink, exit_code=lambda: None), 10)
+    assert [m.get("id") for m in sink.messages] == [4]
+    assert len(sink.parse_errors) == 2 and all("not JSON" in r for r in sink.parse_errors), sink.parse_errors

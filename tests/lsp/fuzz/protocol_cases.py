@@ -2,7 +2,8 @@
 
 A `Case` is raw bytes for the server's stdin plus what the protocol says must come back:
 `id` is the request id to expect an answer for (None: a notification or framing garbage,
-nothing must come back for it; kind "invalid-id": an InvalidRequest answer with id null),
+nothing must come back for it; kind "invalid-id": an InvalidRequest answer with id null;
+"parse-error": a ParseError answer with id null),
 `codes` the error codes allowed (None: a result or any error but InternalError).
 """
 
