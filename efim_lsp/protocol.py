@@ -40,6 +40,8 @@ from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams, JsonRpcInva
 from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.protocol.json_rpc import RPCRequest
 
+from efim_lsp.redact import excerpt
+
 log = logging.getLogger(__name__)
 
 MessageObserver = Callable[[str, dict, float], None]
@@ -166,7 +168,7 @@ class EfimProtocol(LanguageServerProtocol):
 
     def handle_message(self, message) -> None:
         if isinstance(message, dict):  # no "jsonrpc" member: not a JSON-RPC 2.0 message
-            log.warning("ignored a message that is not JSON-RPC 2.0: %.200r", message)
+            log.warning("ignored a message that is not JSON-RPC 2.0: %s", excerpt(log, message, 200))
             if message.get("id") is not None:
                 error = JsonRpcInvalidRequest("not a JSON-RPC 2.0 message").to_response_error()
                 self._send_response(message["id"], error=error)
@@ -182,7 +184,7 @@ class EfimProtocol(LanguageServerProtocol):
                 self._answer_without_id(message.code, message.reason)
             return
         if not hasattr(message, "jsonrpc"):  # a JSON array (LSP has no batches), number, string or null
-            log.warning("a message that is not a JSON object: %.200r", message)
+            log.warning("a message that is not a JSON object: %s", excerpt(log, message, 200))
             self._answer_without_id(JsonRpcInvalidRequest.CODE, f"not a JSON-RPC request object: {type(message).__name__}")
             return
         method = getattr(message, "method", None)

@@ -83,6 +83,17 @@ def model_preflight(args: argparse.Namespace):
     return preflight
 
 
+def _private_file(path: str) -> None:
+    """Create `path` readable by the user alone (0600), or narrow an existing one the user
+    owns: a log names files and, at DEBUG, quotes code."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
     level = getattr(logging, (args.log_level or ("debug" if getattr(args, "verbose", False) else "info")).upper())
     root = logging.getLogger()
@@ -90,6 +101,7 @@ def _configure_logging(args: argparse.Namespace) -> None:
         root.removeHandler(handler)
     handler: logging.Handler
     if args.log_file:
+        _private_file(args.log_file)
         handler = logging.FileHandler(args.log_file, encoding="utf-8")
     else:
         handler = logging.StreamHandler(sys.stderr)

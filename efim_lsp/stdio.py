@@ -44,6 +44,8 @@ from typing import Any, BinaryIO, Callable
 
 from pygls.io_ import StdinAsyncReader
 
+from efim_lsp.redact import excerpt
+
 log = logging.getLogger(__name__)
 
 _LIMIT = 1 << 20  # StreamReader buffer limit; longer lines are read in pieces
@@ -163,10 +165,10 @@ class Framer:
             match = _HEADER.search(line)
             if match is None:
                 if b":" not in line or not line[:1].isalpha():
-                    self._framing_error(f"ignored a line that is not a header: {line[:80]!r}")
+                    self._framing_error(f"ignored a line that is not a header: {excerpt(log, line, 80)}")
                 continue  # another header (Content-Type) or garbage
             if match.start():
-                self._framing_error(f"garbage before a header: {line[: min(match.start(), 80)]!r}")
+                self._framing_error(f"garbage before a header: {excerpt(log, line[: match.start()], 80)}")
             n = int(match.group(1))
             if n > MAX_CONTENT_LENGTH:
                 self._framing_error(f"Content-Length {n} is over the {MAX_CONTENT_LENGTH}-byte limit; ignored")
@@ -190,6 +192,15 @@ class Framer:
         log.warning("LSP framing: %s", what)
 
 
+def _first_line(exc: ValueError) -> str:
+    """A JSON or UTF-8 decoding error without the document text some of them quote."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid UTF-8 at byte {exc.start}"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos}"
+    return type(exc).__name__
+
+
 async def serve(reader, protocol, *, exit_code: Callable[[], int | None], on_error: Callable[[Exception], Any] | None = None) -> None:
     """Read and handle messages until EOF or until `exit_code()` is set (the `exit` notification)."""
     framer = Framer(reader)
@@ -201,8 +212,8 @@ async def serve(reader, protocol, *, exit_code: Callable[[], int | None], on_err
         try:
             message = json.loads(body)
         except ValueError as exc:  # not JSON, not UTF-8
-            log.warning("a message body that is not JSON (%s): %.120r", exc, body)
-            protocol.answer_parse_error(f"the message body is not JSON: {exc}")
+            log.warning("a message body that is not JSON (%s): %s", _first_line(exc), excerpt(log, body))
+            protocol.answer_parse_error(f"the message body is not JSON: {_first_line(exc)}")
             framer.resync(body)
             continue
         if isinstance(message, dict):  # only the top level is a message (nested dicts stay dicts)

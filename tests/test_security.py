@@ -7,6 +7,8 @@ import re
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("efim_lsp", "engine", "kernels", "efim_tools", "bench")
 # `torch.load(` anywhere without weights_only=True in the same call, and any pickle load.
@@ -101,3 +103,46 @@ def test_efim_serve_has_no_network_socket(tiny_model_dir):
         for fd in (0,):
             assert Path(f"/proc/{server.proc.pid}/fd/{fd}").readlink().as_posix().startswith("pipe:")
         assert server.shutdown_and_exit() == 0
+
+
+def _rejected_messages_with(secret: str) -> list[bytes]:
+    """Bodies a buggy client might send, each carrying document text the log must not quote."""
+    import json
+
+    opened = {"textDocument": {"uri": "file:///p.py", "languageId": "python", "version": 0, "text": secret}}
+    return [
+        json.dumps({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"text": secret}}}).encode(),
+        json.dumps({"jsonrpc": "1.0", "method": "textDocument/didOpen", "params": opened}).encode(),
+        json.dumps({"method": "textDocument/didOpen", "params": opened}).encode(),
+        json.dumps([opened]).encode(),
+        b'{"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"text": "' + secret.encode() + b'"',
+        b"\xff" + secret.encode(),
+        b"Content-Type: x\r\n" + secret.encode() + b"\r\n",  # framing garbage
+    ]
+
+
+@pytest.mark.parametrize("level", ["info", "debug"])
+def test_the_log_file_is_private_and_quotes_no_document_text_below_debug(tmp_path, level):
+    import os
+    import stat
+    import sys
+
+    sys.path.insert(0, str(REPO / "tests" / "lsp"))
+    from stdio_client import ServerProcess, frame
+
+    secret = "password_hunter2 = 'do not log me'"
+    log_file = tmp_path / "serve.log"
+    with ServerProcess(["--model", "/nonexistent-model", "--log-level", level, "--log-file", str(log_file)]) as server:
+        server.initialize()
+        for body in _rejected_messages_with(secret):
+            server.send_bytes(frame(body) if not body.startswith(b"Content-Type") else body)
+        server.request("efim/stats")  # answered after every message above was read
+        assert server.shutdown_and_exit() == 0
+    mode = stat.S_IMODE(os.stat(log_file).st_mode)
+    assert mode == 0o600, oct(mode)
+    text = log_file.read_text()
+    assert "not JSON" in text and "JSON-RPC 2.0" in text  # the rejections are logged...
+    if level == "info":
+        assert "hunter2" not in text, [line for line in text.splitlines() if "hunter2" in line]  # ...without the text
+    else:
+        assert "hunter2" in text  # asked for: DEBUG quotes what was rejected
