@@ -31,6 +31,7 @@ from engine.api import Completion, CompletionHandle, ContextChunk, Engine, Engin
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.engine_holder import EngineHolder
+from efim_lsp.first_window import ComputedPrompts, SmallWindow, first_window_key, is_cold, prompt_text, small_window
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
@@ -107,6 +108,10 @@ class _PendingRequest:
             self.handle.cancel()
 
 
+# Finish reasons of a request whose prompt was not computed to its end.
+_UNFINISHED = frozenset({"cancelled", "deadline", "error"})
+
+
 class DocumentState:
     def __init__(self, meter: TokenMeter):
         self.session = EditSession(meter)
@@ -118,6 +123,11 @@ class DocumentState:
         # The cursor of the last request that ran to its end (its KV is the engine's latest
         # for this document); None once a request was cancelled or superseded.
         self.served_at: int | None = None
+        # First answers at a new place (efim_lsp.first_window): the session the warm-up in
+        # flight computes, the prompts computed to their end, the session's small window.
+        self.warming_session: int | None = None
+        self.computed = ComputedPrompts()
+        self.small: SmallWindow | None = None
 
     def stop_warming(self) -> None:
         if self.warm_timer is not None:
@@ -126,6 +136,7 @@ class DocumentState:
         if self.warming is not None and not self.warming.done:
             self.warming.cancel()
         self.warming = None
+        self.warming_session = None
 
 
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
@@ -205,6 +216,7 @@ class Completer:
             state.session.forget("document replaced")
             state.typed.forget()
             state.stop_warming()  # its prompt was of the old text
+            state.computed.clear()
         was_alive = state.session.alive
         for edit in outcome.edits:
             state.session.observe(edit)
@@ -233,6 +245,7 @@ class Completer:
         engine = self.holder.engine
         if engine is not None:
             engine.forget_document(uri)
+            engine.forget_document(first_window_key(uri))
 
     def reset_sessions(self, reason: str) -> None:
         """Settings that shape prompts changed: every document starts a new session."""
@@ -241,6 +254,7 @@ class Completer:
                 state.pending.supersede(reason)
             state.session.end(reason)
             state.typed.forget()
+            state.computed.clear()  # a reloaded engine holds none of them
 
     def cancel_all(self, reason: str) -> None:
         for state in self._states.values():
@@ -348,6 +362,10 @@ class Completer:
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         if segments.rebased:
             log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
+        full_prompt = self._prompt_text(request, segments, info)
+        small = self._small_request(uri, state, request, segments, full_prompt, settings)
+        if small is not None:
+            request = small
         # A request that cannot finish within `timeoutMs` of its arrival (a machine busy with
         # several documents' prefills) ends then with what it has; its rows stay cached.
         deadline = arrival + settings.timeout_ms / 1000 if settings.timeout_ms else None
@@ -379,6 +397,10 @@ class Completer:
         self.stats.latency.add(elapsed_ms)
         self.stats.engine_latency.add(elapsed_ms)
         done = streamed.completion
+        if small is None and done is not None and done.finish_reason not in _UNFINISHED:
+            state.computed.add(full_prompt)  # its whole prompt was computed: the next one starts from it
+        elif small is not None:
+            self.stats.first_window_answers += 1
         cut_short = done is not None and done.finish_reason == "length"
         text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_short).text
         if not text:
@@ -580,7 +602,14 @@ class Completer:
             return False
         if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
-        request, _segments = self._request_at(uri, doc, state, cursor, settings, info)
+        request, segments = self._request_at(uri, doc, state, cursor, settings, info)
+        return self._submit_warmup(uri, state, request, segments, self._prompt_text(request, segments, info))
+
+    def _submit_warmup(self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str) -> bool:
+        """Prefill `request`'s prompt in the background (replacing the warm-up in flight)."""
+        engine = self.holder.engine
+        if engine is None:
+            return False
         # Same max_tokens as the request it stands in for: the prompt is fitted to the
         # context identically; the engine samples nothing for a background request.
         request = msgspec.structs.replace(request, background=True, n=1)
@@ -591,17 +620,49 @@ class Completer:
             return False
         if state.warming is not None and not state.warming.done:
             state.warming.cancel()
-        state.warming = handle
+        state.warming, state.warming_session = handle, segments.session_id
         self.stats.warm_submitted += 1
-        task = asyncio.get_running_loop().create_task(self._account_warmup(handle))
+        task = asyncio.get_running_loop().create_task(self._account_warmup(handle, state, prompt))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
         return True
 
-    async def _account_warmup(self, handle: CompletionHandle) -> None:
+    async def _account_warmup(self, handle: CompletionHandle, state: DocumentState, prompt: str) -> None:
         completion = await handle.wait()
         if completion is not None:
             self.stats.add_warmup(completion.stats, completion.finish_reason)
+            if completion.finish_reason not in _UNFINISHED:
+                state.computed.add(prompt)
+
+    # -- first answers at a new place (efim_lsp.first_window) ------------------
+    def _prompt_text(self, request: InfillRequest, segments: Segments, info: EngineInfo | None) -> str:
+        chunks = "".join(c.text for c in request.chunks)
+        suffix_first = bool(info is not None and info.suffix_first)
+        return prompt_text(segments, suffix_first=suffix_first, with_suffix=request.format != "prefix", chunks=chunks)
+
+    def _small_request(
+        self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str, settings: Settings
+    ) -> InfillRequest | None:
+        """The small-window request that answers now while the session's full window is
+        computed in the background; None when the full window is (nearly) computed, or
+        when first windows are off."""
+        tokens = settings.first_window_tokens
+        if not tokens or not settings.cache or not settings.warm_ahead:
+            return None
+        small = state.small
+        if small is None or small.session_id != segments.session_id:
+            small = state.small = small_window(segments, tokens, state.session.meter)
+        if small.prefix == segments.prefix and small.suffix == segments.suffix and not request.chunks:
+            return None  # the whole window is small
+        warming_here = state.warming is not None and not state.warming.done and state.warming_session == segments.session_id
+        if not warming_here:
+            if not is_cold(state.computed.uncached_chars(prompt), state.session.meter, tokens):
+                return None
+            if not self._submit_warmup(uri, state, request, segments, prompt):
+                return None
+        return msgspec.structs.replace(
+            request, key=first_window_key(uri), prefix=small.prefix, suffix=small.suffix, chunks=(), document_kv=False
+        )
 
     def _decline(self, code: str, reason: str) -> Declined:
         self.stats.declined[code] += 1

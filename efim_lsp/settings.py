@@ -92,6 +92,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     warm_ahead: bool = True
     """Navigation: on `efim/didMoveCursor` (and an edit away from the session), prefill in the background the window a request there would need (docs/design.md, "After a jump")."""
 
+    first_window_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 512
+    """Navigation: while a new edit session's full window is not computed yet (a jump, a file just opened), its requests are answered from this many tokens around the cursor (3/4 before it) and the full window is prefilled in the background; later requests use it once it is (docs/navigation.md, "The first answer at a new place"). Needs `warmAhead` and `cache`; 0 turns it off."""
+
     document_kv: bool = False
     """Navigation: keep each open document's KV in stable pieces (computed in the background, nearest the cursor first) and assemble a new window after a jump from them with CacheBlend (`blendRatio`). Off by default: 3.3x faster than a prefill after a jump, but with the embedded 135M model the assembled window changes the suggested line in 2 of 3 held-out lines (docs/navigation.md)."""
 

@@ -45,6 +45,10 @@ class FakeHandle:
     def _run(self, text: str, stats: RequestStats) -> None:
         start = time.monotonic()
         time.sleep(self._engine.prefill_delay)
+        gate = self._engine.background_gate
+        if self.request.background and gate is not None:  # a warm-up that runs until the test opens the gate
+            while not gate.wait(0.005) and not self._cancel.is_set():
+                pass
         cuts = [text.find(s) for s in self.request.stop if s and s in text]
         reason = "eos"
         if cuts:
@@ -125,6 +129,7 @@ class FakeEngine:
         self.forgotten: list[str] = []
         self.document_pieces_kept: list[tuple[str, int, int]] = []
         self.documents_forgotten: list[str] = []
+        self.background_gate: threading.Event | None = None  # set: background requests wait until it opens
 
     def info(self) -> EngineInfo:
         return EngineInfo(

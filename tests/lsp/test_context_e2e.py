@@ -43,7 +43,9 @@ async def client(lsp_client: LanguageClient, tiny_model_dir, workspace):
             client_info=t.ClientInfo(name="Visual Studio Code"),
             workspace_folders=[t.WorkspaceFolder(uri=workspace.as_uri(), name="ws")],
             initialization_options={"model": str(tiny_model_dir), "maxTokens": 8, "context": "blend",
-                                    "contextChunks": 0, "contextTokens": 256},
+                                    "contextChunks": 0, "contextTokens": 256,
+                                    # the full window's prompt is measured here, not a jump's small first window
+                                    "firstWindowTokens": 0},
         )
     )
     stats = await wait_ready(lsp_client, timeout=120)

@@ -1,0 +1,151 @@
+"""First answers at a new place (efim_lsp.first_window): a small window of the same session
+answers while the full window is prefilled in the background (fake engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from efim_lsp.completer import Answer
+from efim_lsp.first_window import ComputedPrompts, first_window_key, small_window
+from efim_lsp.session import Segments
+from efim_lsp.window import TokenMeter
+
+from lsp_fakes import CHARS_PER_TOKEN, FakeEngine, render
+from test_completer import URI, Rig
+
+# A long file: 400 functions, the cursor in the middle of it (far from either end).
+LONG = "".join(f"def f{i}(x):\n    y = x * {i}\n    return y + {i}\n\n" for i in range(400))
+MIDDLE = LONG.index("def f200(")
+JUMP = LONG.index("def f300(")
+SMALL = 128  # firstWindowTokens in these tests
+
+
+def _requests(engine: FakeEngine):
+    """The document's requests (not the engine's first request after the load)."""
+    return [r for r in engine.requests if r.key.startswith("file:")]
+
+
+def _foreground(engine: FakeEngine):
+    return [r for r in _requests(engine) if not r.background]
+
+
+def _background(engine: FakeEngine):
+    return [r for r in _requests(engine) if r.background]
+
+
+async def _rig(**settings) -> Rig:
+    engine = FakeEngine(lambda r: "pass\n")
+    engine.background_gate = threading.Event()
+    return await Rig(engine, **{"firstWindowTokens": SMALL, **settings}).start(LONG)
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def test_a_cold_place_is_answered_from_the_small_window_while_the_full_one_warms():
+    rig = await _rig()
+    answer = await rig.complete(MIDDLE)
+    assert isinstance(answer, Answer)
+    (warm,) = _background(rig.engine)
+    (small,) = _foreground(rig.engine)
+    assert warm.key == URI and warm.increment == ""  # the full window, in the background
+    assert small.key == first_window_key(URI)
+    assert warm.prefix.endswith(small.prefix) and warm.suffix.startswith(small.suffix)
+    assert len(small.prefix) < len(warm.prefix) / 4 and LONG[: MIDDLE - len(small.prefix)].endswith("\n")
+    assert len(render(small)) / CHARS_PER_TOKEN <= SMALL * 1.2
+    assert rig.stats.first_window_answers == 1
+
+
+async def test_keystrokes_keep_the_same_small_window_until_the_warm_up_has_run_then_use_the_full_one():
+    rig = await _rig()
+    cursor = MIDDLE
+    await rig.complete(cursor)
+    for ch in "ab":
+        rig.edit(cursor, cursor, ch)
+        cursor += 1
+        await rig.complete(cursor)
+    smalls = _foreground(rig.engine)
+    assert [r.key for r in smalls] == [first_window_key(URI)] * 3
+    assert len({(r.prefix, r.suffix) for r in smalls}) == 1  # one small window: each prompt extends the last
+    assert render(smalls[2]).startswith(render(smalls[1])[: -len("a")])
+    assert [r.increment for r in smalls] == ["", "a", "ab"]
+    assert len(_background(rig.engine)) == 1  # one warm-up for the session, never cancelled
+    warm = _background(rig.engine)[0]
+    rig.engine.background_gate.set()
+    await _until(lambda: rig.stats.warm_completed == 1)
+    rig.edit(cursor, cursor, "c")
+    cursor += 1
+    await rig.complete(cursor)
+    full = rig.engine.requests[-1]
+    assert full.key == URI and not full.background and full.increment == "abc"
+    assert (full.prefix, full.suffix) == (warm.prefix, warm.suffix)
+    assert rig.stats.first_window_answers == 3
+
+
+async def test_a_place_whose_full_window_was_computed_gets_the_full_window_at_once():
+    rig = await _rig()
+    rig.engine.background_gate.set()
+    # Back and forth: the token meter calibrates on the first visits (a window cut with a
+    # different chars-per-token ratio starts elsewhere, and is rightly cold).
+    for place in (len(LONG) // 10, MIDDLE, JUMP, MIDDLE, JUMP):
+        await rig.complete(place)
+        await _until(lambda: rig.stats.warm_completed + rig.stats.warm_cancelled == rig.stats.warm_submitted)
+    before = len(_requests(rig.engine))
+    await rig.complete(MIDDLE)  # back where the full window was computed
+    (back,) = _requests(rig.engine)[before:]
+    assert back.key == URI and not back.background
+    assert rig.stats.first_window_answers >= 3
+
+
+async def test_off_when_the_setting_is_zero_or_the_whole_window_is_small():
+    off = await _rig(firstWindowTokens=0)
+    await off.complete(MIDDLE)
+    assert [(r.key, r.background) for r in _requests(off.engine)] == [(URI, False)]
+    short = FakeEngine(lambda r: "pass\n")
+    rig = await Rig(short, firstWindowTokens=SMALL).start("def f(x):\n    \n    return x\n")
+    await rig.complete(14)
+    assert [r.key for r in _requests(short)] == [URI]
+
+
+async def test_off_without_warm_ahead_or_cache():
+    for settings in ({"warmAhead": False}, {"cache": False}):
+        rig = await _rig(**settings)
+        await rig.complete(MIDDLE)
+        assert [r.key for r in _requests(rig.engine)] == [URI], settings
+
+
+async def test_closing_forgets_the_small_window_kv_too():
+    rig = await _rig()
+    rig.engine.background_gate.set()
+    await rig.complete(MIDDLE)
+    await _until(lambda: rig.stats.warm_completed == 1)
+    rig.completer.closed(URI)
+    assert rig.engine.documents_forgotten[-2:] == [URI, first_window_key(URI)]
+
+
+def test_the_small_window_is_a_cut_at_line_starts_within_its_budget():
+    meter = TokenMeter(lambda text: len(text) // 3)
+    prefix, suffix = LONG[:MIDDLE], LONG[MIDDLE:]
+    win = small_window(Segments(prefix, suffix, "", 7, True, None), 200, meter)
+    assert win.session_id == 7 and prefix.endswith(win.prefix) and suffix.startswith(win.suffix)
+    assert (LONG[: MIDDLE - len(win.prefix)]).endswith("\n")  # cut at a line start
+    assert meter.tokens(win.prefix) <= 150 and meter.tokens(win.suffix) <= 50
+    assert meter.tokens(win.prefix) >= 100  # most of the budget is used
+
+
+def test_computed_prompts_measure_what_a_full_request_would_prefill():
+    known = ComputedPrompts()
+    assert known.uncached_chars("abcdef") == 6
+    known.add("abcXYZ")
+    known.add("abcdeQ")
+    assert known.uncached_chars("abcdef") == 1  # shares "abcde" with the second
+    assert known.uncached_chars("zzz") == 3
+    for i in range(10):
+        known.add(f"other{i}")
+    assert known.uncached_chars("abcdef") == 6  # only the last few places are kept
