@@ -212,6 +212,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from bench import decode_formats, llama_cpp_figures, suggestion_latency  # noqa: PLC0415
     from engine.local import load_engine  # noqa: PLC0415
     from engine.model.loader import default_model_path  # noqa: PLC0415
+    from engine.runtime.cpu_threads import on_a_thread_that_ends  # noqa: PLC0415
 
     quick = args.quick
     shapes = ["135m"] if quick else _csv(args.shapes, SHAPES, "model shape")
@@ -235,10 +236,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 llama_shapes[shape] = llama_cpp_figures.measure_random_shape(shape, args.qwen_vocab, threads=threads,
                                                                             reps=reps)
 
-    rows = decode_formats.measure(shapes, formats, context=args.decode_context, steps=decode_tokens,
-                                  rounds=repeats + (0 if quick else 1), prefill_tokens=512)
-
-    bw = memory_bandwidth_gbs()
+    # On a thread that ends: no OpenMP team of this thread competes with the engine's below.
+    rows = on_a_thread_that_ends(lambda: decode_formats.measure(
+        shapes, formats, context=args.decode_context, steps=decode_tokens, rounds=repeats + (0 if quick else 1),
+        prefill_tokens=512))
+    bw = on_a_thread_that_ends(memory_bandwidth_gbs)
     eng = load_engine(args.model, dtype=args.dtype, kv_budget="1G")
     try:
         prompt = head_tokens(text, args.prefill_tokens, eng.count_tokens)

@@ -28,7 +28,7 @@ from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, En
 from engine.runtime import faults
 from engine.kv.budget import default_budget_bytes, parse_bytes
 from engine.kv.radix import RadixCache
-from engine.runtime.cpu_threads import ThreadGovernor
+from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends
 from engine.kv.disk_tier import DiskTier, attach_disk_tier
 from engine.cacheblend.document_kv import DocumentPass
 from engine.handle import RequestHandle
@@ -518,25 +518,7 @@ def load_engine(
             adapter_path=got.adapter, **engine_options,
         )
 
-    return _on_a_thread_that_ends(build)
-
-
-def _on_a_thread_that_ends(fn):
-    """Run `fn` on a new thread, wait for it, return its result or raise its exception."""
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="efim-load", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]
+    return on_a_thread_that_ends(build, name="efim-load")
 
 
 __all__ = ["LocalEngine", "check_model", "load_engine"]

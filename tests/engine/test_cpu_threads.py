@@ -75,14 +75,14 @@ def test_a_busy_process_counts_as_other_load():
 
 
 def test_the_loading_thread_returns_the_result_or_raises_in_the_caller():
-    from engine.local import _on_a_thread_that_ends
+    from engine.runtime.cpu_threads import on_a_thread_that_ends
 
     names = []
-    assert _on_a_thread_that_ends(lambda: names.append(threading.current_thread().name) or 7) == 7
+    assert on_a_thread_that_ends(lambda: names.append(threading.current_thread().name) or 7, name="efim-load") == 7
     assert names == ["efim-load"]
 
     def fail():
         raise KeyError("model")
 
     with pytest.raises(KeyError):
-        _on_a_thread_that_ends(fail)
+        on_a_thread_that_ends(fail)

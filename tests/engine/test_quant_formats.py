@@ -268,7 +268,7 @@ def test_an_adapter_runs_beside_kept_int4_groups(tiny_model_factory, tmp_path, c
     merged = load_model(path, dtype="fp32", quant="none", adapter=adapter)
     beside = load_model(path, dtype="fp32", quant="auto", adapter=adapter)
     qkv = beside.model.layers[1].qkv
-    assert isinstance(qkv, Int4Linear) and qkv.lora_a_t.out_features == 8  # q's and v's ranks, k none
+    assert isinstance(qkv, Int4Linear) and qkv.lora_a.shape[1] == 8  # q's and v's ranks, k none
     assert beside.model.vocab_size == v + 2
     torch.testing.assert_close(qkv.dequantize(), merged.model.layers[1].qkv.weight, atol=2e-3, rtol=1e-3)
     kl, top1 = kl_top1(logits_of(merged), logits_of(beside))
