@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--jsonl", default=None, help="append every row (with per-task results) to this file")
     t.set_defaults(func=run_table)
     lines = targets.add_parser("lines", help="line completion exact match / edit similarity on held-out stdlib modules")
+    lines.add_argument("--windows", nargs="+", default=["1500:600"], metavar="P:S",
+                       help="window sizes in characters before:after the line (cut at line starts), one row each on the "
+                            "same cases and model (e.g. 4600:1500 ~ the server's full window, 1150:380 ~ its 512-token first window)")
     _common(lines)
     lines.set_defaults(func=run_lines)
     blank = targets.add_parser("blank-lines", help="true-blank cases (real blank lines of held-out modules, plain FIM): how many the fresh-line rule makes non-blank")
@@ -180,13 +183,23 @@ def run_blank_lines(args: argparse.Namespace) -> int:
 def run_lines(args: argparse.Namespace) -> int:
     from efim_tools.evaluation.linecompletion import evaluate_lines, line_cases  # noqa: PLC0415
 
-    cases = line_cases(n=args.limit or 100, seed=args.seed)
+    windows = []
+    for spec in args.windows:
+        before, sep, after = spec.partition(":")
+        if not sep or not before.isdigit() or not after.isdigit():
+            raise SystemExit(f"--windows: {spec!r} is not BEFORE:AFTER in characters (e.g. 1500:600)")
+        windows.append((int(before), int(after)))
     infiller = _infiller(args)
-    score = evaluate_lines(infiller, cases, args.format, heal=args.heal == "on")
-    if args.json:
-        print(json.dumps({"task": "lines", "format": score.format, "heal": score.heal, "n": score.n, "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
-    else:
-        print(f"{_name(infiller)} lines {score.format} heal={'on' if score.heal else 'off'}: exact {score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)")
+    for before, after in windows:
+        cases = line_cases(n=args.limit or 100, seed=args.seed, prefix_chars=before, suffix_chars=after)
+        score = evaluate_lines(infiller, cases, args.format, heal=args.heal == "on")
+        window = f"{before}:{after}"
+        if args.json:
+            print(json.dumps({"task": "lines", "window": window, "format": score.format, "heal": score.heal, "n": score.n,
+                              "exact_match": score.exact_match, "edit_similarity": score.edit_similarity}))
+        else:
+            print(f"{_name(infiller)} lines {score.format} heal={'on' if score.heal else 'off'} window {window}: exact "
+                  f"{score.exact_match:.3f}, edit sim {score.edit_similarity:.3f} (n={score.n}, {score.seconds:.0f} s)", flush=True)
     return 0
 
 

@@ -37,3 +37,23 @@ def test_perfect_completer_scores_one():
     for fmt in ("fim", "efim"):
         score = evaluate_lines(_Echo(cases), cases, fmt)
         assert score.exact_match == 1.0 and score.edit_similarity == 1.0 and score.n == 10
+
+
+def test_windows_of_other_sizes_keep_the_same_lines_and_cursors():
+    """`efim eval lines --windows`: one row per window size, on the same cases."""
+    full = line_cases(n=20, seed=4, prefix_chars=4600, suffix_chars=1500)
+    small = line_cases(n=20, seed=4, prefix_chars=600, suffix_chars=200)
+    assert [(c.module, c.line_no, c.typed, c.target) for c in full] == [(c.module, c.line_no, c.typed, c.target) for c in small]
+    assert all(f.prefix.endswith(s.prefix) and f.suffix.startswith(s.suffix) for f, s in zip(full, small))
+    assert sum(len(c.prefix) for c in small) < sum(len(c.prefix) for c in full) / 3
+
+
+def test_a_bad_window_spec_is_refused_before_the_model_loads():
+    import argparse
+
+    import pytest
+
+    from efim_tools.commands.eval import run_lines
+
+    with pytest.raises(SystemExit, match="BEFORE:AFTER"):
+        run_lines(argparse.Namespace(windows=["1500x600"]))
