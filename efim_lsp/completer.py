@@ -245,7 +245,6 @@ class Completer:
         engine = self.holder.engine
         if engine is not None:
             engine.forget_document(uri)
-            engine.forget_document(first_window_key(uri))
 
     def reset_sessions(self, reason: str) -> None:
         """Settings that shape prompts changed: every document starts a new session."""

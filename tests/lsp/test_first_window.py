@@ -120,15 +120,6 @@ async def test_off_without_warm_ahead_or_cache():
         assert [r.key for r in _requests(rig.engine)] == [URI], settings
 
 
-async def test_closing_forgets_the_small_window_kv_too():
-    rig = await _rig()
-    rig.engine.background_gate.set()
-    await rig.complete(MIDDLE)
-    await _until(lambda: rig.stats.warm_completed == 1)
-    rig.completer.closed(URI)
-    assert rig.engine.documents_forgotten[-2:] == [URI, first_window_key(URI)]
-
-
 def test_the_small_window_is_a_cut_at_line_starts_within_its_budget():
     meter = TokenMeter(lambda text: len(text) // 3)
     prefix, suffix = LONG[:MIDDLE], LONG[MIDDLE:]

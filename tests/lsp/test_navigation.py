@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-from efim_lsp.first_window import first_window_key
 from efim_lsp.completer import WARM_SETTLE_SECONDS, Answer
 from efim_lsp.documents import FullChange
 
@@ -96,7 +95,7 @@ async def test_closing_a_document_cancels_its_pending_warm_up_and_forgets_its_pi
     rig.completer.closed(URI)
     await asyncio.sleep(SETTLE)
     assert _warmups(rig.engine) == []
-    assert rig.engine.documents_forgotten[-2:] == [URI, first_window_key(URI)]  # its small-window KV too
+    assert rig.engine.documents_forgotten[-1] == URI
 
 
 async def test_a_document_emptied_forgets_its_pieces_instead_of_warming_an_empty_text():
