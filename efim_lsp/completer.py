@@ -648,6 +648,8 @@ class Completer:
         tokens = settings.first_window_tokens
         if not tokens or not settings.cache or not settings.warm_ahead:
             return None
+        if self.holder.info is not None and self.holder.info.pins_slots:
+            return None  # its own key would take a server slot from a document's KV
         small = state.small
         if small is None or small.session_id != segments.session_id:
             small = state.small = small_window(segments, tokens, state.session.meter)

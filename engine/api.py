@@ -201,6 +201,11 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
     # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
     suffix_first: bool = False
+    # The engine keeps each document's KV in one server slot of a few (llama.cpp's slots): a
+    # second key per document — the language server's first-window requests — would take
+    # another slot and evict a document's KV. False: keys are cheap (the local engine's radix
+    # cache and retained KV, a server with automatic prefix caching).
+    pins_slots: bool = False
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):

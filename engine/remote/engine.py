@@ -302,6 +302,7 @@ class RemoteEngine:
             context_length=self._context_length,
             dtype="remote",
             suffix_first=self.template.suffix_first,
+            pins_slots=self.dialect.server_slot_pinning,
         )
 
     def submit(self, request: InfillRequest) -> RequestHandle[_Call]:

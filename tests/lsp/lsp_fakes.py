@@ -130,11 +130,13 @@ class FakeEngine:
         self.document_pieces_kept: list[tuple[str, int, int]] = []
         self.documents_forgotten: list[str] = []
         self.background_gate: threading.Event | None = None  # set: background requests wait until it opens
+        self.pins_slots = False  # EngineInfo.pins_slots (a llama.cpp server's slots)
 
     def info(self) -> EngineInfo:
         return EngineInfo(
             model="fake", architecture="fake", template="starcoder" if self.supports_fim else "prefix-only",
             supports_fim=self.supports_fim, fragment_trained=False, context_length=self.context_length, dtype="none",
+            pins_slots=self.pins_slots,
         )
 
     def submit(self, request: InfillRequest) -> FakeHandle:

@@ -113,6 +113,14 @@ async def test_off_when_the_setting_is_zero_or_the_whole_window_is_small():
     assert [r.key for r in _requests(short)] == [URI]
 
 
+async def test_off_on_a_backend_that_pins_each_key_to_a_server_slot():
+    engine = FakeEngine(lambda r: "pass\n")
+    engine.pins_slots = True
+    rig = await Rig(engine, firstWindowTokens=SMALL).start(LONG)
+    await rig.complete(MIDDLE)
+    assert [(r.key, r.background) for r in _requests(engine)] == [(URI, False)]
+
+
 async def test_off_without_warm_ahead_or_cache():
     for settings in ({"warmAhead": False}, {"cache": False}):
         rig = await _rig(**settings)
