@@ -91,7 +91,7 @@ def test_mixed_keeps_the_gguf_groups_with_the_adapter_beside_them(tiny_model_fac
         assert isinstance(up, MixedLinear)
         kept = load_model(gguf, dtype=infiller.engine.info().dtype, quant="int4").model.layers[0].up  # no adapter
         assert torch.equal(up.packed.packed, kept.packed) and torch.equal(up.packed.scales_zeros, kept.scales_zeros)  # the file's groups
-        assert kept.lora_a_t is None and up.packed.lora_a_t is not None  # the adapter beside them
+        assert kept.lora_a is None and up.packed.lora_a is not None  # the adapter beside them
         for prefix, suffix, inc in CASES:
             got = infiller.complete(prefix, suffix, inc, "efim", max_tokens=6, single_line=False)
             assert got.prompt_tokens > 0 and got.generated_tokens >= 1
