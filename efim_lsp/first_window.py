@@ -14,8 +14,9 @@ needs only the increment (docs/navigation.md, "The first answer at a new place")
 Cold or not is judged from the text: the prompts this document's requests and warm-ups
 computed to their end are remembered (`ComputedPrompts`), and the tokens a new full
 prompt does not share with any of them at its start are what a full request would
-prefill. The engine's caches may hold more (other documents, the disk tier); this
-estimate never assumes less work than there is for the prompts it knows.
+prefill. The engine's caches may hold more (other documents, the disk tier) or, after
+evictions under `--kv-budget`, less: a wrong guess costs one small-window answer where the
+full window was ready, or one full-window wait where it had been evicted.
 """
 
 from __future__ import annotations
