@@ -181,3 +181,43 @@ def test_a_file_larger_than_its_share_keeps_the_pieces_around_the_cursor(tiny_mo
         assert stats.cache_bytes_used <= stats.cache_bytes_total
     finally:
         eng.close()
+
+
+def test_a_background_step_gives_way_between_layers_and_is_computed_again(tiny_model_factory, text):
+    """A request arriving during a background prefill step waits for one layer, not the step:
+    the step stops, its rows are computed again later, and the warm-up's KV is still right."""
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True,
+        idle_grace=0.0, background_step_tokens=512,
+    )
+    try:
+        model = eng.scheduler.runner.model
+        finish, arrived = model._finish, []
+        fg_request = InfillRequest(key="fg", prefix="def f(x):\n    return", suffix="\n", max_tokens=4)
+
+        def finish_layer(layer, h, attn):  # the first background layer: a request arrives meanwhile
+            if not arrived and h.shape[0] > 1:
+                arrived.append(eng.submit(fg_request))
+            return finish(layer, h, attn)
+
+        model._finish = finish_layer
+        trace: list = []
+        eng.scheduler.trace = trace
+        at = text.index("def fill(")
+        prefix, suffix = _window(text, at, before=2400, after=600)
+        warm = eng.submit(InfillRequest(key="warm", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+        assert warm.result(120).finish_reason == "length"
+        (fg,) = arrived
+        assert fg.result(60).finish_reason in ("length", "stop")
+        assert eng.stats().background_preempted >= 1
+        first_warm = trace.index(("prefill", "warm", True))
+        assert trace.index(("prefill", "fg", False)) < trace.index(("prefill", "warm", True), first_warm + 1)
+        model._finish = finish
+        # The warm-up's rows are exact: the same prompt again reuses all of it and decodes what a cold one does.
+        again = eng.submit(InfillRequest(key="warm", prefix=prefix, suffix=suffix, max_tokens=6)).result(60)
+        cold = eng.submit(InfillRequest(key="cold", prefix=prefix, suffix=suffix, max_tokens=6, cache=False)).result(60)
+        assert again.stats.reused_tokens >= again.stats.prompt_tokens - 1
+        assert again.text == cold.text
+        settle(eng)
+    finally:
+        eng.close()
