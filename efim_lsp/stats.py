@@ -126,9 +126,6 @@ class ServerStats:
                 **_counts(self, _WARM_COUNTS, drop="warm_"),
                 "computeMs": round(self.warm_compute_ms, 1),
                 "documentTokens": e.document_tokens,
-                # Background steps that gave way to a request between layers (their chunk is
-                # computed again): a request waits one layer for background work, not a step.
-                "preempted": e.background_preempted,
             },
             # Disk tier: "on", "off", or "off: <why>" after a disk failure turned it off.
             "kvDisk": {"state": e.kv_disk, **_counts(e, _DISK_COUNTS, drop="kv_disk_")},

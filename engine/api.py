@@ -229,7 +229,6 @@ class EngineStats(msgspec.Struct, frozen=True, kw_only=True):
     warm_cancelled: int = 0
     warm_prefilled_tokens: int = 0
     warm_ms: float = 0.0
-    background_preempted: int = 0  # background prefill steps that gave way to a request between layers
     document_tokens: int = 0  # tokens of document pieces whose KV is kept
     # Decode forwards and prompt-lookup speculation (as in RequestStats, all requests and forks).
     decode_steps: int = 0

@@ -20,7 +20,7 @@ the runtime owns `SequenceKV` objects and decides what to prefill.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +36,6 @@ model dtype (`SequenceKV`); int8 = `Int8SequenceKV`."""
 
 _W8 = torch._weight_int8pack_mm  # aten._weight_int8pack_mm (this binding dispatches ~1 us faster): A [M, K] x int8 B [N, K]^T * scales [N] -> [M, N]
 _W8_ALIGN = 16  # its bf16 kernel segfaults unless K % 16 == 0 (measured: 48, 80 fine; 57 crashes)
-
-
-class ForwardStopped(Exception):
-    """`forward(..., stop=...)` gave way between layers: the rows it was computing are
-    garbage (written for some layers only) and must be computed again."""
 
 
 class SequenceKV(NamedTuple):
@@ -527,7 +522,6 @@ class Transformer:
         kv: SequenceKV,
         start: int,
         logits: str | torch.Tensor = "last",
-        stop: Callable[[], bool] | None = None,
     ) -> torch.Tensor:
         """Run tokens `ids` [T] at positions start..start+T-1 of the sequence `kv`.
 
@@ -536,9 +530,6 @@ class Transformer:
         hold this sequence's prefix). Returns float32 logits: "last" -> [1, V],
         "all" -> [T, V], "none" -> [0, V] (no lm_head: a non-final prefill step), or a
         LongTensor of row indices into 0..T-1 -> [n, V].
-
-        `stop` (a background prefill step giving way to a request) is polled between layers;
-        when it turns true, `ForwardStopped` and nothing computed is valid.
         """
         t = ids.shape[0]
         end = start + t
@@ -556,8 +547,6 @@ class Transformer:
                 else:
                     attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
-                if stop is not None and stop():
-                    raise ForwardStopped()
             return self._select_logits(h, logits)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
@@ -566,8 +555,6 @@ class Transformer:
             v_cache.narrow(1, start, t).copy_(v)
             attn = attention(q, k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end), None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)
-            if stop is not None and stop():
-                raise ForwardStopped()
         return self._select_logits(h, logits)
 
     def decode_batch(self, ids: torch.Tensor, kvs: list[SequenceKV], starts: list[int]) -> torch.Tensor:  # [B, V]

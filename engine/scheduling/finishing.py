@@ -46,7 +46,6 @@ class Counters:
     warm_cancelled: int = 0
     warm_prefilled_tokens: int = 0
     warm_ms: float = 0.0
-    background_preempted: int = 0  # background steps that gave way to a request between layers
     # Decode forwards of all sequences (forks included) and prompt-lookup speculation.
     decode_steps: int = 0
     verify_steps: int = 0

@@ -7,9 +7,8 @@ store. Engine thread only.
 
 Contracts:
 - After `load_kv`, rows `0 .. seq.n_valid-1` of `seq.kv` hold `seq.tokens[:n_valid]`.
-- `prefill_step` advances `seq.n_valid` by the rows it computed; on `BlendCancelled` (a
-  blend) or `ForwardStopped` (a plain step preempted between layers) it computed nothing
-  valid (rows >= n_valid are garbage, n_valid is unchanged).
+- `prefill_step` advances `seq.n_valid` by the rows it computed; on `BlendCancelled` it
+  computed nothing valid (rows >= n_valid are garbage, n_valid is unchanged).
 - `decode` feeds every sequence's `pending` token and advances its `n_valid` by one; when
   it raises, no sequence has advanced.
 - `verify` (speculation) computes rows for `pending` and a draft but advances nothing; the
@@ -101,8 +100,7 @@ class ModelRunner:
         """Compute the next prompt rows: up to `limit` (default `step_tokens`), or — when the
         sequence blends — the whole rest in one CacheBlend pass (it is the cheap part).
         Raises `engine.cacheblend.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
-        when `preempted()` turns true between layers (a background sequence giving way);
-        `engine.model.transformer.ForwardStopped` when a plain step gives way the same way."""
+        when `preempted()` turns true between layers (a background sequence giving way)."""
         lo = seq.n_valid
         blended = seq.blend is not None
         if blended:
@@ -119,7 +117,7 @@ class ModelRunner:
             hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
-            logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none", stop=preempted)  # [1, V] or [0, V]
+            logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
         seq.n_valid = hi
         seq.prefilled += hi - lo
         return PrefillOut(logits, last, hi - lo, blended)

@@ -29,7 +29,6 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from engine.cacheblend.blend import BlendCancelled
-from engine.model.transformer import ForwardStopped
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.sequence import Prompt, Sequence
 from engine.scheduling.speculation import VerifyCost, draft_for, speculate_step
@@ -105,9 +104,8 @@ class StepRunner:
 
     # ------------------------------------------------------------ prefill
     def prefill(self, seq: Sequence, rows: int, preempted: Callable[[], bool] | None = None) -> None:
-        """One prefill step of at most `rows` of `seq`'s prompt; a background step (a blend or a
-        plain chunk) gives way between layers when `preempted()` turns true: the request that
-        arrived waits for one layer, not the step, and the chunk is computed again later."""
+        """One prefill step of at most `rows` of `seq`'s prompt; a background blend gives way between
+        layers when `preempted()` turns true."""
         # "length" here means max_tokens == 0 (a cache warm-up): prefill, sample nothing.
         reason = seq.sink.before_step()
         if reason == "deadline":
@@ -119,12 +117,11 @@ class StepRunner:
             out = self.runner.prefill_step(seq, rows, preempted=preempted)
             if not out.blended:
                 self.prefill_rate.observe(out.rows, time.perf_counter() - t0)
-        except (BlendCancelled, ForwardStopped):
+        except BlendCancelled:
             seq.compute_s += time.perf_counter() - t0
             if seq.cancelled or not seq.background:
                 self.finisher.finish(seq, "cancelled")
-            self.counters.background_preempted += 1
-            return  # a background step gave way: it starts again when the engine is free
+            return  # a background blend gave way: it starts again when the engine is free
         seq.compute_s += time.perf_counter() - t0
         if seq.cache:
             self._commit(seq)
