@@ -71,6 +71,7 @@ class ChangeOutcome(NamedTuple):
     edits: list[Edit]  # applied edits, in order (empty when none or when resynced)
     resynced: bool  # a full-text change replaced the document (sessions must restart)
     in_sync: bool
+    removed: tuple[str, ...] = ()  # the text each edit replaced (edit history, next edits)
 
 
 class Document:
@@ -210,11 +211,13 @@ class DocumentStore:
             doc.mark_out_of_sync(f"version skipped from {previous} to {version}")
 
         edits: list[Edit] = []
+        removed: list[str] = []
         resynced = False
         for change in changes:
             if isinstance(change, FullChange):
                 doc.replace_text(change.text)
                 edits.clear()
+                removed.clear()
                 resynced = True
                 continue
             if not doc.in_sync:
@@ -226,11 +229,12 @@ class DocumentStore:
             except PositionError as exc:
                 doc.mark_out_of_sync(f"change outside the text: {exc}")
                 continue
+            removed.append(doc.text[edit.start : edit.end])
             doc.apply(edit)
             edits.append(edit)
         if resynced and version is not None and doc.in_sync:
             log.info("%s re-synced at version %s", uri, version)
-        return ChangeOutcome(edits, resynced, doc.in_sync)
+        return ChangeOutcome(edits, resynced, doc.in_sync, tuple(removed))
 
     def _edit_from(self, doc: Document, change: RangeChange) -> Edit:
         index = doc.index

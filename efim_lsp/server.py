@@ -30,6 +30,7 @@ from efim_lsp.context.source import WorkspaceContext
 from efim_lsp.documents import DocumentStore
 from efim_lsp.engine_holder import EngineFactory, EngineHolder, EngineSpec, Preflight
 from efim_lsp.positions import PositionError
+from efim_lsp.next_edit.service import NextEdits
 from efim_lsp.protocol import EfimProtocol, MessageObserver
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
@@ -71,6 +72,7 @@ class EfimServer(LanguageServer):
             self.holder.on_engine_changed = context_source.set_engine
             context_source.on_watch_problem(self.show_from_thread)  # a lost workspace folder, once
         self.completer = Completer(self.documents, self.holder, self.stats, lambda: self.settings, context_source=context_source)
+        self.next_edits = NextEdits(self.documents, self.stats, enabled=lambda: self.settings.next_edit != "off")
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
         self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)

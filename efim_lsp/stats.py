@@ -50,6 +50,10 @@ class LatencySeries:
 _REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_answers", "cancelled", *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
 _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens")  # under "warmup"
+_NEXT_EDIT_COUNTS = (
+    "next_edit_requests", "next_edit_offered", "next_edit_empty", "next_edit_shown", "next_edit_accepted",
+    "next_edit_stale_accepts",
+)  # under "nextEdit"
 _DISK_COUNTS = ("kv_disk_loaded_tokens", "kv_disk_saved_files")  # `EngineStats`', under "kvDisk"
 _SPECULATION_COUNTS = ("decode_steps", "verify_steps", "draft_tokens", "accepted_tokens")  # `EngineStats`'
 
@@ -77,6 +81,13 @@ class ServerStats:
     ttft: LatencySeries = field(default_factory=LatencySeries)
     latency: LatencySeries = field(default_factory=LatencySeries)  # every answered request (typing-through hits included)
     engine_latency: LatencySeries = field(default_factory=LatencySeries)  # requests the engine answered
+    # Next edits (efim_lsp.next_edit): requests, offered, answered empty, shown, accepted.
+    next_edit_requests: int = 0
+    next_edit_offered: int = 0
+    next_edit_empty: int = 0
+    next_edit_shown: int = 0
+    next_edit_accepted: int = 0
+    next_edit_stale_accepts: int = 0
     # Background warm-ups (navigation): what they cost, apart from the requests above.
     warm_submitted: int = 0
     warm_completed: int = 0
@@ -126,6 +137,7 @@ class ServerStats:
                 "computeMs": round(self.warm_compute_ms, 1),
                 "documentTokens": e.document_tokens,
             },
+            "nextEdit": _counts(self, _NEXT_EDIT_COUNTS, drop="next_edit_"),
             # Disk tier: "on", "off", or "off: <why>" after a disk failure turned it off.
             "kvDisk": {"state": e.kv_disk, **_counts(e, _DISK_COUNTS, drop="kv_disk_")},
             # Prompt-lookup speculation: decode forwards, the verifying ones, drafts and accepted drafts.

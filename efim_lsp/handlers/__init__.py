@@ -8,6 +8,7 @@
   became of a suggestion (`efim.accepted`, shown, partially accepted). Cancellation is
   pygls' `$/cancelRequest`; the completer stops the engine request of a cancelled one.
 - `efim`: the custom `efim/*` requests and notifications.
+- `next_edit`: next-edit suggestions (`textDocument/copilotInlineEdit`, shown, accepted).
 
 Each handler is thin: it reads and checks its params, calls the server's parts
 (`efim_lsp.server.EfimServer`: documents, completer, holder, stats, context) and shapes
@@ -19,12 +20,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from efim_lsp.handlers import completion, documents, efim, lifecycle
+from efim_lsp.handlers import completion, documents, efim, lifecycle, next_edit
 
 if TYPE_CHECKING:
     from efim_lsp.server import EfimServer
 
-GROUPS = (lifecycle, documents, completion, efim)
+GROUPS = (lifecycle, documents, completion, efim, next_edit)
 
 
 def register(server: EfimServer) -> None:

@@ -35,6 +35,7 @@ def did_open(ls: EfimServer, params: types.DidOpenTextDocumentParams) -> None:
     ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
     _tell_document(ls, doc.uri)
     ls.completer.opened(doc.uri)
+    ls.next_edits.opened(doc.uri)
 
 
 def did_change(ls: EfimServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -51,6 +52,7 @@ def did_change(ls: EfimServer, params: types.DidChangeTextDocumentParams) -> Non
     outcome = ls.documents.change(uri, params.text_document.version, changes)
     _tell_document(ls, uri)
     ls.completer.changed(uri, outcome)
+    ls.next_edits.changed(uri, outcome)
 
 
 def did_close(ls: EfimServer, params: types.DidCloseTextDocumentParams) -> None:
@@ -59,6 +61,7 @@ def did_close(ls: EfimServer, params: types.DidCloseTextDocumentParams) -> None:
     if ls.context is not None:
         ls.context.document_closed(uri)
     ls.completer.closed(uri)
+    ls.next_edits.closed(uri)
 
 
 def did_change_workspace_folders(ls: EfimServer, params: types.DidChangeWorkspaceFoldersParams) -> None:

@@ -1,0 +1,152 @@
+"""The next edit after a change, without a model: repeat a rename at the next occurrence.
+
+The latest change is widened to the identifier around it: `max_len` → `max_length` after
+typing "gth", `n` → `count` after retyping a selection. When the old identifier still occurs
+in the enclosing function (or class, or the module when the change is at the top level), the
+nearest occurrence below the change is proposed, else the nearest above — the same rename
+there (an attribute only where it is an attribute, a variable only where it is not). Silence otherwise: a change that is not one identifier becoming another (new code
+typed, a literal changed, lines deleted), or a name with no other occurrence.
+
+Not covered yet: a parameter added at its call sites, one of several parallel lines changed,
+other files; a model ranking the candidates (#34).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from efim_lsp.next_edit.history import Change
+
+_IDENTIFIER = re.compile(r"[^\W\d]\w*\Z")
+_BLOCK_HEAD = re.compile(r"(async\s+def|def|class)\s")
+
+
+class NextEdit(NamedTuple):
+    """Replace `text[start:end]` by `new_text` (code-point offsets of the current text)."""
+
+    start: int
+    end: int
+    new_text: str
+    reason: str
+
+
+class Rename(NamedTuple):
+    start: int  # the renamed identifier's span in the current text
+    end: int
+    old: str
+    new: str
+
+
+def rename_of(text: str, change: Change) -> Rename | None:
+    """The identifier `change` turned into another one, widened to the whole word."""
+    s, e = change.start, change.end
+    if not (0 <= s <= e <= len(text)) or text[s:e] != change.new:
+        return None
+    left = s
+    while left > 0 and _is_word(text[left - 1]):
+        left -= 1
+    right = e
+    while right < len(text) and _is_word(text[right]):
+        right += 1
+    old = text[left:s] + change.old + text[e:right]
+    new = text[left:right]
+    if old == new or not _IDENTIFIER.match(old) or not _IDENTIFIER.match(new):
+        return None
+    return Rename(left, right, old, new)
+
+
+def enclosing_block(text: str, offset: int) -> tuple[int, int]:
+    """The span of the innermost `def`/`class` around `offset` (by indentation), or the
+    whole text at the top level."""
+    lines = text.splitlines(keepends=True)
+    starts, pos = [], 0
+    for line in lines:
+        starts.append(pos)
+        pos += len(line)
+    if not lines:
+        return 0, 0
+    row = max(0, _row_of(starts, offset))
+    head = None
+    here = lines[row]
+    limit = _indent(here) if here.strip() else 1 << 30
+    if _BLOCK_HEAD.match(here.lstrip()):
+        head = row  # the change is on a def line (a parameter): that function
+    else:
+        for r in range(row - 1, -1, -1):
+            line = lines[r]
+            if not line.strip():
+                continue
+            indent = _indent(line)
+            if indent < limit:
+                if _BLOCK_HEAD.match(line.lstrip()):
+                    head = r
+                    break
+                limit = indent
+                if indent == 0:
+                    break
+    if head is None:
+        return 0, len(text)
+    head_indent = _indent(lines[head])
+    end_row = len(lines)
+    for r in range(head + 1, len(lines)):
+        line = lines[r]
+        if line.strip() and _indent(line) <= head_indent and not line.lstrip().startswith((")", "]", "}")):
+            end_row = r
+            break
+    return starts[head], (starts[end_row] if end_row < len(lines) else len(text))
+
+
+def propose(text: str, change: Change | None) -> NextEdit | None:
+    """The same rename at the next occurrence of the old name, or None."""
+    if change is None:
+        return None
+    rename = rename_of(text, change)
+    if rename is None:
+        return None
+    lo, hi = enclosing_block(text, rename.start)
+    pattern = re.compile(rf"(?<!\w){re.escape(rename.old)}(?!\w)")
+    # An attribute (`.name`) and a variable of the same name are different things: only
+    # occurrences of the same kind (`os.path` is not the local `path`).
+    attribute = _is_attribute(text, rename.start)
+    spans = [(m.start(), m.end()) for m in pattern.finditer(text, lo, hi) if _is_attribute(text, m.start()) == attribute]
+    below = [sp for sp in spans if sp[0] >= rename.end]
+    above = [sp for sp in spans if sp[1] <= rename.start]
+    if below:
+        start, end = below[0]
+        where = "below"
+    elif above:
+        start, end = above[-1]
+        where = "above"
+    else:
+        return None
+    return NextEdit(start, end, rename.new, f"rename {rename.old} -> {rename.new} ({where})")
+
+
+def _is_attribute(text: str, start: int) -> bool:
+    i = start - 1
+    while i >= 0 and text[i] in " \t":
+        i -= 1
+    return i >= 0 and text[i] == "."
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _row_of(starts: list[int], offset: int) -> int:
+    lo, hi = 0, len(starts) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if starts[mid] <= offset:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+__all__ = ["NextEdit", "Rename", "enclosing_block", "propose", "rename_of"]

@@ -1,0 +1,104 @@
+"""The server's next edits: each document's history, proposals with ids, their fate.
+
+`NextEdits` is told every applied `didChange` (`changed`) and asked for a proposal at a
+request (`propose`). A proposal is only made for the document version the client asked
+about, for a document in sync, with a range inside the current text that does not touch the
+cursor (where an inline suggestion may be pending). Accepting an id that is stale or unknown
+is counted and otherwise harmless.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Callable, NamedTuple
+
+from efim_lsp.documents import ChangeOutcome, DocumentStore
+from efim_lsp.next_edit.history import EditHistory
+from efim_lsp.next_edit.proposer import NextEdit, propose
+from efim_lsp.stats import ServerStats
+
+# Offered proposals remembered for the accept command.
+OFFERED_KEPT = 64
+
+
+class Offer(NamedTuple):
+    id: int
+    uri: str
+    version: int
+    edit: NextEdit
+
+
+class NextEdits:
+    def __init__(self, documents: DocumentStore, stats: ServerStats, enabled: Callable[[], bool] = lambda: True):
+        self.documents = documents
+        self.stats = stats
+        self.enabled = enabled  # the `nextEdit` setting is not "off"
+        self._histories: dict[str, EditHistory] = {}
+        self._offered: collections.OrderedDict[int, Offer] = collections.OrderedDict()
+        self._ids = itertools.count(1)
+
+    # -- documents -------------------------------------------------------------
+    def opened(self, uri: str) -> None:
+        self._histories[uri] = EditHistory()
+
+    def closed(self, uri: str) -> None:
+        self._histories.pop(uri, None)
+
+    def changed(self, uri: str, outcome: ChangeOutcome) -> None:
+        history = self._histories.get(uri)
+        if history is None:
+            return
+        if outcome.resynced or not outcome.in_sync:
+            history.clear()  # a replaced or untrusted text: earlier offsets mean nothing
+            return
+        for edit, removed in zip(outcome.edits, outcome.removed):
+            history.observe(edit.start, edit.end, removed, edit.new_text)
+
+    # -- requests --------------------------------------------------------------
+    def propose(self, uri: str, version: int | None, cursor: int | None) -> Offer | None:
+        """The next edit for `uri` at `version` (None: the current one), or None."""
+        self.stats.next_edit_requests += 1
+        doc, history = self.documents.get(uri), self._histories.get(uri)
+        if not self.enabled() or doc is None or history is None or not doc.in_sync or doc.unsupported:
+            return self._none()
+        if version is not None and version != doc.version:
+            return self._none()
+        edit = propose(doc.text, history.last)
+        if edit is None or not (0 <= edit.start <= edit.end <= len(doc.text)):
+            return self._none()
+        if doc.text[edit.start : edit.end] == edit.new_text:
+            return self._none()
+        if cursor is not None and edit.start <= cursor <= edit.end:
+            return self._none()  # where the cursor is, the inline suggestion has the say
+        offer = Offer(next(self._ids), uri, doc.version, edit)
+        self._offered[offer.id] = offer
+        while len(self._offered) > OFFERED_KEPT:
+            self._offered.popitem(last=False)
+        self.stats.next_edit_offered += 1
+        return offer
+
+    def refused(self) -> None:
+        """A request whose params name no document and version: counted, answered empty."""
+        self.stats.next_edit_requests += 1
+        self._none()
+
+    def shown(self) -> None:
+        self.stats.next_edit_shown += 1
+
+    def accepted(self, offer_id: object) -> bool:
+        """The client applied an offered edit: True when it was the document's current one."""
+        offer = self._offered.pop(offer_id, None) if isinstance(offer_id, int) else None
+        doc = self.documents.get(offer.uri) if offer is not None else None
+        if offer is None or doc is None:
+            self.stats.next_edit_stale_accepts += 1
+            return False
+        self.stats.next_edit_accepted += 1
+        return True
+
+    def _none(self) -> None:
+        self.stats.next_edit_empty += 1
+        return None
+
+
+__all__ = ["NextEdits", "Offer"]

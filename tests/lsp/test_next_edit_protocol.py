@@ -1,0 +1,82 @@
+"""Next edits over the protocol, step by step as the copilot-lsp Neovim plugin's NES module
+drives it (that plugin is not installable here — no network to its repository): a didChange
+that renames a word, `textDocument/copilotInlineEdit` with the document's version, one edit
+applied as `edits[1]` with its range and version, `textDocument/didShowInlineEdit`, the edit's
+command through `workspace/executeCommand`. The real `efim serve` over stdio; no model needed."""
+
+from __future__ import annotations
+
+from stdio_client import ServerProcess
+
+URI = "file:///work/nes.py"
+SRC = "def area(w, h):\n    s = w * h\n    print('w', s)\n    return s\n"
+
+
+def _edits(server, version, line, character, uri=URI):
+    return server.result("textDocument/copilotInlineEdit",
+                         {"textDocument": {"uri": uri, "version": version}, "position": {"line": line, "character": character}})
+
+
+def _change(server, version, line, start, end, text, uri=URI):
+    server.notify("textDocument/didChange", {
+        "textDocument": {"uri": uri, "version": version},
+        "contentChanges": [{"range": {"start": {"line": line, "character": start}, "end": {"line": line, "character": end}}, "text": text}],
+    })
+
+
+def test_the_copilot_lsp_flow_offers_shows_and_accepts_one_edit():
+    with ServerProcess() as server:
+        init = server.initialize()
+        assert "efim.acceptInlineEdit" in init["capabilities"]["executeCommandProvider"]["commands"]
+        server.open(URI, SRC, version=1)
+        assert _edits(server, 1, 0, 0) == {"edits": []}  # nothing changed yet
+        # `s` renamed to `size` on line 1, key by key (the plugin asks after each change).
+        _change(server, 2, 1, 4, 5, "s")
+        for i, ch in enumerate("ize", 2):
+            _change(server, 1 + i, 1, 3 + i, 3 + i, ch)
+        result = _edits(server, 5, 1, 8)
+        (edit,) = result["edits"]
+        assert edit["text"] == "size" and edit["textDocument"] == {"uri": URI, "version": 5}
+        assert edit["range"] == {"start": {"line": 2, "character": 15}, "end": {"line": 2, "character": 16}}  # print('w', s)
+        assert edit["command"]["command"] == "efim.acceptInlineEdit"
+        server.notify("textDocument/didShowInlineEdit", {"item": edit})
+        # The client applies edits[1] and runs its command.
+        _change(server, 6, 2, 15, 16, "size")
+        assert server.result("workspace/executeCommand", {"command": edit["command"]["command"], "arguments": edit["command"]["arguments"]}) is None
+        (nxt,) = _edits(server, 6, 2, 19)["edits"]
+        assert nxt["range"]["start"] == {"line": 3, "character": 11} and nxt["text"] == "size"
+        # Accepting the same id again (stale) is harmless.
+        assert server.result("workspace/executeCommand", {"command": "efim.acceptInlineEdit", "arguments": edit["command"]["arguments"]}) is None
+        counts = server.result("efim/stats")["nextEdit"]
+        assert counts["offered"] == 2 and counts["shown"] == 1 and counts["accepted"] == 1 and counts["staleAccepts"] == 1
+        assert server.document_text(URI)["text"] == SRC.replace(" s ", " size ").replace(", s)", ", size)")
+        assert server.shutdown_and_exit() == 0
+
+
+def test_stale_versions_unknown_documents_bad_params_and_off_get_no_edit():
+    with ServerProcess() as server:
+        server.initialize()
+        server.open(URI, SRC, version=1)
+        _change(server, 2, 1, 4, 5, "t")
+        assert len(_edits(server, 2, 1, 5)["edits"]) == 1
+        assert _edits(server, 1, 1, 5) == {"edits": []}  # a version the server no longer has
+        assert _edits(server, 2, 1, 5, uri="file:///work/unopened.py") == {"edits": []}
+        assert _edits(server, 2, 99, 0)["edits"][0]["text"] == "t"  # a position past the end: no cursor to avoid
+        for params in ({}, {"textDocument": "x"}, {"textDocument": {"uri": URI, "version": "2"}}, None):
+            assert server.result("textDocument/copilotInlineEdit", params) == {"edits": []}
+        server.notify("textDocument/didShowInlineEdit", None)  # an odd notification is ignored
+        server.notify("workspace/didChangeConfiguration", {"settings": {"efim": {"nextEdit": "off"}}})
+        assert _edits(server, 2, 1, 5) == {"edits": []}
+        assert server.result("efim/stats")["nextEdit"]["empty"] >= 6
+        assert server.shutdown_and_exit() == 0
+
+
+def test_ranges_are_in_utf16_units_after_characters_outside_the_bmp():
+    text = "def f(v):\n    x = v  # 😀😀\n    print('😀', x)\n"
+    with ServerProcess() as server:
+        server.initialize(encoding="utf-16")
+        server.open(URI, text, version=1)
+        _change(server, 2, 1, 4, 5, "y")
+        (edit,) = _edits(server, 2, 1, 5)["edits"]
+        # `x` on line 2 sits after '😀' (two UTF-16 units): character 16, not 15.
+        assert edit["range"] == {"start": {"line": 2, "character": 16}, "end": {"line": 2, "character": 17}}
