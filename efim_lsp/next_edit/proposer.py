@@ -4,7 +4,8 @@ The latest change is widened to the identifier around it: `max_len` → `max_len
 typing "gth", `n` → `count` after retyping a selection. When the old identifier still occurs
 in the enclosing function (or class, or the module when the change is at the top level), the
 nearest occurrence below the change is proposed, else the nearest above — the same rename
-there (an attribute only where it is an attribute, a variable only where it is not). Silence otherwise: a change that is not one identifier becoming another (new code
+there (an attribute only where it is an attribute, a variable only where it is not; never
+inside a string or a comment). Silence otherwise: a change that is not one identifier becoming another (new code
 typed, a literal changed, lines deleted), or a name with no other occurrence.
 
 Not covered yet: a parameter added at its call sites, one of several parallel lines changed,
@@ -13,6 +14,7 @@ other files; a model ranking the candidates (#34).
 
 from __future__ import annotations
 
+import keyword
 import re
 from typing import NamedTuple
 
@@ -53,6 +55,8 @@ def rename_of(text: str, change: Change) -> Rename | None:
     new = text[left:right]
     if old == new or not _IDENTIFIER.match(old) or not _IDENTIFIER.match(new):
         return None
+    if keyword.iskeyword(old) or keyword.iskeyword(new):
+        return None  # `if` -> `elif`, `True` -> `False`: syntax or a literal, not a name
     return Rename(left, right, old, new)
 
 
@@ -105,11 +109,18 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     if rename is None:
         return None
     lo, hi = enclosing_block(text, rename.start)
+    quoted = literal_spans(text, lo, hi)
+    if _inside(quoted, rename.start):
+        return None  # a word in a string or a comment: not a name being renamed
     pattern = re.compile(rf"(?<!\w){re.escape(rename.old)}(?!\w)")
     # An attribute (`.name`) and a variable of the same name are different things: only
     # occurrences of the same kind (`os.path` is not the local `path`).
     attribute = _is_attribute(text, rename.start)
-    spans = [(m.start(), m.end()) for m in pattern.finditer(text, lo, hi) if _is_attribute(text, m.start()) == attribute]
+    spans = [
+        (m.start(), m.end())
+        for m in pattern.finditer(text, lo, hi)
+        if _is_attribute(text, m.start()) == attribute and not _inside(quoted, m.start())
+    ]
     below = [sp for sp in spans if sp[0] >= rename.end]
     above = [sp for sp in spans if sp[1] <= rename.start]
     if below:
@@ -121,6 +132,42 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     else:
         return None
     return NextEdit(start, end, rename.new, f"rename {rename.old} -> {rename.new} ({where})")
+
+
+def literal_spans(text: str, lo: int, hi: int) -> list[tuple[int, int]]:
+    """Strings (quoted once or three times) and `#` comments in `text[lo:hi]`, as spans, by a
+    plain scan (Python-like syntax; escapes honoured)."""
+    spans: list[tuple[int, int]] = []
+    i = lo
+    while i < hi:
+        ch = text[i]
+        if ch == "#":
+            end = text.find("\n", i, hi)
+            end = hi if end < 0 else end
+            spans.append((i, end))
+            i = end
+        elif ch in "'\"":
+            quote = ch * 3 if text.startswith(ch * 3, i) else ch
+            j = i + len(quote)
+            while j < hi:
+                if text[j] == "\\":
+                    j += 2
+                    continue
+                if text.startswith(quote, j):
+                    j += len(quote)
+                    break
+                if len(quote) == 1 and text[j] == "\n":
+                    break  # an unterminated one-line string ends at its line
+                j += 1
+            spans.append((i, min(j, hi)))
+            i = max(j, i + 1)
+        else:
+            i += 1
+    return spans
+
+
+def _inside(spans: list[tuple[int, int]], offset: int) -> bool:
+    return any(a <= offset < b for a, b in spans)
 
 
 def _is_attribute(text: str, start: int) -> bool:
@@ -149,4 +196,4 @@ def _row_of(starts: list[int], offset: int) -> int:
     return lo
 
 
-__all__ = ["NextEdit", "Rename", "enclosing_block", "propose", "rename_of"]
+__all__ = ["NextEdit", "Rename", "enclosing_block", "literal_spans", "propose", "rename_of"]

@@ -66,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     blank.add_argument("--fresh-line-guard", type=float, nargs="+", default=None, metavar="P", help="the rule's confidence guard(s): one row per value")
     _common(blank)
     blank.set_defaults(func=run_blank_lines)
+    ne = targets.add_parser("next-edit", help="next-edit suggestions on held-out stdlib modules: exact edit, location, edit similarity, silence on noise")
+    ne.add_argument("--files", default=None, help="comma-separated stdlib modules to draw samples from (default: difflib,textwrap,shlex,statistics,fractions,calendar)")
+    ne.add_argument("--per-category", type=int, default=100, help="samples per category (a seeded subset)")
+    ne.add_argument("--seed", type=int, default=0)
+    ne.add_argument("--proposer", choices=("baseline",), default="baseline", help="baseline: the server's rename proposer, no model")
+    ne.add_argument("--json", action="store_true", help="print one JSON object")
+    ne.set_defaults(func=run_next_edit)
     sh = targets.add_parser("shape", help="suggestions accepted at emptied statement lines of held-out modules: unparseable files, duplicated next lines")
     sh.add_argument("--modes", nargs="+", choices=("auto", "line"), default=["auto", "line"], help="auto: the server's line/block choice; line: one line forced")
     sh.add_argument("--show", type=int, default=0, help="print this many shown suggestions that break the file or duplicate the next line")
@@ -177,6 +184,28 @@ def run_blank_lines(args: argparse.Namespace) -> int:
         else:
             print(f"{_name(infiller)} blank-lines fim guard {sc.guard:g}: rule set on {sc.fired}/{sc.n}; answers with text: {sc.non_blank_off} off, "
                   f"{sc.non_blank_on} on; made non-blank {sc.made_non_blank}/{sc.n} = {sc.made_rate:.1%} ({sc.seconds:.0f} s)", flush=True)
+    return 0
+
+
+def run_next_edit(args: argparse.Namespace) -> int:
+    from efim_tools.evaluation.next_edit import DEFAULT_FILES, evaluate, samples  # noqa: PLC0415
+
+    files = [f.strip() for f in args.files.split(",") if f.strip()] if args.files else list(DEFAULT_FILES)
+    try:
+        cases = samples(files, seed=args.seed, per_category=args.per_category)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"efim eval next-edit: {exc}") from None
+    scores, seconds = evaluate(cases, args.proposer)
+    if args.json:
+        print(json.dumps({"task": "next-edit", "proposer": args.proposer, "files": files, "seed": args.seed,
+                          "categories": {k: v._asdict() for k, v in scores.items()},
+                          "ms_per_sample": round(1000 * seconds / max(1, len(cases)), 3)}))
+        return 0
+    print(f"next-edit, proposer {args.proposer}, files {', '.join(files)}, seed {args.seed}")
+    print(f"{'category':<14}{'n':>5}{'exact':>8}{'location':>10}{'edit sim':>10}{'silent':>8}")
+    for category, s in scores.items():
+        print(f"{category:<14}{s.n:>5}{s.exact:>8.3f}{s.location:>10.3f}{s.similarity:>10.3f}{s.silent:>8.3f}")
+    print(f"{1000 * seconds / max(1, len(cases)):.2f} ms per sample (the proposer alone)")
     return 0
 
 

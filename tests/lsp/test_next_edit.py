@@ -113,6 +113,13 @@ def test_silence_when_no_rename_is_due():
     at = SRC.index("os.path")
     text, history = typed(SRC, at, at + 2, "osx")
     assert propose(text, history.last) is None
+    # A keyword or a constant changed (`if` -> `elif`, `True` -> `False`).
+    at = SRC.index("if size")
+    text, history = typed(SRC, at, at + 2, "elif")
+    assert propose(text + "    if x:\n        pass\n", history.last) is None
+    flag = "def f(a):\n    a = True\n    return True\n"
+    text, history = typed(flag, flag.index("True"), flag.index("True") + 4, "False")
+    assert propose(text, history.last) is None
     # Lines deleted.
     at = SRC.index("        if size")
     end = SRC.index("        size +=")

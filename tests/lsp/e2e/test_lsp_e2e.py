@@ -91,11 +91,14 @@ async def test_burst_of_50_keystrokes_answers_only_the_latest_version(client: La
     results = await asyncio.gather(*futures)
     assert all(not r.items for r in results[:49])
     stats = await request(client, "efim/stats")
-    declined = {k: stats["declined"].get(k, 0) - before["declined"].get(k, 0) for k in ("superseded", "stale", "empty")}
+    declined = {k: stats["declined"].get(k, 0) - before["declined"].get(k, 0) for k in set(stats["declined"]) | set(before["declined"])}
     served = stats["served"] - before["served"]
-    # Every older request was superseded or found stale; the latest one ran to the end.
-    assert declined["superseded"] + declined["stale"] == 49
-    assert served + declined["empty"] == 1 and bool(results[49].items) == (served == 1)
+    # Every older request was superseded or found stale; the latest one ran to the end: served,
+    # or declined for what it computed (empty, a word cut by maxTokens, past timeoutMs on a
+    # loaded machine) — never superseded.
+    assert declined.get("superseded", 0) + declined.get("stale", 0) == 49, declined
+    ended = sum(v for k, v in declined.items() if k not in ("superseded", "stale"))
+    assert served + ended == 1 and bool(results[49].items) == (served == 1), declined
     check = await request(client, "efim/debug/checkIntegrity")
     assert check["ok"] and check["engine"] == "ok", check
 

@@ -1,0 +1,214 @@
+"""`efim eval next-edit`: next-edit suggestions on real code, by category.
+
+Samples are synthesised at run time from Python modules of the running interpreter's
+standard library (`--files`; never copied into the repository). Each sample is the file, one
+edit as an editor sends it (a selection retyped key by key), and the next edit a person would
+make — or none:
+
+    rename-below   a function's local or parameter renamed at one occurrence; next: the
+                   nearest occurrence below (within 40 lines)
+    far            the same, the nearest occurrence below more than 40 lines away
+    rename-above   the last occurrence renamed; next: the nearest above
+    noise          an edit after which nothing is due: a number changed, a new statement
+                   typed on a new line, a word inside a string changed
+
+Scores per category: exact (the proposed range and text are the expected ones), location
+(the proposal is on the expected line), edit similarity of the line after the proposal
+against the line after the expected edit, and for noise the share answered with no edit.
+The proposer is the language server's (`efim_lsp.next_edit`) fed the edit through the same
+history the server keeps; `--proposer baseline` is the only one so far (no model).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import NamedTuple
+
+from efim_lsp.next_edit.history import EditHistory
+from efim_lsp.next_edit.proposer import propose
+from efim_tools.training.data import stdlib_root
+
+CATEGORIES = ("rename-below", "far", "rename-above", "noise")
+FAR_LINES = 40
+DEFAULT_FILES = ("difflib", "textwrap", "shlex", "statistics", "fractions", "calendar")
+
+
+class Expected(NamedTuple):
+    start: int
+    end: int
+    text: str
+
+
+class Sample(NamedTuple):
+    module: str
+    category: str
+    before: str  # the text before the edit
+    edit: tuple[int, int, str]  # (start, end, new text) in offsets of `before`
+    expected: Expected | None  # in offsets of the text after the edit
+
+
+class CategoryScore(NamedTuple):
+    n: int
+    exact: float
+    location: float
+    similarity: float
+    silent: float
+
+
+def module_path(name: str) -> Path:
+    rel = name if name.endswith(".py") else name.replace(".", "/") + ".py"
+    path = stdlib_root() / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"no standard-library module {name!r} at {path}")
+    return path
+
+
+def samples(files: list[str], *, seed: int, per_category: int) -> list[Sample]:
+    rng = random.Random(seed)
+    pool: dict[str, list[Sample]] = defaultdict(list)
+    for name in files:
+        text = module_path(name).read_text(encoding="utf-8")
+        for sample in _file_samples(name, text):
+            pool[sample.category].append(sample)
+    out: list[Sample] = []
+    for category in CATEGORIES:
+        found = pool[category]
+        rng.shuffle(found)
+        out.extend(found[:per_category])
+    return out
+
+
+def _file_samples(name: str, text: str) -> list[Sample]:
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(lineno: int, col: int) -> int:  # ast columns are UTF-8 bytes
+        line = lines[lineno - 1]
+        return starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+
+    out: list[Sample] = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        occurrences: dict[str, list[int]] = defaultdict(list)
+        for node in ast.walk(fn):
+            if isinstance(node, ast.arg) and node is not None:
+                occurrences[node.arg].append(offset(node.lineno, node.col_offset))
+            elif isinstance(node, ast.Name):
+                occurrences[node.id].append(offset(node.lineno, node.col_offset))
+        local = {a.arg for a in ast.walk(fn.args) if isinstance(a, ast.arg)}
+        local |= {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for var in sorted(local):
+            spots = sorted(set(occurrences.get(var, ())))
+            spots = [s for s in spots if text[s : s + len(var)] == var]
+            if len(spots) < 2:
+                continue
+            new = var + "_new"
+            k = len(spots) // 3
+            out.append(_rename(name, text, spots[k], spots[k + 1], var, new))
+            out.append(_rename(name, text, spots[-1], spots[-2], var, new))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Constant) and type(node.value) is int and node.end_col_offset is not None and node.lineno == node.end_lineno:
+                s, e = offset(node.lineno, node.col_offset), offset(node.end_lineno, node.end_col_offset)
+                out.append(Sample(name, "noise", text, (s, e, str(node.value + 7)), None))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.lineno == node.end_lineno:
+                s = offset(node.lineno, node.col_offset)
+                e = offset(node.end_lineno, node.end_col_offset)
+                literal = text[s:e]
+                words = [w for w in literal.strip("'\"rbuf").split() if w.isalpha() and len(w) > 2]
+                if words:
+                    w = words[0]
+                    at = s + literal.index(w)
+                    out.append(Sample(name, "noise", text, (at, at + len(w), w[::-1]), None))
+        body = fn.body[-1]
+        if body.end_lineno is not None and body.lineno == body.end_lineno:
+            line = lines[body.lineno - 1]
+            indent = line[: len(line) - len(line.lstrip())]
+            at = starts[body.lineno - 1]
+            out.append(Sample(name, "noise", text, (at, at, f"{indent}log.debug('step done')\n"), None))
+    return out
+
+
+def _rename(module: str, text: str, at: int, nxt: int, old: str, new: str) -> Sample:
+    line_of = text.count("\n", 0, at)
+    next_line = text.count("\n", 0, nxt)
+    if nxt > at:
+        category = "far" if next_line - line_of > FAR_LINES else "rename-below"
+        shift = len(new) - len(old)
+    else:
+        category = "rename-above"
+        shift = 0
+    start = nxt + shift
+    return Sample(module, category, text, (at, at + len(old), new), Expected(start, start + len(old), new))
+
+
+def _apply_as_keys(before: str, edit: tuple[int, int, str]) -> tuple[str, EditHistory]:
+    """The edit as an editor sends it: the selection replaced by the first key, the rest typed."""
+    start, end, new = edit
+    history = EditHistory()
+    text = before
+    first = new[:1]
+    history.observe(start, end, text[start:end], first)
+    text = text[:start] + first + text[end:]
+    for i, ch in enumerate(new[1:], start + 1):
+        history.observe(i, i, "", ch)
+        text = text[:i] + ch + text[i:]
+    return text, history
+
+
+def _line_after(text: str, start: int, end: int, new: str, line_start: int) -> str:
+    edited = text[:start] + new + text[end:]
+    line_end = edited.find("\n", line_start)
+    return edited[line_start : line_end if line_end >= 0 else len(edited)]
+
+
+def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str, CategoryScore], float]:
+    if proposer != "baseline":
+        raise ValueError(f"unknown proposer {proposer!r} (only 'baseline' so far)")
+    hits: dict[str, list[tuple[bool, bool, float, bool]]] = defaultdict(list)
+    t0 = time.perf_counter()
+    for case in cases:
+        text, history = _apply_as_keys(case.before, case.edit)
+        got = propose(text, history.last)
+        if case.expected is None:
+            hits[case.category].append((got is None, got is None, 1.0 if got is None else 0.0, got is None))
+            continue
+        exp = case.expected
+        if got is None:
+            hits[case.category].append((False, False, 0.0, True))
+            continue
+        exact = (got.start, got.end, got.new_text) == (exp.start, exp.end, exp.text)
+        same_line = text.count("\n", 0, got.start) == text.count("\n", 0, exp.start)
+        line_start = text.rfind("\n", 0, exp.start) + 1
+        want = _line_after(text, exp.start, exp.end, exp.text, line_start)
+        if same_line:
+            have = _line_after(text, got.start, got.end, got.new_text, line_start)
+        else:
+            have = text[line_start : (text.find("\n", line_start) + 1 or len(text) + 1) - 1]
+        sim = difflib.SequenceMatcher(None, have, want).ratio()
+        hits[case.category].append((exact, same_line, sim, False))
+    seconds = time.perf_counter() - t0
+    scores = {}
+    for category in CATEGORIES:
+        rows = hits.get(category, [])
+        n = len(rows)
+        if not n:
+            continue
+        scores[category] = CategoryScore(
+            n, sum(r[0] for r in rows) / n, sum(r[1] for r in rows) / n, sum(r[2] for r in rows) / n, sum(r[3] for r in rows) / n
+        )
+    return scores, seconds
+
+
+__all__ = ["CATEGORIES", "DEFAULT_FILES", "Sample", "evaluate", "samples"]

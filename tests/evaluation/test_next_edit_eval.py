@@ -1,0 +1,43 @@
+"""`efim eval next-edit` on two real standard-library modules: every category is drawn, the
+rename cases are answered at the expected place, noise gets no edit, and a missing module is
+a clear error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from efim_tools.evaluation.next_edit import CATEGORIES, evaluate, samples
+
+
+def test_samples_cover_the_categories_and_the_baseline_finds_the_renames():
+    cases = samples(["textwrap", "shlex"], seed=3, per_category=40)
+    found = {c.category for c in cases}
+    assert {"rename-below", "rename-above", "noise"} <= found <= set(CATEGORIES)
+    for case in cases:
+        if case.expected is not None:
+            start, end, new = case.edit
+            assert case.before[start:end] != new  # a real change
+    scores, _ = evaluate(cases)
+    assert scores["rename-below"].exact >= 0.8 and scores["rename-above"].location >= 0.8
+    assert scores["noise"].silent >= 0.8
+    assert samples(["textwrap", "shlex"], seed=3, per_category=40) == cases  # same seed, same samples
+
+
+def test_the_command_prints_json_and_refuses_an_unknown_module():
+    out = subprocess.run([sys.executable, "-m", "efim_tools.cli", "eval", "next-edit", "--files", "textwrap", "--per-category", "10", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["task"] == "next-edit" and report["categories"]["rename-below"]["n"] > 0
+    bad = subprocess.run([sys.executable, "-m", "efim_tools.cli", "eval", "next-edit", "--files", "no_such_module_here"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "no standard-library module" in bad.stderr
+
+
+def test_an_unknown_proposer_is_refused():
+    with pytest.raises(ValueError, match="unknown proposer"):
+        evaluate([], "model")
