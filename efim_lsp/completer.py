@@ -118,6 +118,7 @@ class DocumentState:
         self.typed = TypingThrough()
         self.pending: _PendingRequest | None = None
         self.warming: CompletionHandle | None = None  # the background warm-up in flight
+        self.warming_small: CompletionHandle | None = None  # its small window's, submitted first
         self.warm_cursor: int | None = None  # where the latest cursor signal put the user
         self.warm_timer: asyncio.TimerHandle | None = None
         # The cursor of the last request that ran to its end (its KV is the engine's latest
@@ -133,9 +134,10 @@ class DocumentState:
         if self.warm_timer is not None:
             self.warm_timer.cancel()
             self.warm_timer = None
-        if self.warming is not None and not self.warming.done:
-            self.warming.cancel()
-        self.warming = None
+        for handle in (self.warming, self.warming_small):
+            if handle is not None and not handle.done:
+                handle.cancel()
+        self.warming = self.warming_small = None
         self.warming_session = None
 
 
@@ -602,7 +604,13 @@ class Completer:
         if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
-        return self._submit_warmup(uri, state, request, segments, self._prompt_text(request, segments, info))
+        prompt = self._prompt_text(request, segments, info)
+        # Where the full window is cold, its small window first (a few hundred ms): a request
+        # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
+        small = self._small_window_for(state, request, segments, settings)
+        if small is not None and self._is_cold(state, prompt, settings):
+            self._submit_small_warmup(uri, state, small)
+        return self._submit_warmup(uri, state, request, segments, prompt)
 
     def _submit_warmup(self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str) -> bool:
         """Prefill `request`'s prompt in the background (replacing the warm-up in flight)."""
@@ -639,12 +647,11 @@ class Completer:
         suffix_first = bool(info is not None and info.suffix_first)
         return prompt_text(segments, suffix_first=suffix_first, with_suffix=request.format != "prefix", chunks=chunks)
 
-    def _small_request(
-        self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str, settings: Settings
+    def _small_window_for(
+        self, state: DocumentState, request: InfillRequest, segments: Segments, settings: Settings
     ) -> InfillRequest | None:
-        """The small-window request that answers now while the session's full window is
-        computed in the background; None when the full window is (nearly) computed, or
-        when first windows are off."""
+        """The small-window form of `request`; None when first windows are off or the whole
+        window is small."""
         tokens = settings.first_window_tokens
         if not tokens or not settings.cache or not settings.warm_ahead:
             return None
@@ -655,15 +662,47 @@ class Completer:
             small = state.small = small_window(segments, tokens, state.session.meter)
         if small.prefix == segments.prefix and small.suffix == segments.suffix and not request.chunks:
             return None  # the whole window is small
+        return msgspec.structs.replace(
+            request, key=first_window_key(request.key), prefix=small.prefix, suffix=small.suffix, chunks=(), document_kv=False
+        )
+
+    def _submit_small_warmup(self, uri: str, state: DocumentState, small: InfillRequest) -> None:
+        """Prefill the small window in the background ahead of the full one (the scheduler
+        runs background prefills in arrival order). A request of the session ends it at
+        admission and starts from its rows."""
+        engine = self.holder.engine
+        if engine is None:
+            return
+        try:
+            handle = engine.submit(msgspec.structs.replace(small, background=True, n=1))
+        except Exception as exc:
+            log.debug("%s: small-window warm-up refused: %s", uri, exc)
+            return
+        if state.warming_small is not None and not state.warming_small.done:
+            state.warming_small.cancel()
+        state.warming_small = handle
+        self.stats.first_window_warmups += 1
+
+    def _small_request(
+        self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str, settings: Settings
+    ) -> InfillRequest | None:
+        """The small-window request that answers now while the session's full window is
+        computed in the background; None when the full window is (nearly) computed, or
+        when first windows are off."""
+        small = self._small_window_for(state, request, segments, settings)
+        if small is None:
+            return None
         warming_here = state.warming is not None and not state.warming.done and state.warming_session == segments.session_id
         if not warming_here:
-            if not is_cold(state.computed.uncached_chars(prompt), state.session.meter, tokens):
+            if not self._is_cold(state, prompt, settings):
                 return None
             if not self._submit_warmup(uri, state, request, segments, prompt):
                 return None
-        return msgspec.structs.replace(
-            request, key=first_window_key(uri), prefix=small.prefix, suffix=small.suffix, chunks=(), document_kv=False
-        )
+        return small
+
+    @staticmethod
+    def _is_cold(state: DocumentState, prompt: str, settings: Settings) -> bool:
+        return is_cold(state.computed.uncached_chars(prompt), state.session.meter, settings.first_window_tokens)
 
     def _decline(self, code: str, reason: str) -> Declined:
         self.stats.declined[code] += 1

@@ -148,3 +148,38 @@ def test_computed_prompts_measure_what_a_full_request_would_prefill():
     for i in range(10):
         known.add(f"other{i}")
     assert known.uncached_chars("abcdef") == 6  # only the last few places are kept
+
+
+async def test_an_edit_at_a_cold_place_warms_its_small_window_first_and_the_request_after_a_pause_extends_it():
+    """A plain client's jump: delete a line's tail (a didChange away from the session), pause,
+    retype. The edit warms the small window, then the full one; the request that follows is
+    answered from the small window, whose prompt it extends (what the warm-up computed)."""
+    rig = await _rig()
+    await rig.complete(MIDDLE)  # the session lives at MIDDLE
+    await _until(lambda: len(_background(rig.engine)) == 1)
+    line_end = LONG.index("\n", JUMP)
+    rig.edit(line_end - 4, line_end, "")  # "(x):" deleted: the edit ends at the new place
+    cursor = line_end - 4
+    await _until(lambda: len(_background(rig.engine)) == 3)
+    small_warm, full_warm = _background(rig.engine)[1:]
+    assert small_warm.key == first_window_key(URI) and full_warm.key == URI  # the small one first
+    assert full_warm.prefix.endswith(small_warm.prefix) and full_warm.suffix.startswith(small_warm.suffix)
+    assert rig.stats.first_window_warmups == 1  # (a request answers from its small window itself)
+    rig.edit(cursor, cursor, "(")
+    cursor += 1
+    await rig.complete(cursor)  # (the fake's "pass" is no answer after "def f300(": shaped away)
+    request = _foreground(rig.engine)[-1]
+    assert request.key == first_window_key(URI) and (request.prefix, request.suffix) == (small_warm.prefix, small_warm.suffix)
+    assert render(request).startswith(render(small_warm)) and request.increment == "("
+    assert len(_background(rig.engine)) == 3  # the full warm-up of the session goes on
+
+
+async def test_a_place_already_computed_gets_no_small_window_warm_up():
+    rig = await _rig()
+    rig.engine.background_gate.set()
+    await rig.complete(MIDDLE)
+    await _until(lambda: rig.stats.warm_completed == 1)
+    smalls = rig.stats.first_window_warmups
+    rig.completer.cursor_moved(URI, MIDDLE + 1)  # the same session's window, computed
+    await asyncio.sleep(0.1)
+    assert rig.stats.first_window_warmups == smalls
