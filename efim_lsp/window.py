@@ -49,6 +49,11 @@ class TokenMeter:
         self.chars_per_token = chars_per_token
         self.exact_counts = 0  # how often the tokenizer was asked (kept "sparingly": per rebase only)
 
+    def fresh(self) -> "TokenMeter":
+        """A meter with the same counter and the starting ratio: cuts made with it depend on
+        the text alone, not on what this meter counted before."""
+        return TokenMeter(self._count)
+
     def chars_for(self, tokens: int) -> int:
         return int(tokens * self.chars_per_token)
 

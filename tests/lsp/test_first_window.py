@@ -183,3 +183,14 @@ async def test_a_place_already_computed_gets_no_small_window_warm_up():
     rig.completer.cursor_moved(URI, MIDDLE + 1)  # the same session's window, computed
     await asyncio.sleep(0.1)
     assert rig.stats.first_window_warmups == smalls
+
+
+def test_the_small_window_does_not_depend_on_what_the_session_meter_counted_before():
+    """Cut at a cursor signal or at the first request, the small window is the same: it is cut
+    with a fresh meter, not with the session's (whose ratio moves with every count)."""
+    segments = Segments(LONG[:MIDDLE], LONG[MIDDLE:], "", 3, True, None)
+    meter = TokenMeter(lambda text: len(text) // 2 + text.count("\n") * 3)
+    first = small_window(segments, SMALL, meter.fresh())
+    meter.tokens("x" * 5000)  # a dense count moves the session meter's ratio
+    assert meter.chars_per_token != meter.fresh().chars_per_token
+    assert small_window(segments, SMALL, meter.fresh()) == first
