@@ -58,7 +58,8 @@ def test_node_tests_against_efim_serve(build, efim_serve, tiny_model_dir):
     assert result.returncode == 0, output
     assert counts.get("fail") == 0 and counts.get("cancelled") == 0, output
     assert counts.get("skipped") == 0, f"a Node test skipped itself:\n{output}"
-    assert counts.get("pass", 0) >= 20, output  # 18 unit tests of core/ + 2 integration tests (efim serve, settings change)
+    # unit tests of core/ (4 of them core/nextEdit's) + 3 integration tests (efim serve, settings change, next edits)
+    assert counts.get("pass", 0) >= 25, output
     assert "# suggestion after" in result.stdout, output  # the integration test reached a real suggestion
 
 
@@ -93,7 +94,12 @@ def test_vsix_package(build):
 
     # The manifest VS Code reads: the same contributes (commands, settings) as the source.
     assert manifest["contributes"] == source["contributes"]
-    assert {c["command"] for c in manifest["contributes"]["commands"]} == {"efim.toggle", "efim.showStats", "efim.restartServer"}
+    assert {c["command"] for c in manifest["contributes"]["commands"]} == {
+        "efim.toggle", "efim.showStats", "efim.restartServer", "efim.nextEdit.apply", "efim.nextEdit.dismiss"}
+    # Next-edit keys only while an edit is drawn (Alt+] / Alt+[ stay VS Code's inline-suggestion cycling).
+    keys = {(k["command"], k["key"]) for k in manifest["contributes"]["keybindings"]}
+    assert keys == {("efim.nextEdit.apply", "alt+n"), ("efim.nextEdit.dismiss", "escape")}
+    assert all("efim.nextEditVisible" in k["when"] for k in manifest["contributes"]["keybindings"])
     assert manifest["engines"]["vscode"] == source["engines"]["vscode"]
 
     # node_modules: exactly the runtime closure of vscode-languageclient (+ the protocol package it

@@ -17,13 +17,18 @@ import {
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 import { CompletionReporter, PartialAcceptTracker, requestInlineCompletion } from './core/completions';
-import { CursorReporter } from './core/cursor';
+import { CursorReporter, Debouncer } from './core/cursor';
 import { serverLaunch, spawnServer } from './core/launch';
-import { EfimStats, StatsRequest } from './core/protocol';
+import { NEXT_EDIT_DEBOUNCE_MS, NextEditReporter, nextEditAction, requestNextEdit, ShownNextEdit, supportsNextEdits } from './core/nextEdit';
+import { EfimStats, InlineEdit, StatsRequest } from './core/protocol';
 import { ClientSettings, readSettings, sendSettings, serverOptions, settingsAction } from './core/settings';
 import { formatStats, ServerProgress, statusLine } from './core/status';
 
 const ACCEPTED_COMMAND = 'efim._accepted';
+const NEXT_EDIT_APPLY_COMMAND = 'efim.nextEdit.apply';
+const NEXT_EDIT_DISMISS_COMMAND = 'efim.nextEdit.dismiss';
+/** Context key for the keybindings: a next edit is drawn in the active editor. */
+const NEXT_EDIT_CONTEXT = 'efim.nextEditVisible';
 /** The documents the client syncs with the server (and so the only ones it reports a cursor for). */
 const DOCUMENT_SELECTOR: vscode.DocumentFilter[] = [{ scheme: 'file' }, { scheme: 'untitled' }];
 
@@ -63,6 +68,152 @@ class ProgressToStatus implements StaticFeature {
     clear(): void {}
 }
 
+/**
+ * Next edits in the editor (the logic is core/nextEdit.ts): asked for after a change to the
+ * active editor's document (debounced), drawn with a decoration (the range struck through,
+ * the new text after it), reported shown once; `efim.nextEdit.apply` jumps to the edit, and
+ * run again with the cursor on it applies it and runs its command. A change to the
+ * document, another active editor or `efim.nextEdit.dismiss` clears it.
+ */
+class NextEdits implements vscode.Disposable {
+    private readonly decoration = vscode.window.createTextEditorDecorationType({
+        backgroundColor: new vscode.ThemeColor('diffEditor.removedTextBackground'),
+        textDecoration: 'line-through',
+        rangeBehavior: vscode.DecorationRangeBehavior.ClosedClosed,
+    });
+    private readonly debouncer = new Debouncer<string>(NEXT_EDIT_DEBOUNCE_MS, (uri) => void this.request(uri));
+    private client?: LanguageClient;
+    private reporter?: NextEditReporter;
+    private inflight?: vscode.CancellationTokenSource;
+    private current?: { editor: vscode.TextEditor; shown: ShownNextEdit; range: vscode.Range };
+
+    constructor(
+        private readonly enabled: () => boolean,
+        private readonly output: vscode.LogOutputChannel,
+    ) {}
+
+    /** The running client to ask (undefined: none). */
+    attach(client: LanguageClient | undefined): void {
+        this.clear();
+        this.client = client;
+        this.reporter = client ? new NextEditReporter(client) : undefined;
+    }
+
+    documentChanged(document: vscode.TextDocument): void {
+        if (this.current?.shown.uri === document.uri.toString()) this.clear(); // stale now
+        this.cancel();
+        if (vscode.window.activeTextEditor?.document === document) this.debouncer.schedule(document.uri.toString());
+    }
+
+    activeEditorChanged(): void {
+        this.debouncer.cancel();
+        this.clear();
+    }
+
+    private cancel(): void {
+        this.inflight?.cancel();
+        this.inflight = undefined;
+    }
+
+    private async request(uri: string): Promise<void> {
+        const client = this.client;
+        const editor = vscode.window.activeTextEditor;
+        if (!client || client.state !== State.Running || !this.enabled() || editor?.document.uri.toString() !== uri) return;
+        if (!supportsNextEdits(client.initializeResult?.capabilities)) return;
+        const document = editor.document;
+        const version = document.version;
+        const active = editor.selection.active;
+        this.cancel();
+        const source = new vscode.CancellationTokenSource();
+        this.inflight = source;
+        let edit: InlineEdit | undefined;
+        let cancelled = false;
+        try {
+            edit = await requestNextEdit(client, { textDocument: { uri, version }, position: { line: active.line, character: active.character } }, source.token);
+        } catch (err) {
+            if (!source.token.isCancellationRequested) this.output.warn(`next edit failed: ${err instanceof Error ? err.message : err}`);
+            return;
+        } finally {
+            cancelled = source.token.isCancellationRequested;
+            if (this.inflight === source) this.inflight = undefined;
+            source.dispose();
+        }
+        // Only an edit for the document state it was asked about may be drawn.
+        if (!edit || cancelled || document.version !== version || vscode.window.activeTextEditor !== editor) return;
+        this.show(editor, edit, version);
+    }
+
+    private show(editor: vscode.TextEditor, edit: InlineEdit, version: number): void {
+        const { start, end } = edit.range;
+        const range = new vscode.Range(start.line, start.character, end.line, end.character);
+        const document = editor.document;
+        if (!document.validateRange(range).isEqual(range)) return; // not a range of this text
+        const rangeText = document.getText(range);
+        if (rangeText === edit.text) return;
+        this.clear();
+        this.current = { editor, range, shown: { uri: document.uri.toString(), version, edit, rangeText } };
+        editor.setDecorations(this.decoration, [{
+            range,
+            hoverMessage: 'efim: next edit — Alt+N (efim: Jump to / Apply Next Edit) jumps here, then applies it; Escape dismisses it',
+            renderOptions: {
+                after: {
+                    contentText: edit.text.replace(/\n/g, '⏎'),
+                    backgroundColor: new vscode.ThemeColor('diffEditor.insertedTextBackground'),
+                    margin: '0 0 0 0.2em',
+                },
+            },
+        }]);
+        void vscode.commands.executeCommand('setContext', NEXT_EDIT_CONTEXT, true);
+        void this.reporter?.shown(edit).catch((err) => this.output.warn(`didShowInlineEdit: ${err}`));
+    }
+
+    /** The next-edit key: jump to the edit, or apply it when the cursor is on it; a stale one is dropped. */
+    async applyOrJump(): Promise<void> {
+        const cur = this.current;
+        const editor = vscode.window.activeTextEditor;
+        if (!cur || !editor || editor.document !== cur.editor.document) return;
+        const document = editor.document;
+        const state = {
+            uri: document.uri.toString(),
+            version: document.version,
+            getText: (r: { start: { line: number; character: number }; end: { line: number; character: number } }) =>
+                document.getText(new vscode.Range(r.start.line, r.start.character, r.end.line, r.end.character)),
+        };
+        const action = nextEditAction(cur.shown, state, editor.selection.active);
+        if (action === 'stale') {
+            this.clear();
+            return;
+        }
+        if (action === 'jump') {
+            editor.selection = new vscode.Selection(cur.range.start, cur.range.start);
+            editor.revealRange(cur.range, vscode.TextEditorRevealType.InCenterIfOutsideViewport);
+            return;
+        }
+        this.clear();
+        const startOffset = document.offsetAt(cur.range.start);
+        const text = cur.shown.edit.text;
+        if (!(await editor.edit((builder) => builder.replace(cur.range, text)))) return;
+        const after = document.positionAt(startOffset + text.length);
+        editor.selection = new vscode.Selection(after, after);
+        await this.reporter?.accepted(cur.shown.edit).catch((err) => this.output.warn(`accepting a next edit: ${err}`));
+    }
+
+    clear(): void {
+        if (!this.current) return;
+        const { editor } = this.current;
+        this.current = undefined;
+        editor.setDecorations(this.decoration, []);
+        void vscode.commands.executeCommand('setContext', NEXT_EDIT_CONTEXT, false);
+    }
+
+    dispose(): void {
+        this.debouncer.cancel();
+        this.cancel();
+        this.clear();
+        this.decoration.dispose();
+    }
+}
+
 class EfimExtension implements vscode.Disposable {
     private settings = currentSettings();
     private client?: LanguageClient;
@@ -72,6 +223,7 @@ class EfimExtension implements vscode.Disposable {
     private readonly progress = new ServerProgress();
     private readonly output = vscode.window.createOutputChannel('efim', { log: true });
     private readonly status = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+    private readonly nextEdits = new NextEdits(() => this.settings.enable, this.output);
     private readonly disposables: vscode.Disposable[] = [];
     private lastLatencyMs?: number;
     private lastStats?: EfimStats;
@@ -83,6 +235,9 @@ class EfimExtension implements vscode.Disposable {
         this.disposables.push(
             this.output,
             this.status,
+            this.nextEdits,
+            vscode.commands.registerCommand(NEXT_EDIT_APPLY_COMMAND, () => this.nextEdits.applyOrJump()),
+            vscode.commands.registerCommand(NEXT_EDIT_DISMISS_COMMAND, () => this.nextEdits.clear()),
             vscode.commands.registerCommand('efim.toggle', () => this.toggle()),
             vscode.commands.registerCommand('efim.showStats', () => this.showStats()),
             vscode.commands.registerCommand('efim.restartServer', () => this.restart()),
@@ -107,6 +262,7 @@ class EfimExtension implements vscode.Disposable {
         this.refreshStatus();
         try {
             await client.start();
+            this.nextEdits.attach(client);
             this.activeEditorChanged(vscode.window.activeTextEditor); // where the user is when the server comes up
         } catch (err) {
             const message = err instanceof Error ? err.message : String(err);
@@ -125,6 +281,7 @@ class EfimExtension implements vscode.Disposable {
         this.cursor?.dispose();
         this.cursor = undefined;
         this.tracker.clear();
+        this.nextEdits.attach(undefined);
         if (client) await client.stop().catch((err) => this.output.warn(`stopping the server: ${err}`));
         this.progress.stopped();
         this.refreshStatus();
@@ -214,12 +371,14 @@ class EfimExtension implements vscode.Disposable {
     }
 
     private activeEditorChanged(editor: vscode.TextEditor | undefined): void {
+        this.nextEdits.activeEditorChanged();
         if (!this.cursor || !editor || !this.tracksCursor(editor.document)) return;
         this.cursor.activated(editor.document.uri.toString(), editor.document.version, editor.selection.active);
     }
 
     private documentChanged(e: vscode.TextDocumentChangeEvent): void {
         if (e.contentChanges.length === 0) return;
+        if (this.tracksCursor(e.document)) this.nextEdits.documentChanged(e.document);
         this.cursor?.edited(e.document.uri.toString(), e.document.version, e.contentChanges);
         const partial = this.tracker.changed(e.document.uri.toString(), e.contentChanges);
         if (partial && this.reporter) {
@@ -230,6 +389,7 @@ class EfimExtension implements vscode.Disposable {
     private async settingsChanged(): Promise<void> {
         const before = this.settings;
         this.settings = currentSettings();
+        if (!this.settings.enable) this.nextEdits.clear();
         switch (settingsAction(before, this.settings, this.client !== undefined)) {
             case 'start':
                 await this.start();

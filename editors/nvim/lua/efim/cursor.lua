@@ -29,12 +29,6 @@ local last_sent = nil -- "uri|version|line|character" of the last notification
 local clients = {} -- bufnr -> function() returning the client to notify, or nil
 M.sent = 0 -- notifications sent since start (for status lines and tests)
 
-local function version_of(bufnr)
-  local versions = vim.lsp.util.buf_versions
-  local v = type(versions) == "table" and versions[bufnr] or nil
-  return type(v) == "number" and v or nil
-end
-
 --- The notification's params for the cursor of the current window on `bufnr` (nil when it is not shown there).
 function M.params(bufnr, encoding)
   if vim.api.nvim_get_current_buf() ~= bufnr then
@@ -44,7 +38,7 @@ function M.params(bufnr, encoding)
   local row, col = pos[1] - 1, pos[2]
   local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ""
   local doc = { uri = vim.uri_from_bufnr(bufnr) }
-  doc.version = version_of(bufnr)
+  doc.version = server.version(bufnr)
   return {
     textDocument = doc,
     position = { line = row, character = text.byte_to_col(line, col, encoding or "utf-16") },

@@ -4,18 +4,25 @@
 --     cmd = { "efim", "serve" },            -- the server command
 --     filetypes = nil,                      -- nil: every file type not in exclude_filetypes
 --     keymaps = { accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>",
---                 next = "<M-]>", prev = "<M-[>" },  -- next/prev: cycle the answer's items (`alternatives`)
+--                 next = "<M-]>", prev = "<M-[>",   -- next/prev: cycle the answer's items (`alternatives`)
+--                 next_edit = "<M-n>",               -- insert and normal mode: jump to the proposed next
+--                                                    -- edit; pressed on it, apply it
+--                 next_edit_dismiss = "<Esc>" },     -- normal mode, mapped only while a next edit is shown
 --     settings = { model = "default" },     -- flat camelCase server settings (initializationOptions),
 --                                           -- e.g. alternatives = 3 for items to cycle through
 --     cursor_notify = true,                 -- send `efim/didMoveCursor` (debounced) so the server warms ahead
 --     cursor_debounce_ms = 80,
+--     next_edit = true,                     -- ask for next edits after changes (when the server offers them);
+--     next_edit_debounce_ms = 150,          -- drawn with EfimNextEdit (the range) and EfimNextEditText (new text)
 --   }
 --
 -- Works on Neovim 0.7+. The plugin asks for `textDocument/inlineCompletion` on
 -- every keystroke in insert mode, cancels the request in flight when the user
 -- types on, draws the answer as ghost text and reports shows and accepts.
+-- After a change it also asks for the next edit elsewhere (efim.next_edit).
 local moves = require("efim.cursor") -- the cursor notification
 local ghost = require("efim.ghost")
+local next_edit = require("efim.next_edit")
 local server = require("efim.server")
 local text = require("efim.text")
 
@@ -31,11 +38,14 @@ local defaults = {
   root_dir = nil, -- function(bufnr) -> path; default: the current directory
   keymaps = {
     accept = "<Tab>", accept_word = "<M-w>", accept_line = "<M-l>", dismiss = "<C-]>", next = "<M-]>", prev = "<M-[>",
+    next_edit = "<M-n>", next_edit_dismiss = "<Esc>",
   },
   settings = { model = "default" },
   hl_group = "EfimSuggestion",
   cursor_notify = true,
   cursor_debounce_ms = 80,
+  next_edit = true,
+  next_edit_debounce_ms = 150,
 }
 
 local cfg = vim.deepcopy(defaults)
@@ -281,6 +291,7 @@ function M.toggle()
   enabled = not enabled
   if not enabled then
     M.dismiss()
+    next_edit.dismiss()
   end
   vim.notify("efim: completions " .. (enabled and "on" or "off"))
   return enabled
@@ -289,6 +300,7 @@ end
 --- Restarts the server (e.g. after it died, or to reload it) and re-attaches every buffer it had.
 function M.restart()
   M.dismiss()
+  next_edit.dismiss()
   local buffers = vim.tbl_filter(function(b)
     return vim.api.nvim_buf_is_loaded(b) and vim.b[b].efim_attached
   end, vim.api.nvim_list_bufs())
@@ -316,6 +328,9 @@ function M.status()
     item_count = current and #(current.items or { current.item }) or nil,
     counters = vim.deepcopy(counters),
     last_error = last_error,
+    next_edit = next_edit.shown(), -- the next edit on screen: { start, end, old, new, ... } or nil
+    next_edit_pending = next_edit.pending(),
+    next_edit_counters = vim.deepcopy(next_edit.counters),
   }
 end
 
@@ -342,6 +357,7 @@ end
 function M.format_stats(s)
   s = s or {}
   local sessions = type(s.sessions) == "table" and s.sessions or {}
+  local ne = type(s.nextEdit) == "table" and s.nextEdit or {}
   return {
     string.format("server: %s %s", server.status.state, server.status.detail),
     string.format("requests %s, served %s, typing-through %s, cancelled %s", s.requests, s.served, s.typingThroughHits, s.cancelled),
@@ -353,6 +369,8 @@ function M.format_stats(s)
       sessions.active, sessions.rebases),
     string.format("client: %d requests, %d shown, %d accepted, %d partially accepted, %d errors", counters.requests,
       counters.shown, counters.accepted, counters.partially_accepted, counters.errors),
+    string.format("next edits: %s requests, %s offered, %s shown, %s accepted; client: %d applied, %d dropped as stale",
+      ne.requests, ne.offered, ne.shown, ne.accepted, next_edit.counters.applied, next_edit.counters.dropped),
   }
 end
 
@@ -366,13 +384,13 @@ local function stats_command()
   end)
 end
 
--- Insert-mode mapping: do `action`, or type the key itself when it does nothing.
-local function map(bufnr, lhs, action)
+-- Mapping (insert mode unless `modes` says): do `action`, or type the key itself when it does nothing.
+local function map(bufnr, lhs, action, modes)
   if not lhs or lhs == "" then
     return
   end
   local keys = vim.api.nvim_replace_termcodes(lhs, true, false, true)
-  vim.keymap.set("i", lhs, function()
+  vim.keymap.set(modes or "i", lhs, function()
     if not action() then
       vim.api.nvim_feedkeys(keys, "n", false)
     end
@@ -421,6 +439,14 @@ function M.attach(bufnr)
   map(bufnr, km.dismiss, M.dismiss)
   map(bufnr, km.next, M.next)
   map(bufnr, km.prev, M.prev)
+  if cfg.next_edit then
+    next_edit.delay_ms = cfg.next_edit_debounce_ms or next_edit.delay_ms
+    next_edit.dismiss_key = km.next_edit_dismiss
+    next_edit.attach(bufnr, function()
+      return enabled and server.client(bufnr) or nil
+    end)
+    map(bufnr, km.next_edit, next_edit.jump_or_apply, { "n", "i" })
+  end
   local group = vim.api.nvim_create_augroup("efim_buffer_" .. bufnr, { clear = true })
   vim.api.nvim_create_autocmd({ "TextChangedI", "CursorMovedI" }, { group = group, buffer = bufnr, callback = M.trigger })
   vim.api.nvim_create_autocmd({ "InsertLeave", "BufLeave" }, {
@@ -451,11 +477,16 @@ function M.setup(opts)
     error("efim.setup: cmd must be a non-empty list, e.g. { 'efim', 'serve' }")
   end
   vim.cmd("highlight default link EfimSuggestion Comment")
+  vim.cmd("highlight default link EfimNextEdit DiffDelete")
+  vim.cmd("highlight default link EfimNextEditText DiffAdd")
   vim.api.nvim_create_user_command("EfimStats", stats_command, { desc = "efim: server statistics" })
   vim.api.nvim_create_user_command("EfimToggle", M.toggle, { desc = "efim: completions on/off" })
   vim.api.nvim_create_user_command("EfimRestart", M.restart, { desc = "efim: restart the server" })
   vim.api.nvim_create_user_command("EfimNext", M.next, { desc = "efim: show the next suggestion" })
   vim.api.nvim_create_user_command("EfimPrev", M.prev, { desc = "efim: show the previous suggestion" })
+  vim.api.nvim_create_user_command("EfimNextEdit", function()
+    next_edit.jump_or_apply()
+  end, { desc = "efim: jump to the proposed next edit, or apply it when the cursor is on it" })
   local group = vim.api.nvim_create_augroup("efim", { clear = true })
   vim.api.nvim_create_autocmd("FileType", {
     group = group,

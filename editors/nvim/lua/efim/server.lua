@@ -171,6 +171,14 @@ function M.client(bufnr)
   return client
 end
 
+--- The version of `bufnr` the client last sent the server (its changedtick from Neovim 0.10;
+--- before that the changedtick of its last `didChange`), or nil when it has sent none.
+function M.version(bufnr)
+  local versions = vim.lsp.util.buf_versions
+  local v = type(versions) == "table" and versions[bufnr] or nil
+  return type(v) == "number" and v or nil
+end
+
 --- Sends a request by name (Neovim 0.7 does not know `textDocument/inlineCompletion`,
 --- and sending by name skips any capability check). Returns the request id or nil.
 function M.request(client, method, params, bufnr, callback)

@@ -1,9 +1,9 @@
 /**
  * The server's messages beyond LSP 3.18: show/accept reports (the names
  * Copilot's language server uses, so existing telemetry works), `efim/stats`,
- * and the cursor notification `efim/didMoveCursor`.
+ * the cursor notification `efim/didMoveCursor`, and next edits (`textDocument/copilotInlineEdit`).
  */
-import { InlineCompletionItem, NotificationType, Position, RequestType } from 'vscode-languageserver-protocol';
+import { Command, InlineCompletionItem, NotificationType, Position, Range, RequestType } from 'vscode-languageserver-protocol';
 
 export interface Percentiles {
     p50: number;
@@ -58,3 +58,33 @@ export interface DidMoveCursorParams {
 }
 
 export const DidMoveCursorNotification = new NotificationType<DidMoveCursorParams>('efim/didMoveCursor');
+
+/**
+ * Next edits, in the messages Copilot's language server uses (so clients that already speak
+ * them work unchanged): `textDocument/copilotInlineEdit` asks for the next edit after the
+ * document's latest changes, `textDocument/didShowInlineEdit` reports one drawn, and its
+ * `command` (efim.acceptInlineEdit, listed in `executeCommandProvider`) reports it applied.
+ * Ranges count in the negotiated encoding (UTF-16 for this client).
+ */
+export interface InlineEditParams {
+    textDocument: { uri: string; version: number };
+    position: Position;
+}
+
+export interface InlineEdit {
+    /** Replaces `range`. */
+    text: string;
+    /** The document and version the edit is for (the request's version, copied). */
+    textDocument: { uri: string; version: number };
+    range: Range;
+    command?: Command;
+}
+
+export interface InlineEditResult {
+    /** One edit or none. */
+    edits: InlineEdit[];
+}
+
+export const ACCEPT_INLINE_EDIT_COMMAND = 'efim.acceptInlineEdit';
+export const InlineEditRequest = new RequestType<InlineEditParams, InlineEditResult, void>('textDocument/copilotInlineEdit');
+export const DidShowInlineEditNotification = new NotificationType<{ item: InlineEdit }>('textDocument/didShowInlineEdit');
