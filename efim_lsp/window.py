@@ -49,10 +49,20 @@ class TokenMeter:
         self.chars_per_token = chars_per_token
         self.exact_counts = 0  # how often the tokenizer was asked (kept "sparingly": per rebase only)
 
-    def fresh(self) -> "TokenMeter":
-        """A meter with the same counter and the starting ratio: cuts made with it depend on
-        the text alone, not on what this meter counted before."""
-        return TokenMeter(self._count)
+    def calibrated(self, sample: str) -> "TokenMeter":
+        """A meter with the same counter and its ratio measured on `sample` alone (the
+        starting ratio when there is no counter or the sample is short): cuts made with it
+        depend on the text, not on what this meter counted before."""
+        fresh = TokenMeter(self._count)
+        if self._count is not None and len(sample) >= 256:
+            try:
+                n = int(self._count(sample))
+            except Exception as exc:  # as in tokens(): an estimate rather than no window
+                log.debug("count_tokens failed (%s); using the starting ratio", exc)
+            else:
+                if n > 0:
+                    fresh.chars_per_token = len(sample) / n
+        return fresh
 
     def chars_for(self, tokens: int) -> int:
         return int(tokens * self.chars_per_token)

@@ -190,7 +190,9 @@ def test_the_small_window_does_not_depend_on_what_the_session_meter_counted_befo
     with a fresh meter, not with the session's (whose ratio moves with every count)."""
     segments = Segments(LONG[:MIDDLE], LONG[MIDDLE:], "", 3, True, None)
     meter = TokenMeter(lambda text: len(text) // 2 + text.count("\n") * 3)
-    first = small_window(segments, SMALL, meter.fresh())
+    sample = LONG[MIDDLE - 3000 : MIDDLE + 1000]
+    first = small_window(segments, SMALL, meter.calibrated(sample))
     meter.tokens("x" * 5000)  # a dense count moves the session meter's ratio
-    assert meter.chars_per_token != meter.fresh().chars_per_token
-    assert small_window(segments, SMALL, meter.fresh()) == first
+    assert meter.calibrated(sample).chars_per_token == len(sample) / (len(sample) // 2 + sample.count("\n") * 3)
+    assert meter.chars_per_token != meter.calibrated(sample).chars_per_token
+    assert small_window(segments, SMALL, meter.calibrated(sample)) == first
