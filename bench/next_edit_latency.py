@@ -22,16 +22,16 @@ import time
 from typing import Any
 
 from bench.percentiles import percentile
+from efim_lsp.positions import LineIndex
 from efim_tools.evaluation.next_edit import module_path, samples
 from efim_tools.trace.client import LspClient, measured_server_env
 from efim_tools.trace.replay import client_capabilities, wait_ready
 
 
 def _position(text: str, offset: int) -> dict[str, int]:
-    """LSP position (UTF-16) of a code-point offset."""
-    line = text.count("\n", 0, offset)
-    start = text.rfind("\n", 0, offset) + 1
-    return {"line": line, "character": len(text[start:offset].encode("utf-16-le")) // 2}
+    """LSP position (UTF-16) of a code-point offset, as the server reads positions."""
+    line, character = LineIndex(text).position(offset, "utf-16")
+    return {"line": line, "character": character}
 
 
 async def _phase(client: LspClient, name: str, uri: str, cases: list, typing: bool) -> dict[str, Any]:

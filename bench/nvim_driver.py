@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -142,6 +142,18 @@ class _Reader:
         return out
 
 
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
+    """Calls `predicate` until it returns something truthy (returned), or TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
 class EmbeddedNvim:
     def __init__(self, args: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, binary: str = "nvim") -> None:
         self.proc = subprocess.Popen(
@@ -216,14 +228,7 @@ class EmbeddedNvim:
 
     def wait_for(self, code: str, *, timeout: float, interval: float = 0.05, what: str = "") -> Any:
         """Polls a Lua expression (`return ...`) until it is truthy; returns its value."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.lua(code)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout} s waiting for {what or code}")
-            time.sleep(interval)
+        return wait_until(lambda: self.lua(code), timeout, what or code, interval)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -58,6 +58,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.nvim_driver import wait_until
+
 DEFAULT_FILES = "statistics,ipaddress,graphlib"  # held out of the adapter's training; no other bench tours them
 DEBOUNCE_MS = 200  # Neovim 0.12's vim.lsp.inline_completion: InsertEnter → request
 
@@ -231,17 +233,6 @@ class TapLog:
 # --- one run ------------------------------------------------------------------------------
 
 
-def _wait(predicate, timeout: float, what: str, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
 def _clock_offset(nvim) -> float:
     """Neovim's vim.uv.hrtime() (s) minus this process's time.monotonic(): 0 on Linux, measured anyway."""
     best = None
@@ -283,7 +274,7 @@ def _one_jump(nvim, tap: TapLog, jump: dict, files: list[dict], args, offset: fl
     keys = ("" if on_buffer else f":buffer {target['bufnr']}<CR>") + f"{jump['line']}G"
     t_jump = time.monotonic()
     nvim.input(keys)
-    _wait(lambda: nvim.lua("return vim.api.nvim_get_current_buf() == ... and vim.api.nvim_win_get_cursor(0)[1] == select(2, ...)",
+    wait_until(lambda: nvim.lua("return vim.api.nvim_get_current_buf() == ... and vim.api.nvim_win_get_cursor(0)[1] == select(2, ...)",
                            target["bufnr"], jump["line"]), 5, f"the jump to {target['path'].name}:{jump['line']}", 0.005)
     if not args.no_pause:
         time.sleep(max(0.0, t_jump + args.pause - time.monotonic()))
@@ -316,7 +307,7 @@ def _one_jump(nvim, tap: TapLog, jump: dict, files: list[dict], args, offset: fl
         elif items:
             record["outcome"] = "shown"
             try:
-                probe = _wait(lambda: (p := nvim.lua("return efim_bench"))["ghost_at"] is not None and p, 2.0, "the ghost text")
+                probe = wait_until(lambda: (p := nvim.lua("return efim_bench"))["ghost_at"] is not None and p, 2.0, "the ghost text")
             except TimeoutError:
                 record["outcome"] = "not drawn"  # answered with an item, no extmark within 2 s
         else:
@@ -335,7 +326,7 @@ def _one_jump(nvim, tap: TapLog, jump: dict, files: list[dict], args, offset: fl
     record["request_to_answer_ms"] = _ms(reply["t"] - request["t"]) if reply and request else None
 
     nvim.input("<Esc>")
-    _wait(lambda: nvim.lua("return vim.api.nvim_get_mode().mode == 'n'"), 5, "normal mode")
+    wait_until(lambda: nvim.lua("return vim.api.nvim_get_mode().mode == 'n'"), 5, "normal mode")
     stats = _stats(nvim, reset=True)  # this jump's: the previous jump's reset to here
     tap.poll()
     asked = [e["message"]["params"]["textDocument"]["uri"] for e in tap.sent("textDocument/inlineCompletion", start) if e["t"] >= t0]
@@ -408,9 +399,9 @@ def run(args: argparse.Namespace) -> dict:  # noqa: PLR0915 — one straight run
             tap = TapLog(log)
             t_start = time.monotonic()
             try:
-                _wait(lambda: nvim.lua("local c = vim.lsp.get_clients({ name = 'efim' })[1] return c ~= nil and c.initialized"),
+                wait_until(lambda: nvim.lua("local c = vim.lsp.get_clients({ name = 'efim' })[1] return c ~= nil and c.initialized"),
                       60, "the efim client from lsp/efim.lua to initialize", 0.1)
-                _wait(lambda: tap.poll() is not None and len(tap.sent("textDocument/didOpen")) >= len(files), 30, "didOpen of every file", 0.1)
+                wait_until(lambda: tap.poll() is not None and len(tap.sent("textDocument/didOpen")) >= len(files), 30, "didOpen of every file", 0.1)
 
                 def ready():
                     state = (_stats(nvim, reset=False).get("model") or {})
@@ -418,7 +409,7 @@ def run(args: argparse.Namespace) -> dict:  # noqa: PLR0915 — one straight run
                         raise SystemExit(f"the model failed to load: {state.get('error')}")
                     return state.get("state") == "ready" and state
 
-                model = _wait(ready, args.ready_timeout, "the model to load", 0.5)
+                model = wait_until(ready, args.ready_timeout, "the model to load", 0.5)
             except TimeoutError:
                 lsp_log = xdg / "xdg_state_home" / "nvim" / "lsp.log"
                 if lsp_log.exists():

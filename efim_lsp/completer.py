@@ -607,8 +607,8 @@ class Completer:
         prompt = self._prompt_text(request, segments, info)
         # Where the full window is cold, its small window first (a few hundred ms): a request
         # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
-        small = self._small_window_for(state, request, segments, settings)
-        if small is not None and self._is_cold(state, prompt, settings):
+        small = self._small_window_for(state, request, segments, settings) if self._is_cold(state, prompt, settings) else None
+        if small is not None:
             self._submit_small_warmup(uri, state, small)
         return self._submit_warmup(uri, state, request, segments, prompt)
 

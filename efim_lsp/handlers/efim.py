@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pygls.exceptions import JsonRpcInvalidParams
 
 from efim_lsp.documents import DocumentStore
-from efim_lsp.handlers.params import mapping
-from efim_lsp.positions import PositionError
+from efim_lsp.handlers.params import cursor_of, mapping
 
 if TYPE_CHECKING:
     from efim_lsp.server import EfimServer
@@ -52,7 +51,7 @@ def register(server: EfimServer) -> None:
 def did_move_cursor(ls: EfimServer, params: Any) -> None:
     """Where the user is before the first key: warm the window there (a notification:
     a bad one is ignored, never answered with an error)."""
-    cursor = _cursor_of(ls.documents, params)
+    cursor = cursor_of(ls.documents, params)
     if cursor is not None:
         ls.completer.cursor_moved(*cursor)
 
@@ -106,24 +105,6 @@ async def check_integrity(ls: EfimServer, params: Any) -> dict[str, Any]:
         else:
             engine_report = "ok"
     return {"ok": not problems, "engine": engine_report, "problems": problems}
-
-
-def _cursor_of(documents: DocumentStore, params: Any) -> tuple[str, int] | None:
-    """(uri, offset) of a `{textDocument: {uri}, position: {line, character}}` payload
-    that names an open document and a position inside it; None otherwise."""
-    try:
-        info = mapping(params)
-        uri = mapping(info.get("textDocument")).get("uri")
-        pos = mapping(info.get("position"))
-        line, character = pos.get("line"), pos.get("character")
-        if not isinstance(uri, str) or not isinstance(line, int) or not isinstance(character, int):
-            return None
-        doc = documents.get(uri)
-        if doc is None:
-            return None
-        return uri, doc.offset_at(line, character, documents.encoding)
-    except (PositionError, TypeError, ValueError, AttributeError):
-        return None
 
 
 def _documents_summary(documents: DocumentStore) -> dict[str, Any]:

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from efim_lsp.handlers.params import mapping
-from efim_lsp.positions import PositionError
+from efim_lsp.handlers.params import cursor_of, mapping
 
 if TYPE_CHECKING:
     from efim_lsp.server import EfimServer
@@ -41,23 +40,15 @@ def inline_edit(ls: EfimServer, params: Any) -> dict[str, Any]:
     info = mapping(params)
     document = mapping(info.get("textDocument"))
     uri, version = document.get("uri"), document.get("version")
-    position = mapping(info.get("position"))
     if not isinstance(uri, str) or (version is not None and (not isinstance(version, int) or isinstance(version, bool))):
         ls.next_edits.refused()
         return {"edits": []}
     doc = ls.documents.get(uri)
-    encoding = ls.documents.encoding
-    cursor = None
-    if doc is not None:
-        line, character = position.get("line"), position.get("character")
-        try:
-            if isinstance(line, int) and isinstance(character, int):
-                cursor = doc.offset_at(line, character, encoding)
-        except PositionError:
-            cursor = None  # a position past the end: no cursor to keep clear of
-    offer = ls.next_edits.propose(uri, version, cursor)
+    at = cursor_of(ls.documents, params)  # None for a position past the end: no cursor to keep clear of
+    offer = ls.next_edits.propose(uri, version, at[1] if at is not None else None)
     if offer is None or doc is None:
         return {"edits": []}
+    encoding = ls.documents.encoding
     start, end = doc.index.position(offer.edit.start, encoding), doc.index.position(offer.edit.end, encoding)
     return {
         "edits": [

@@ -14,11 +14,13 @@ other files; a model ranking the candidates (#34).
 
 from __future__ import annotations
 
+import bisect
 import keyword
 import re
 from typing import NamedTuple
 
 from efim_lsp.next_edit.history import Change
+from efim_lsp.positions import line_starts
 
 _IDENTIFIER = re.compile(r"[^\W\d]\w*\Z")
 _BLOCK_HEAD = re.compile(r"(async\s+def|def|class)\s")
@@ -63,14 +65,11 @@ def rename_of(text: str, change: Change) -> Rename | None:
 def enclosing_block(text: str, offset: int) -> tuple[int, int]:
     """The span of the innermost `def`/`class` around `offset` (by indentation), or the
     whole text at the top level."""
-    lines = text.splitlines(keepends=True)
-    starts, pos = [], 0
-    for line in lines:
-        starts.append(pos)
-        pos += len(line)
-    if not lines:
+    if not text:
         return 0, 0
-    row = max(0, _row_of(starts, offset))
+    starts = line_starts(text)  # the server's own line breaks (documents, positions)
+    lines = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)])]
+    row = max(0, bisect.bisect_right(starts, offset) - 1)
     head = None
     here = lines[row]
     limit = _indent(here) if here.strip() else 1 << 30
@@ -184,16 +183,6 @@ def _is_word(ch: str) -> bool:
 def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
-
-def _row_of(starts: list[int], offset: int) -> int:
-    lo, hi = 0, len(starts) - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if starts[mid] <= offset:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 __all__ = ["NextEdit", "Rename", "enclosing_block", "literal_spans", "propose", "rename_of"]
