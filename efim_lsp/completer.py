@@ -402,11 +402,18 @@ class Completer:
             state.computed.add(full_prompt)  # its whole prompt was computed: the next one starts from it
         elif small is not None:
             self.stats.first_window_answers += 1
-        cut_short = done is not None and done.finish_reason == "length"
-        text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_short).text
+        # An answer the token limit or the deadline ended is cut by one rule: its last line is
+        # unfinished, so it shows up to its last line break or its last whole word.
+        cut_by = done.finish_reason if done is not None and done.finish_reason in ("length", "deadline") else None
+        if cut_by == "deadline":
+            self.stats.deadline_cuts += 1
+        text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_by is not None).text
         if not text:
-            if cut_short and shape(streamed.text, ctx, mode, done=True).text:
+            if cut_by == "length" and shape(streamed.text, ctx, mode, done=True).text:
                 return self._decline("length", f"only part of a word generated within maxTokens ({request.max_tokens} tokens)")
+            if cut_by == "deadline":
+                what = "only part of a word" if streamed.text.strip() else "nothing"
+                return self._decline("deadline", f"{what} generated within timeoutMs ({settings.timeout_ms} ms)")
             return self._decline("empty", "empty suggestion")
         alternatives: tuple[str, ...] = ()
         if done is not None and done.alternatives:

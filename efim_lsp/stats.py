@@ -47,7 +47,8 @@ class LatencySeries:
 
 # `efim/stats` reports each count under its field's name in camelCase (`_counts`), in
 # these groups, in this order.
-_REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_answers", "first_window_warmups", "cancelled", *TOKEN_COUNTS)
+_REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_answers", "first_window_warmups", "cancelled", "deadline_cuts",
+                   *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
 _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens")  # under "warmup"
 _NEXT_EDIT_COUNTS = (
@@ -70,6 +71,7 @@ class ServerStats:
     first_window_answers: int = 0  # answered from a small window while the full one warmed (efim_lsp.first_window)
     first_window_warmups: int = 0  # small windows prefilled ahead of the full one at a cursor signal
     cancelled: int = 0
+    deadline_cuts: int = 0  # answers the `timeoutMs` deadline ended (shown cut to whole words, or declined)
     prompt_tokens: int = 0
     reused_tokens: int = 0
     prefilled_tokens: int = 0

@@ -60,6 +60,9 @@ class FakeHandle:
         for piece in pieces:
             if self._cancel.is_set():
                 break
+            if self.request.deadline is not None and time.monotonic() >= self.request.deadline:
+                reason = "deadline"  # as the scheduler ends a sequence at its deadline: with what it has
+                break
             out += piece
             self._events.put(StreamEvent(kind="token", text=piece))
             time.sleep(self._engine.token_delay)

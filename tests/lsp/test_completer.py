@@ -221,3 +221,21 @@ async def test_rebases_are_counted_and_no_cache_setting_reaches_the_engine():
     await rig.complete(3)
     assert rig.completer.rebases == 1 and rig.completer.sessions_active == 1
     assert all(not r.cache and r.format == "fim" for r in rig.engine.requests[1:])
+
+
+async def test_a_generation_the_deadline_ends_is_cut_like_a_max_tokens_cut_and_counted():
+    # A busy machine: tokens arrive slowly and `timeoutMs` ends the generation mid-word.
+    slow = FakeEngine(lambda r: "compute_the_thing(y, z)\n", token_delay=0.15)
+    rig = await Rig(slow, timeoutMs=200, multiline="never").start()
+    answer = await rig.complete(BODY)
+    assert rig.engine.handles[-1]._final.finish_reason == "deadline"
+    assert isinstance(answer, Declined) and answer.code == "deadline" and "timeoutMs (200 ms)" in answer.reason
+    assert rig.stats.deadline_cuts == 1 and rig.stats.declined["deadline"] == 1
+    # Whole words before the cut are shown, the unfinished one is not.
+    words = FakeEngine(lambda r: "x = a + compute_the_thing(y)\n", token_delay=0.1)
+    rig2 = await Rig(words, timeoutMs=350, multiline="never").start()
+    answer = await rig2.complete(BODY)
+    assert rig2.engine.handles[-1]._final.finish_reason == "deadline"
+    assert isinstance(answer, Answer) and answer.text in ("x =", "x = a +")  # never "x = a + comp"
+    assert rig2.stats.deadline_cuts == 1
+    assert rig2.stats.to_wire(None, 0, 0)["deadlineCuts"] == 1

@@ -171,7 +171,8 @@ async def test_bad_setting_is_shown_and_unknown_ones_ignored(client: LanguageCli
 
 @pytest_lsp.fixture(config=server_config(EFIM_FAKE_TOKEN_MS="15", EFIM_FAKE_TEXT="a" * 400 + "\n"), scope="module")
 async def slow_client(lsp_client: LanguageClient):
-    await initialize(lsp_client, "visual_studio_code", {"maxTokens": 100})
+    # No deadline: the last answer's 100 tokens at 15 ms each would meet the default 1.5 s one.
+    await initialize(lsp_client, "visual_studio_code", {"maxTokens": 100, "timeoutMs": 0})
     yield
     await lsp_client.shutdown_session()
 
