@@ -1,5 +1,6 @@
-"""`efim eval humaneval-infilling|lines|blank-lines`: infilling quality (greedy pass@1; line exact
-match; the fresh-line rule on true-blank lines).
+"""`efim eval humaneval-infilling|lines|blank-lines|crossfile|...`: infilling quality (greedy pass@1;
+line exact match; the fresh-line rule on true-blank lines; lines that need another file of
+their package, through the real server).
 
 Parses arguments and calls `efim_tools.evaluation` (torch loads only when the command runs)."""
 
@@ -78,6 +79,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     sh.add_argument("--show", type=int, default=0, help="print this many shown suggestions that break the file or duplicate the next line")
     _common(sh)
     sh.set_defaults(func=run_shape)
+    cf = targets.add_parser("crossfile", help="repository-level: lines of real packages that need a name defined in another of their files, asked of `efim serve` under each context setting")
+    cf.add_argument("--packages", default="email,json,asyncio,importlib",
+                    help="comma-separated packages: import names (standard library, installed libraries) or folders")
+    cf.add_argument("--configs", default="off,prefix,blend", help="comma-separated `context` settings, each on a fresh server per package")
+    cf.add_argument("--chunks", default=None, help="comma-separated contextChunks values: one configuration each (prefix/blend)")
+    cf.add_argument("--context-tokens", default=None, help="comma-separated contextTokens values: one configuration each (prefix/blend)")
+    cf.add_argument("--limit", type=int, default=50, help="targets per package (a seeded sample)")
+    cf.add_argument("--seed", type=int, default=0)
+    cf.add_argument("--max-tokens", type=int, default=16, help="maxTokens")
+    cf.add_argument("--model", default="default", help="the server's `model` setting")
+    cf.add_argument("--config", action="append", default=[], metavar="JSON",
+                    help='settings merged into every configuration, e.g. \'{"firstWindowTokens": 128}\' (a JSON object or a file holding one; repeatable)')
+    cf.add_argument("--server", metavar="CMD", help="server command line (default: this Python's `efim serve --log-level warning`)")
+    cf.add_argument("--threads", type=int, default=0, help="`efim serve --threads` (0 = its default)")
+    cf.add_argument("--ready-timeout", type=float, default=900.0, metavar="S", help="seconds to wait for the model to load")
+    cf.add_argument("--json", metavar="OUT", help="write the table's rows and every target's record as JSON")
+    cf.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    cf.set_defaults(func=run_crossfile)
 
 
 def _infiller(args: argparse.Namespace):
@@ -272,3 +291,84 @@ def run_shape(args: argparse.Namespace) -> int:
 
 def _name(infiller) -> str:
     return infiller.name
+
+
+def _ints(option: str, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"efim eval crossfile: {option} {value!r}: comma-separated integers expected") from None
+
+
+def run_crossfile(args: argparse.Namespace) -> int:
+    import asyncio  # noqa: PLC0415
+    import shlex  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from efim_tools.commands.replay import parse_config  # noqa: PLC0415
+    from efim_tools.evaluation import crossfile as cf  # noqa: PLC0415
+    from efim_tools.trace.client import ServerCrashed  # noqa: PLC0415
+    from efim_tools.trace.replay import ModelFailed  # noqa: PLC0415
+
+    if args.limit <= 0:
+        raise SystemExit("efim eval crossfile: --limit must be positive")
+    try:
+        extra = {"maxTokens": args.max_tokens, **({"model": args.model} if args.model != "default" else {}), **parse_config(args.config)}
+        configs = cf.configurations([c.strip() for c in args.configs.split(",") if c.strip()],
+                                    _ints("--chunks", args.chunks), _ints("--context-tokens", args.context_tokens), extra)
+        packages = [cf.resolve_package(p.strip()) for p in args.packages.split(",") if p.strip()]
+    except ValueError as exc:
+        raise SystemExit(f"efim eval crossfile: {exc}") from None
+    if not packages or not configs:
+        raise SystemExit("efim eval crossfile: --packages and --configs must name at least one each")
+    server = shlex.split(args.server) if args.server else [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
+    if args.threads:
+        server += ["--threads", str(args.threads)]
+
+    drawn = []
+    for package in packages:
+        targets = cf.find_targets(package, args.limit, args.seed)
+        if not targets:
+            print(f"efim eval crossfile: package {package.name} ({package.root}) has no targets (no line uses a name another of its "
+                  f"{len(package.files)} modules defines before the name appears in its own file); skipped", file=sys.stderr)
+        else:
+            drawn.append((package, targets))
+    if not drawn:
+        raise SystemExit("efim eval crossfile: no package has targets")
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    records, rows, indexes = [], [], {}
+    for config in configs:
+        mine = []
+        for package, targets in drawn:
+            progress(f"[{config.name} / {package.name}] {len(targets)} targets: starting the server...")
+            start = time.perf_counter()
+            try:
+                got, index = asyncio.run(cf.run_package(package, targets, config, server, ready_timeout_s=args.ready_timeout))
+            except (ServerCrashed, ModelFailed, TimeoutError) as exc:
+                raise SystemExit(f"efim eval crossfile: [{config.name} / {package.name}] {exc}") from None
+            indexes[f"{config.name}/{package.name}"] = index
+            progress(f"[{config.name} / {package.name}] done in {time.perf_counter() - start:.0f} s")
+            rows.append(cf.summarize(config.name, package.name, got))
+            mine += got
+        if len(drawn) > 1:
+            rows.append(cf.summarize(config.name, "all", mine))
+        records += mine
+
+    settings = {k: v for k, v in configs[0].settings.items() if k != "context"}
+    print(f"efim eval crossfile: seed {args.seed}, {', '.join(f'{p.name} ({len(t)} targets of {p.root})' for p, t in drawn)}; "
+          f"settings {json.dumps(settings, sort_keys=True)} (the server's defaults otherwise); a fresh server per package and configuration")
+    print(cf.table(rows))
+    if args.json:
+        doc = {"task": "crossfile", "seed": args.seed, "limit": args.limit, "settings": settings,
+               "packages": [{"name": p.name, "root": str(p.root), "modules": len(p.files), "targets": len(t)} for p, t in drawn],
+               "configs": [c._asdict() for c in configs], "context_index": indexes,
+               "rows": [r._asdict() for r in rows], "records": [r._asdict() for r in records]}
+        Path(args.json).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+    return 0

@@ -1,0 +1,429 @@
+"""Repository-level completion (`efim eval crossfile`, issue #33): lines whose completion
+needs a name defined in another file of the same package, asked of the real server.
+
+Packages (`resolve_package`): a package importable here (`importlib.util.find_spec`: a
+standard-library package such as `email`, an installed library) or a folder, read at run
+time (nothing is copied into the repository). It must hold at least two modules; test
+folders and `__pycache__` are left out.
+
+Targets (`find_targets`): in one module of the package, the first place a name appears
+that (a) another module of the package defines at its top level (def, class, assignment),
+(b) the module itself does not define at its top level, and (c) does not appear as a whole
+word anywhere earlier in the module (code, comments or strings). The place must be a use in
+code: a name read, an attribute read off a name (`utils.formatdate`), or a name imported
+from the package itself (`from .utils import formatdate`). Builtins, keywords, dunders and
+names shorter than 3 characters are left out. The cursor sits right before the name: the
+line's text before it is kept, the rest of the line is what is expected, the lines below
+stay as the suffix. One target per line (its leftmost name); a seeded sample per package.
+
+Prompts (`run_package`): a fresh `efim serve` per package and configuration, over stdio
+(`efim_tools.trace.client`), its root URI and workspace folder the package's folder, so
+the cross-file context indexes the sibling modules. Before the first target the server's
+index is built (a request on an empty scratch document starts it; its end is awaited),
+then each target's module is opened with the line cut at the cursor, one
+`textDocument/inlineCompletion` is asked there, and the module is closed. The prompt is the
+server's own: window, template, context selection. Measured per target: the time from the
+request written to the answer read (client side), and the server's TTFT and prompt tokens
+from a reset `efim/stats` segment (`efim_tools.trace.probe`).
+
+Scores (`score`): exact line (the suggestion, stripped, is the rest of the line, stripped),
+name hit (the suggestion starts with the expected name as a whole word), edit similarity
+(`linecompletion.edit_similarity` of the suggestion against the rest of the line).
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import importlib.util
+import keyword
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from efim_lsp.context.workspace import read_text_file
+from efim_tools.evaluation.linecompletion import edit_similarity
+from efim_tools.trace.client import LspClient, measured_server_env
+from efim_tools.trace.probe import RequestProbe
+from efim_tools.trace.replay import client_capabilities, wait_ready
+from efim_tools.trace.report import percentile
+
+SKIP_DIRS = frozenset({"__pycache__", "test", "tests", "idle_test"})
+MIN_NAME = 3
+_BUILTIN_NAMES = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
+# Every setting the eval fixes (the rest are the server's defaults). `firstWindowTokens` 0:
+# a just-opened file's first answer would otherwise come from a small window around the
+# cursor that carries no context chunks at all (efim_lsp.first_window).
+BASE_SETTINGS: dict[str, Any] = {"timeoutMs": 0, "maxTokens": 16, "multiline": "never", "firstWindowTokens": 0}
+WARMUP_URI = "untitled:efim-crossfile-warmup"
+
+
+class PackageError(ValueError):
+    """A package that cannot be evaluated (unknown, a single module, too few modules)."""
+
+
+class Package(NamedTuple):
+    name: str  # the import name (or the folder's name)
+    root: Path  # its folder, symlinks resolved
+    files: tuple[str, ...]  # its modules, posix paths relative to `root`, sorted
+
+
+class Target(NamedTuple):
+    package: str
+    file: str  # relative to the package's folder
+    line_no: int  # 1-based
+    column: int  # code points before the cursor on its line
+    name: str  # the name that starts at the cursor
+    defined_in: tuple[str, ...]  # the other modules that define it at top level
+    before: str  # the line's text before the cursor (kept in the document)
+    rest: str  # the rest of the line from the cursor, right-stripped: the expected completion
+    text: str  # the document as opened: the module with the line cut at the cursor
+
+    @property
+    def character(self) -> int:
+        """The cursor's LSP character (UTF-16 code units)."""
+        return len(self.before.encode("utf-16-le")) // 2
+
+
+class Config(NamedTuple):
+    name: str
+    settings: dict[str, Any]
+
+
+class Record(NamedTuple):
+    config: str
+    package: str
+    file: str
+    line_no: int
+    column: int
+    name: str
+    defined_in: tuple[str, ...]
+    expected: str
+    suggestion: str
+    name_hit: bool
+    exact: bool
+    edit_similarity: float
+    latency_ms: float  # client side: request written -> answer read
+    ttft_ms: float | None  # server: request arrival -> first generated token
+    prompt_tokens: float | None
+    declined: str | None  # why the server answered with nothing (efim/stats "declined")
+
+
+# -- packages ----------------------------------------------------------------------------
+def resolve_package(spec: str) -> Package:
+    """The package named `spec` (an import name, or a folder path); PackageError if there
+    is none or it has fewer than two modules."""
+    if os.sep in spec or spec.startswith(".") or Path(spec).is_dir():
+        root = Path(spec).expanduser()
+        if not root.is_dir():
+            raise PackageError(f"package {spec!r}: no such folder")
+        name = root.resolve().name
+    else:
+        try:
+            found = importlib.util.find_spec(spec)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise PackageError(f"package {spec!r}: not found (importlib.util.find_spec found no module of that name)")
+        if not found.submodule_search_locations:
+            raise PackageError(f"package {spec!r}: a single module ({found.origin}), not a package of several modules")
+        root, name = Path(next(iter(found.submodule_search_locations))), spec
+    root = root.resolve()
+    files = tuple(
+        p.relative_to(root).as_posix() for p in sorted(root.rglob("*.py"))
+        if p.is_file() and not SKIP_DIRS.intersection(p.relative_to(root).parts[:-1])
+    )
+    if len(files) < 2:
+        raise PackageError(f"package {spec!r} ({root}): {len(files)} module(s); cross-file targets need at least two")
+    return Package(name, root, files)
+
+
+def _source(package: Package, rel: str) -> tuple[str, ast.Module] | None:
+    """A module's text and syntax tree; None if the server would not read it or it does not parse."""
+    text = read_text_file(package.root / rel)
+    if text is None or "\r" in text:
+        return None
+    try:
+        return text, ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _eligible(name: str) -> bool:
+    return len(name) >= MIN_NAME and name not in _BUILTIN_NAMES and not (name.startswith("__") and name.endswith("__"))
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module defines at its top level (also inside top-level if/try/with blocks)."""
+    names: set[str] = set()
+    body = list(tree.body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            body.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+            body.extend(s for h in getattr(node, "handlers", []) for s in h.body)
+    return {n for n in names if _eligible(n)}
+
+
+def _inside(module: str | None, level: int, package: str) -> bool:
+    return level > 0 or (module is not None and (module == package or module.startswith(package + ".")))
+
+
+def package_aliases(tree: ast.Module, package: str) -> set[str]:
+    """Names the module binds to the package or to names imported from it (`import json`,
+    `from email import errors`, `from . import scanner`, `... as parser`)."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound.update(a.asname or a.name.split(".")[0] for a in node.names if _inside(a.name, 0, package))
+        elif isinstance(node, ast.ImportFrom) and _inside(node.module, node.level, package):
+            bound.update(a.asname or a.name for a in node.names if a.name != "*")
+    return bound
+
+
+def code_uses(tree: ast.Module, lines: list[str], package: str) -> dict[tuple[int, int], str]:
+    """(0-based line, code-point column) -> name, for every place a name is used in code:
+    read (`x`), read off a name bound to the package or to something imported from it
+    (`errors.x`, not `data.x`), or imported from the package (`from .mod import x`)."""
+
+    def column(line: int, byte_col: int) -> int:
+        return len(lines[line].encode("utf-8")[:byte_col].decode("utf-8", "ignore"))
+
+    modules = package_aliases(tree, package)
+    uses: dict[tuple[int, int], str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            uses[(node.lineno - 1, column(node.lineno - 1, node.col_offset))] = node.id
+        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Name)
+              and node.value.id in modules and node.end_lineno is not None and node.end_col_offset is not None):
+            line = node.end_lineno - 1
+            uses[(line, column(line, node.end_col_offset - len(node.attr.encode("utf-8"))))] = node.attr
+        elif isinstance(node, ast.ImportFrom) and _inside(node.module, node.level, package):
+            for alias in node.names:
+                if alias.name != "*":
+                    uses[(alias.lineno - 1, column(alias.lineno - 1, alias.col_offset))] = alias.name
+    return uses
+
+
+def module_targets(package: Package, rel: str, text: str, tree: ast.Module, defined: dict[str, list[str]]) -> list[Target]:
+    """The targets of one module, in text order (`defined`: name -> the modules defining it)."""
+    lines = text.split("\n")
+    own = top_level_names(tree)
+    uses = code_uses(tree, lines, package.name)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    seen: set[str] = set()
+    chosen: dict[int, Target] = {}
+    line = 0
+    for match in re.finditer(r"\w+", text):
+        word = match.group()
+        if word in seen:
+            continue
+        seen.add(word)
+        while starts[line + 1] <= match.start():
+            line += 1
+        col = match.start() - starts[line]
+        siblings = [m for m in defined.get(word, ()) if m != rel]
+        if not siblings or word in own or uses.get((line, col)) != word or line in chosen:
+            continue
+        before, rest = lines[line][:col], lines[line][col:].rstrip()
+        doc = text[: starts[line]] + before + text[starts[line + 1] - 1 :]
+        chosen[line] = Target(package.name, rel, line + 1, col, word, tuple(siblings), before, rest, doc)
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def find_targets(package: Package, limit: int | None = None, seed: int = 0) -> list[Target]:
+    """Every target of the package, or a seeded sample of `limit` of them (the same seed,
+    package and files give the same sample)."""
+    sources = {rel: src for rel in package.files if (src := _source(package, rel)) is not None}
+    defined: dict[str, list[str]] = defaultdict(list)
+    for rel, (_, tree) in sources.items():
+        for name in top_level_names(tree):
+            defined[name].append(rel)
+    found = [t for rel, (text, tree) in sources.items() for t in module_targets(package, rel, text, tree, defined)]
+    if limit is not None and len(found) > limit:
+        found = random.Random(f"crossfile:{seed}:{package.name}").sample(found, limit)
+    return found
+
+
+# -- scores -------------------------------------------------------------------------------
+def name_hit(suggestion: str, name: str) -> bool:
+    """The suggestion starts with `name` as a whole word."""
+    return re.match(re.escape(name) + r"(?!\w)", suggestion) is not None
+
+
+def score(suggestion: str, target: Target) -> tuple[bool, bool, float]:
+    """(name hit, exact line, edit similarity) of a suggestion at the target's cursor."""
+    got = suggestion.split("\n", 1)[0].rstrip()
+    return name_hit(got, target.name), got.strip() == target.rest.strip(), edit_similarity(got, target.rest)
+
+
+def suggestion_at(result: Any, target: Target) -> str:
+    """The first item's text from the cursor on (an item whose range starts before the
+    cursor repeats what is there; that part is dropped)."""
+    items = result.get("items") if isinstance(result, dict) else result
+    if not items:
+        return ""
+    first = items[0]
+    text = first.get("insertText")
+    text = text.get("value", "") if isinstance(text, dict) else (text or "")
+    start = ((first.get("range") or {}).get("start") or {})
+    if start.get("line") == target.line_no - 1 and isinstance(start.get("character"), int) and start["character"] < target.character:
+        typed = target.before.encode("utf-16-le")[2 * start["character"] :].decode("utf-16-le", "ignore")
+        text = text.removeprefix(typed)
+    return text
+
+
+# -- asking the server --------------------------------------------------------------------
+def configurations(contexts: list[str], chunks: list[int] | None = None, tokens: list[int] | None = None, extra: dict[str, Any] | None = None) -> list[Config]:
+    """One configuration per context mode (`off`, `prefix`, `blend`), crossed with the
+    `contextChunks` and `contextTokens` values for the modes that use them."""
+    configs = []
+    for mode in contexts:
+        if mode not in ("off", "prefix", "blend"):
+            raise ValueError(f"unknown context configuration {mode!r} (off, prefix, blend)")
+        for c in (chunks or [None]) if mode != "off" else [None]:
+            for t in (tokens or [None]) if mode != "off" else [None]:
+                settings = {**BASE_SETTINGS, **(extra or {}), "context": mode}
+                name = mode
+                if c is not None:
+                    settings["contextChunks"], name = c, f"{name}/chunks {c}"
+                if t is not None:
+                    settings["contextTokens"], name = t, f"{name}/tokens {t}"
+                configs.append(Config(name, settings))
+    return configs
+
+
+async def _build_index(client: LspClient, context: str, timeout_s: float, request_timeout_s: float) -> dict[str, Any] | None:
+    """A request on an empty scratch document (the server starts indexing its workspace at
+    the first request that wants context, and takes time to load on its first request);
+    then, with context on, wait until the index is built."""
+    await client.notify("textDocument/didOpen", {"textDocument": {"uri": WARMUP_URI, "languageId": "python", "version": 1, "text": ""}})
+    await _answer(client, await client.send_request("textDocument/inlineCompletion", {
+        "textDocument": {"uri": WARMUP_URI}, "position": {"line": 0, "character": 0}, "context": {"triggerKind": 2}}), request_timeout_s)
+    await client.notify("textDocument/didClose", {"textDocument": {"uri": WARMUP_URI}})
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        status = (await client.request("efim/stats", None) or {}).get("context")
+        if context == "off" or not isinstance(status, dict) or (status.get("files") and not status.get("indexing")):
+            return status
+        if asyncio.get_running_loop().time() > deadline:
+            return status
+        await asyncio.sleep(0.1)
+
+
+async def _answer(client: LspClient, pending, timeout_s: float) -> Any:
+    try:
+        return await asyncio.wait_for(client.result(pending), timeout_s)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no answer to {pending.method} within {timeout_s:.0f} s; server stderr:\n{client.stderr_tail()}") from None
+
+
+async def _ask(client: LspClient, probe: RequestProbe, package: Package, target: Target, config: Config, timeout_s: float) -> Record:
+    uri = (package.root / target.file).as_uri()
+    await client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": target.text}})
+    pending = await client.send_request("textDocument/inlineCompletion", {
+        "textDocument": {"uri": uri}, "position": {"line": target.line_no - 1, "character": target.character}, "context": {"triggerKind": 2}})
+    result = await _answer(client, pending, timeout_s)
+    latency = pending.latency_ms
+    seg = await probe.segment() or {}
+    await client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    suggestion = suggestion_at(result, target)
+    hit, exact, sim = score(suggestion, target)
+    ttft = (seg.get("ttftMs") or {}).get("p50") if seg.get("requests") == 1 else None
+    declined = [k for k, v in (seg.get("declined") or {}).items() if v]
+    return Record(config.name, package.name, target.file, target.line_no, target.column, target.name, target.defined_in, target.rest,
+                  suggestion, hit, exact, round(sim, 4), round(latency, 1), ttft or None, seg.get("promptTokens"),
+                  declined[0] if declined and not suggestion else None)
+
+
+async def run_package(package: Package, targets: list[Target], config: Config, server: list[str], *,
+                      env: dict[str, str] | None = None, ready_timeout_s: float = 900.0, index_timeout_s: float = 300.0,
+                      request_timeout_s: float = 600.0, on_target=None) -> tuple[list[Record], dict[str, Any] | None]:
+    """The targets of one package on a fresh server under `config`: their records, and the
+    server's context index status once built (None when the server has none)."""
+    kv_dir = tempfile.mkdtemp(prefix="efim-crossfile-kv-")
+    client = LspClient(server, env=measured_server_env(env, kv_dir), settings=config.settings)
+    await client.start()
+    try:
+        root = package.root.as_uri()
+        capabilities = client_capabilities("utf-16")
+        capabilities["workspace"]["workspaceFolders"] = True
+        await client.request("initialize", {
+            "processId": os.getpid(), "clientInfo": {"name": "efim eval crossfile", "version": "1"}, "rootUri": root,
+            "workspaceFolders": [{"uri": root, "name": package.name}], "capabilities": capabilities,
+            "initializationOptions": config.settings})
+        await client.notify("initialized", {})
+        await wait_ready(client, ready_timeout_s)
+        index = await _build_index(client, config.settings.get("context", "off"), index_timeout_s, request_timeout_s)
+        probe = RequestProbe(client)
+        await probe.segment()  # zero the counters: the scratch request is not measured
+        records = []
+        for target in targets:
+            records.append(await _ask(client, probe, package, target, config, request_timeout_s))
+            if on_target is not None:
+                on_target(records[-1])
+        return records, index
+    finally:
+        await client.close()
+        shutil.rmtree(kv_dir, ignore_errors=True)
+
+
+# -- the table ----------------------------------------------------------------------------
+class Row(NamedTuple):
+    config: str
+    package: str
+    n: int
+    name_hit: float
+    exact: float
+    edit_similarity: float
+    empty: int  # answers with no suggestion
+    latency_ms_p50: float | None
+    latency_ms_p95: float | None
+    ttft_ms_p50: float | None
+    prompt_tokens_p50: float | None
+
+
+def summarize(config: str, package: str, records: list[Record]) -> Row:
+    n = len(records)
+
+    def mean(values) -> float:
+        return round(sum(values) / n, 3) if n else 0.0
+
+    latencies = [r.latency_ms for r in records]
+    return Row(config, package, n, mean(r.name_hit for r in records), mean(r.exact for r in records),
+               mean(r.edit_similarity for r in records), sum(not r.suggestion for r in records),
+               percentile(latencies, 50), percentile(latencies, 95),
+               percentile([r.ttft_ms for r in records if r.ttft_ms is not None], 50),
+               percentile([r.prompt_tokens for r in records if r.prompt_tokens is not None], 50))
+
+
+def table(rows: list[Row]) -> str:
+    def num(value, fmt="{:.0f}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    out = ["| context | package | n | name hit | exact line | edit sim | empty | first answer p50 / p95 | server TTFT p50 | prompt tokens p50 |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.config} | {r.package} | {r.n} | {r.name_hit:.3f} | {r.exact:.3f} | {r.edit_similarity:.3f} | {r.empty} | "
+                   f"{num(r.latency_ms_p50)} / {num(r.latency_ms_p95)} ms | {num(r.ttft_ms_p50)} ms | {num(r.prompt_tokens_p50)} |")
+    return "\n".join(out)
+
+
+__all__ = [
+    "BASE_SETTINGS", "Config", "Package", "PackageError", "Record", "Row", "Target", "code_uses", "configurations",
+    "find_targets", "module_targets", "name_hit", "package_aliases", "resolve_package", "run_package", "score", "suggestion_at", "summarize",
+    "table", "top_level_names",
+]
