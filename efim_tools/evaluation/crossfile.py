@@ -59,7 +59,7 @@ MIN_NAME = 3
 _BUILTIN_NAMES = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 # Every setting the eval fixes (the rest are the server's defaults). `firstWindowTokens` 0:
 # a just-opened file's first answer would otherwise come from a small window around the
-# cursor that carries no context chunks at all (efim_lsp.first_window).
+# cursor that carries no context chunks at all (efim_lsp.warm_ahead, efim_lsp.first_window).
 BASE_SETTINGS: dict[str, Any] = {"timeoutMs": 0, "maxTokens": 16, "multiline": "never", "firstWindowTokens": 0}
 WARMUP_URI = "untitled:efim-crossfile-warmup"
 
