@@ -60,14 +60,16 @@ def pump(source: int, sink: BinaryIO, log: Log, direction: str) -> None:
         chunk = os.read(source, 65536)
         if not chunk:
             return
+        # Logged before it is passed on: whoever reads LOG after the other side saw a message
+        # finds it there (an editor test reads the answer it was just shown).
+        pending += chunk
+        for body in frames(pending):
+            log.write(direction, body)
         try:
             sink.write(chunk)
             sink.flush()
         except BrokenPipeError:
             return
-        pending += chunk
-        for body in frames(pending):
-            log.write(direction, body)
 
 
 def main(argv: list[str]) -> int:
