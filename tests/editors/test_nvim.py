@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from embedded_nvim import EmbeddedNvim  # tests/editors is on sys.path (pytest rootdir-relative imports)
+from embedded_nvim import EmbeddedNvim, open_with_plugin  # tests/editors is on sys.path (pytest rootdir-relative imports)
 
 INITIAL = 'import os\n\n\n\nif __name__ == "__main__":\n    main()\n'
 # Typed on line 3 one key at a time until a suggestion appears.
@@ -57,13 +57,7 @@ def _offset(text: str, row: int, col: int) -> int:
 
 def _open_and_wait_ready(nvim: EmbeddedNvim, cmd: list[str], model: Path, path: Path) -> None:
     path.write_text(INITIAL)
-    nvim.command("filetype on")
-    nvim.command("set noautoindent nosmartindent")  # the typed text carries its own indentation
-    nvim.lua(SETUP, cmd, str(model))
-    nvim.command(f"edit {path}")
-    nvim.wait_for("return require('efim').status().client_id", timeout=10, what="the efim client to attach")
-    # The model loads in the background; $/progress tells the plugin when it is ready.
-    nvim.wait_for("return require('efim').status().state == 'ready'", timeout=30, what="model load progress to end")
+    open_with_plugin(nvim, SETUP, cmd, model, path)
 
 
 def _type_until_suggestion(nvim: EmbeddedNvim, *, min_words: int = 1, budget_s: float = 40.0) -> str:
@@ -204,12 +198,7 @@ def test_next_and_prev_cycle_the_alternatives_and_tab_accepts_the_one_shown(nvim
     cmd = [sys.executable, str(Path(__file__).with_name("lsp_tap.py")), str(log), "--", *efim_serve]
     path = tmp_path / "example.py"
     path.write_text(INITIAL)
-    nvim.command("filetype on")
-    nvim.command("set noautoindent nosmartindent")
-    nvim.lua(ALTERNATIVES_SETUP, cmd, str(tiny_model_dir))
-    nvim.command(f"edit {path}")
-    nvim.wait_for("return require('efim').status().client_id", timeout=10, what="the efim client to attach")
-    nvim.wait_for("return require('efim').status().state == 'ready'", timeout=30, what="model load progress to end")
+    open_with_plugin(nvim, ALTERNATIVES_SETUP, cmd, tiny_model_dir, path)
 
     # Type until an answer with two items or more is drawn (the tiny random model's samples
     # may all shape to the first item's text at some keystrokes).

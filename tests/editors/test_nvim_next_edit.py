@@ -12,11 +12,9 @@ stale when the apply key comes is dropped, never applied. The server's `efim/sta
 
 from __future__ import annotations
 
-from pathlib import Path
 
-import pytest
 
-from embedded_nvim import EmbeddedNvim  # tests/editors is on sys.path (pytest rootdir-relative imports)
+from embedded_nvim import EmbeddedNvim, open_with_plugin  # tests/editors is on sys.path (pytest rootdir-relative imports)
 
 SRC = "def total(values):\n    n = 0\n    for v in values:\n        n += v\n    return n\n"
 
@@ -87,12 +85,7 @@ def _normal(nvim: EmbeddedNvim) -> None:
 def test_rename_proposes_the_next_use_jump_apply_accept_and_clear(nvim, efim_serve, tiny_model_dir, tmp_path):
     path = tmp_path / "totals.py"
     path.write_text(SRC)
-    nvim.command("filetype on")
-    nvim.command("set noautoindent nosmartindent")
-    nvim.lua(SETUP, efim_serve, str(tiny_model_dir))
-    nvim.command(f"edit {path}")
-    nvim.wait_for("return require('efim').status().client_id", timeout=10, what="the efim client to attach")
-    nvim.wait_for("return require('efim').status().state == 'ready'", timeout=30, what="model load progress to end")
+    open_with_plugin(nvim, SETUP, efim_serve, tiny_model_dir, path)
     assert nvim.lua("return require('efim.next_edit').supported(vim.lsp.get_client_by_id(require('efim').status().client_id))")
 
     # Rename the first `n` to `count` key by key: after it, <BS>, then the new name; leave insert mode.
