@@ -1,0 +1,303 @@
+"""The engine daemon: one `LocalEngine` served to every front of a user over a Unix socket.
+
+`python -m engine.daemon --socket PATH --config JSON [--kv-budget N] [--idle-timeout S]`
+loads the engine first and only then binds its socket (0600), so a front that finds the
+socket answering finds the model loaded. It serves any number of fronts (connections):
+
+- a front's request keys are its own: the daemon prefixes them with the front's number,
+  so two windows with the same file open do not supersede each other's requests (the
+  radix cache is keyed by tokens, so the second window's prompt still reuses the first's
+  KV); `forget_context` (a file's chunks) is shared by all;
+- a front that goes away (closed, killed) has its running requests cancelled and its
+  documents' pieces forgotten; its retained KV ages out of the LRU like any other;
+- once the last front has gone the daemon exits after `--idle-timeout` seconds (a front
+  arriving meanwhile keeps it), removing its socket (only if it is still its own);
+- the engine's faults (`on_fault`) are told to every front.
+
+Threads: the asyncio loop (main thread) reads and writes every connection and calls the
+engine's non-blocking methods; the engine's own thread computes; one pump thread per
+running request (`_Pumps`) forwards its handle's events to the loop. SIGTERM / SIGINT
+close the engine (its disk tier writes what it kept) and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine.api import Completion, RequestStats, StreamEvent
+from engine.daemon.place import peer_uid
+from engine.daemon.wire import (
+    Call, Cancel, Event, Fault, Hello, ProtocolError, Reply, Submit, decode, decode_hello, frame, read_frame,
+)
+
+log = logging.getLogger(__name__)
+
+# Most request pumps at once (a front has a keystroke's request, a warm-up and a first
+# window in flight; more wait for a pump while their events queue in the handle).
+MAX_PUMPS = 64
+
+
+class Front:
+    """One connected `efim serve` (or any client engine)."""
+
+    def __init__(self, number: int, pid: int, writer: asyncio.StreamWriter) -> None:
+        self.number = number
+        self.pid = pid
+        self.writer = writer
+        self.prefix = f"front{number}/"
+        self.handles: dict[int, Any] = {}  # request id -> the engine's handle
+        self.documents: set[str] = set()  # keys given pieces (`keep_document_pieces`)
+        self.requests = 0
+        self.connected = time.monotonic()
+
+    def send(self, message: msgspec.Struct) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frame(message))
+
+    def summary(self) -> dict:
+        return {"front": self.number, "pid": self.pid, "requests": self.requests, "running": len(self.handles),
+                "documents": len(self.documents), "connectedS": round(time.monotonic() - self.connected, 1)}
+
+
+class EngineDaemon:
+    def __init__(self, engine, socket_path: Path, *, idle_timeout: float = 60.0, kv_budget: int | None = None) -> None:
+        self.engine = engine
+        self.socket_path = Path(socket_path)
+        self.idle_timeout = idle_timeout
+        self.kv_budget = kv_budget if kv_budget is not None else getattr(engine, "kv_budget_bytes", None)
+        self.fronts: set[Front] = set()
+        self._numbers = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._inode: int | None = None
+        self._pumps = ThreadPoolExecutor(MAX_PUMPS, thread_name_prefix="efim-daemon-pump")
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------ lifecycle
+    async def serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self.engine.on_fault = self._engine_fault
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._loop.add_signal_handler(sig, self._stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+                pass
+        try:
+            os.unlink(self.socket_path)  # a dead daemon's (the front that started us holds the spawn lock)
+        except FileNotFoundError:
+            pass
+        umask = os.umask(0o177)
+        try:
+            server = await asyncio.start_unix_server(self._connection, path=str(self.socket_path))
+        finally:
+            os.umask(umask)
+        os.chmod(self.socket_path, 0o600)
+        self._inode = os.stat(self.socket_path).st_ino
+        log.info("engine daemon %d serving %s on %s (idle timeout %.0f s)", os.getpid(), self.engine.info().model,
+                 self.socket_path, self.idle_timeout)
+        self._arm_idle_timer()
+        try:
+            await self._stop.wait()
+        finally:
+            self._remove_socket()
+            server.close()
+            for front in list(self.fronts):
+                front.writer.close()
+            log.info("engine daemon %d stopping", os.getpid())
+
+    def stop(self) -> None:
+        """Any thread: end `serve`."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def _remove_socket(self) -> None:
+        """Unlink the socket first thing when stopping — unless a newer daemon's replaced it."""
+        try:
+            if os.stat(self.socket_path).st_ino == self._inode:
+                os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self._loop.call_later(self.idle_timeout, self._idle_exit)
+
+    def _idle_exit(self) -> None:
+        if not self.fronts:
+            log.info("no front for %.0f s: exiting", self.idle_timeout)
+            self._remove_socket()  # a front arriving from now on starts a new daemon
+            self._stop.set()
+
+    def _engine_fault(self, kind: str, message: str) -> None:  # the engine thread
+        try:
+            self._loop.call_soon_threadsafe(self._broadcast, Fault(kind, message))
+        except RuntimeError:
+            pass
+
+    def _broadcast(self, message: msgspec.Struct) -> None:
+        for front in list(self.fronts):
+            front.send(message)
+
+    # ------------------------------------------------------------ connections
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        me = os.getuid()
+        try:
+            if uid is not None and uid != me:
+                log.warning("refused a connection from uid %d", uid)
+                writer.write(frame(Hello(uid=me, pid=os.getpid(), refused=f"this daemon serves uid {me} only")))
+                return
+            try:
+                hello = decode_hello(await asyncio.wait_for(read_frame(reader), 10.0))
+            except ProtocolError as exc:
+                log.warning("refused a front: %s", exc)
+                writer.write(frame(Hello(uid=me, pid=os.getpid(), refused=str(exc))))
+                return
+            except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                return
+            if hello.uid != me:
+                writer.write(frame(Hello(uid=me, pid=os.getpid(), refused=f"this daemon serves uid {me} only")))
+                return
+            if hello.kv_budget and self.kv_budget and hello.kv_budget > self.kv_budget:
+                log.warning("front %d asked for a KV budget of %d bytes; this daemon runs with %d (the first front's)",
+                            hello.pid, hello.kv_budget, self.kv_budget)
+            self._numbers += 1
+            front = Front(self._numbers, hello.pid, writer)
+            self.fronts.add(front)
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            front.send(Hello(uid=me, pid=os.getpid(), kv_budget=self.kv_budget,
+                             info=msgspec.to_builtins(self.engine.info())))
+            log.info("front %d (pid %d) connected; %d front(s)", front.number, front.pid, len(self.fronts))
+            try:
+                await self._serve_front(front, reader)
+            finally:
+                self._release(front)
+        finally:
+            writer.close()
+
+    async def _serve_front(self, front: Front, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                message = decode(await read_frame(reader))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            except ProtocolError as exc:
+                log.warning("front %d sent a bad frame (%s): closing its connection", front.number, exc)
+                return
+            if isinstance(message, Submit):
+                self._submit(front, message)
+            elif isinstance(message, Cancel):
+                handle = front.handles.get(message.id)
+                if handle is not None:
+                    handle.cancel()
+            elif isinstance(message, Call):
+                self._call(front, message)
+            else:
+                log.warning("front %d sent a %s: ignored", front.number, type(message).__name__)
+
+    def _release(self, front: Front) -> None:
+        """The front went away: cancel its requests, forget its documents' pieces."""
+        self.fronts.discard(front)
+        for handle in list(front.handles.values()):
+            handle.cancel()
+        for key in front.documents:
+            self.engine.forget_document(front.prefix + key)
+        log.info("front %d (pid %d) gone: %d request(s) cancelled; %d front(s) left", front.number, front.pid,
+                 len(front.handles), len(self.fronts))
+        if not self.fronts and self._stop is not None and not self._stop.is_set():
+            self._arm_idle_timer()
+
+    # ------------------------------------------------------------ requests
+    def _submit(self, front: Front, message: Submit) -> None:
+        request = msgspec.structs.replace(message.request, key=front.prefix + message.request.key)
+        front.requests += 1
+        try:
+            handle = self.engine.submit(request)
+        except Exception as exc:  # a bad parameter, a failed engine: the request ends at once
+            error = f"{type(exc).__name__}: {exc}"
+            completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=error)
+            front.send(Event(message.id, StreamEvent(kind="error", completion=completion, error=error)))
+            return
+        front.handles[message.id] = handle
+        self._pumps.submit(self._pump, front, message.id, handle)
+
+    def _pump(self, front: Front, request_id: int, handle) -> None:  # a pump thread
+        try:
+            for event in handle.events():
+                self._loop.call_soon_threadsafe(self._deliver, front, request_id, event)
+        except RuntimeError:  # the loop is closed: the daemon is stopping
+            pass
+
+    def _deliver(self, front: Front, request_id: int, event: StreamEvent) -> None:
+        if event.kind in ("done", "error"):
+            front.handles.pop(request_id, None)
+        front.send(Event(request_id, event))
+
+    # ------------------------------------------------------------ other Engine methods
+    def _call(self, front: Front, message: Call) -> None:
+        if message.method in ("check_integrity", "wait_idle"):  # these wait: off the reading path
+            asyncio.ensure_future(self._call_async(front, message))
+            return
+        try:
+            value = self._invoke(front, message.method, message.args)
+            reply = Reply(message.id, value=msgspec.to_builtins(value))
+        except Exception as exc:
+            reply = Reply(message.id, error=f"{type(exc).__name__}: {exc}")
+        front.send(reply)
+
+    async def _call_async(self, front: Front, message: Call) -> None:
+        try:
+            if message.method == "check_integrity":
+                await asyncio.wrap_future(self.engine.check_integrity())
+            else:
+                timeout = float(message.args[0]) if message.args else 30.0
+                await self._loop.run_in_executor(None, self.engine.wait_idle, timeout)
+            reply = Reply(message.id)
+        except Exception as exc:
+            reply = Reply(message.id, error=f"{type(exc).__name__}: {exc}")
+        front.send(reply)
+
+    def _invoke(self, front: Front, method: str, args: tuple) -> Any:
+        engine = self.engine
+        if method == "info":
+            return engine.info()
+        if method == "stats":
+            return engine.stats()
+        if method == "count_tokens":
+            return engine.count_tokens(str(args[0]))
+        if method == "forget_context":
+            return engine.forget_context(str(args[0]))
+        if method == "keep_document_pieces":
+            key, text, cursor = args
+            if text:
+                front.documents.add(key)
+            return engine.keep_document_pieces(front.prefix + key, text, int(cursor))
+        if method == "forget_document":
+            front.documents.discard(args[0])
+            return engine.forget_document(front.prefix + str(args[0]))
+        if method == "health":
+            return {**engine.health(), "daemon": self.health(front)}
+        raise ValueError(f"unknown method {method!r}")
+
+    def health(self, asking: Front | None = None) -> dict:
+        return {"pid": os.getpid(), "socket": str(self.socket_path), "uptimeS": round(time.monotonic() - self.started, 1),
+                "kvBudget": self.kv_budget, "front": asking.number if asking else None,
+                "fronts": [f.summary() for f in sorted(self.fronts, key=lambda f: f.number)]}
+
+
+__all__ = ["EngineDaemon", "Front"]

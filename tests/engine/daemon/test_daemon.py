@@ -1,0 +1,431 @@
+"""The per-user engine daemon (engine.daemon): fronts (`DaemonEngine`s, and fronts in other
+processes) sharing one daemon process on a tiny random model, in a temporary
+XDG_RUNTIME_DIR of their own.
+
+Covered: two fronts share one daemon and one radix cache (the second front's request on the
+same prompt reuses the first's KV); fronts starting together start one daemon; a foreign
+or older peer is refused before anything but the hello is sent; the daemon SIGKILLed
+mid-request ends the requests with an error and calls `on_fault` within a second, then a
+new daemon serves; a killed front's requests are cancelled; the daemon exits after its
+idle timeout; the wire protocol and the config digest."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from engine.api import EngineError, EngineStats, InfillRequest, StreamEvent
+from engine.daemon import wire
+from engine.daemon.client import DaemonEngine
+from engine.daemon.config import DaemonConfig
+from engine.daemon.launcher import DaemonRefused
+from engine.daemon.place import Place, runtime_dir
+
+REPO = Path(__file__).resolve().parents[3]
+PREFIX = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n" for i in range(12)) + "def add(a, b):\n    "
+
+
+def _daemon_pids(directory: Path) -> list[int]:
+    """Daemons serving a socket in `directory` (from /proc: the ones these tests started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"engine.daemon" in cmdline and any(str(directory).encode() in part for part in cmdline) and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, f"{what} not reached within {timeout} s"
+        time.sleep(0.02)
+
+
+@pytest.fixture()
+def rundir(monkeypatch):
+    """A private XDG_RUNTIME_DIR (short: socket paths have a 108-byte limit); every daemon
+    started in it is killed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="efr-"))
+    os.chmod(base, 0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+    yield base
+    for pid in _daemon_pids(base):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture()
+def config(tiny_model_factory) -> DaemonConfig:
+    return DaemonConfig.of(str(tiny_model_factory("llama")), dtype="fp32", kv_disk=False, check_integrity=True,
+                           step_tokens=32)
+
+
+class Faults:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, float]] = []
+
+    def __call__(self, kind: str, message: str) -> None:
+        self.seen.append((kind, message, time.monotonic()))
+
+
+def _front(config: DaemonConfig, **kw) -> DaemonEngine:
+    kw.setdefault("kv_budget", "32M")
+    kw.setdefault("idle_timeout", 30.0)
+    engine = DaemonEngine(config, **kw)
+    engine.on_fault = Faults()
+    return engine
+
+
+def _request(key: str = "file:///a.py", **kw) -> InfillRequest:
+    kw.setdefault("max_tokens", 8)
+    return InfillRequest(key=key, prefix=PREFIX, suffix="\n", **kw)
+
+
+# ---------------------------------------------------------------- wire and config
+def test_frames_carry_the_api_structs_and_hellos_of_other_versions_are_refused():
+    request = _request(stop=("\n\n",), deadline=123.5, chunks=())
+    for message in (wire.Submit(7, request), wire.Cancel(7), wire.Call(3, "count_tokens", ("abc",)),
+                    wire.Event(7, StreamEvent(kind="token", text="x")), wire.Reply(3, value=5), wire.Fault("engine-crash", "m")):
+        data = wire.frame(message)
+        assert int.from_bytes(data[:4], "big") == len(data) - 4
+        assert wire.decode(data[4:]) == message
+    hello = wire.decode_hello(wire.frame(wire.Hello(uid=5, pid=9))[4:])
+    assert (hello.uid, hello.pid, hello.protocol) == (5, 9, wire.PROTOCOL_VERSION)
+    old = msgspec.msgpack.encode({"magic": wire.MAGIC, "protocol": wire.PROTOCOL_VERSION - 1, "uid": 0})
+    with pytest.raises(wire.ProtocolError, match=f"protocol {wire.PROTOCOL_VERSION - 1}"):
+        wire.decode_hello(old)
+    with pytest.raises(wire.ProtocolError, match="not an efim engine daemon"):
+        wire.decode_hello(msgspec.msgpack.encode({"hello": 1}))
+    with pytest.raises(wire.ProtocolError):
+        wire.decode(b"\x93garbage")
+    with pytest.raises(wire.ProtocolError, match="bytes"):
+        wire.frame_length((wire.MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+
+
+def test_the_digest_follows_the_model_and_engine_shape_not_the_kv_budget(tmp_path):
+    base = DaemonConfig.of("default", quant="mixed")
+    assert base.digest() == DaemonConfig.of("default", quant="mixed", kv_budget="1G").digest()
+    assert base.digest() != DaemonConfig.of("default", quant="int8").digest()
+    assert base.digest() != DaemonConfig.of("default", quant="mixed", kv_dtype="int8").digest()
+    assert base.digest() != DaemonConfig.of("default", quant="mixed", adapter="none").digest()
+    assert base.digest() != DaemonConfig.of(str(tmp_path), quant="mixed").digest()
+    here = os.getcwd()
+    try:  # a relative model path names the same folder from anywhere
+        os.chdir(tmp_path.parent)
+        relative = DaemonConfig.of(tmp_path.name)
+    finally:
+        os.chdir(here)
+    assert relative.model == str(tmp_path) and relative.digest() == DaemonConfig.of(str(tmp_path)).digest()
+    assert DaemonConfig.of("m", check_integrity=True).load_arguments()["check_integrity"] is True
+
+
+def test_the_runtime_dir_is_private_and_the_users_own(rundir):
+    made = runtime_dir()
+    assert made == rundir / "efim" and stat.S_IMODE(os.stat(made).st_mode) == 0o700
+    os.chmod(made, 0o755)
+    assert stat.S_IMODE(os.stat(runtime_dir()).st_mode) == 0o700  # narrowed
+    if os.getuid() != 0:
+        pytest.skip("changing a directory's owner needs root")
+    os.chown(made, 65534, 65534)
+    with pytest.raises(EngineError, match="belongs to uid 65534"):
+        runtime_dir()
+
+
+# ---------------------------------------------------------------- sharing
+def test_two_fronts_share_one_daemon_and_the_second_reuses_the_firsts_kv(rundir, config):
+    a = _front(config)
+    b = _front(config)
+    try:
+        assert a.daemon_pid == b.daemon_pid and _daemon_pids(rundir) == [a.daemon_pid]
+        place = Place(rundir / "efim", config.digest())
+        assert stat.S_IMODE(os.stat(place.socket).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(place.log).st_mode) == 0o600
+        assert a.info().architecture == "llama" and a.info() == b.info()
+
+        handle = a.submit(_request())
+        events = list(handle.events(timeout=60))
+        assert events[-1].kind == "done" and [e.kind for e in events[:-1]] == ["token"] * (len(events) - 1)
+        first = events[-1].completion
+        assert "".join(e.text for e in events[:-1]) == first.text
+        assert first.stats.prefilled_tokens > 100
+        # The same file in another window: same key, another front; its prompt's KV is the first's.
+        second = b.submit(_request()).result(60)
+        assert second.text == first.text
+        assert second.stats.prompt_tokens == first.stats.prompt_tokens
+        assert second.stats.prefilled_tokens <= 2 and second.stats.reused_tokens >= first.stats.prompt_tokens - 2
+        stats = b.stats()
+        assert isinstance(stats, EngineStats) and stats.completed >= 2 and stats == a.stats()
+        assert a.count_tokens("def add(a, b):") == b.count_tokens("def add(a, b):") > 0
+        a.check_integrity().result(30)
+        health = b.health()
+        assert health["state"] == "running" and health["daemon"]["pid"] == b.daemon_pid
+        _wait(lambda: len(b.health()["daemon"].get("fronts", [])) == 2, what="two fronts in the daemon's health")
+        # Keys are per front: b's request does not supersede a's running one on the same document.
+        long_a = a.submit(_request(max_tokens=40))
+        short_b = b.submit(_request(max_tokens=2))
+        assert short_b.result(60).finish_reason in ("length", "eos", "stop")
+        assert long_a.result(60).finish_reason != "cancelled"
+        # ...while a newer request of the same front does (the Engine contract).
+        older = a.submit(_request(key="file:///s.py", max_tokens=200, temperature=1.0, seed=1))
+        newer = a.submit(_request(key="file:///s.py", max_tokens=2))
+        assert newer.result(60).finish_reason in ("length", "eos", "stop")
+        assert older.result(60).finish_reason in ("cancelled", "length", "eos")
+        a.keep_document_pieces("file:///a.py", PREFIX, len(PREFIX))
+        a.forget_document("file:///a.py")
+        a.wait_idle(30)
+        a.check_integrity().result(30)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_cancel_and_close_end_every_handle(rundir, config):
+    front = _front(config)
+    handle = front.submit(_request(max_tokens=400, temperature=1.0, seed=3))
+    handle.cancel()
+    assert handle.result(30).finish_reason in ("cancelled", "length", "eos")
+    running = front.submit(_request(key="file:///b.py", max_tokens=400, temperature=1.0, seed=4))
+    front.close()
+    assert running.result(5).finish_reason in ("cancelled", "length", "eos")
+    with pytest.raises(EngineError):
+        front.submit(_request())
+    bad = _front(config)
+    try:  # a request the engine refuses ends with an error event, not an exception
+        ended = bad.submit(_request(temperature=-1.0)).result(30)
+        assert ended.finish_reason == "error" and "ValueError" in ended.error
+    finally:
+        bad.close()
+
+
+SPAWN_ONE = textwrap.dedent("""
+    import sys, time
+    from engine.daemon.client import DaemonEngine
+    from engine.daemon.config import DaemonConfig
+    import msgspec
+    config = msgspec.json.decode(sys.argv[1].encode(), type=DaemonConfig)
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    sys.stdin.readline()  # go
+    engine = DaemonEngine(config, kv_budget="32M", idle_timeout=30)
+    print(engine.daemon_pid, flush=True)
+    if len(sys.argv) > 2:  # keep requests running, then wait to be killed
+        handles = [engine.submit(__import__("engine.api", fromlist=["x"]).InfillRequest(
+            key=f"k{i}", prefix=sys.argv[2], max_tokens=600, temperature=1.0, seed=i)) for i in range(4)]
+        next(handles[0].events(timeout=60))
+        print("running", flush=True)
+    time.sleep(600)
+""")
+
+
+def _front_process(config: DaemonConfig, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", SPAWN_ONE, msgspec.json.encode(config).decode(), *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_fronts_starting_together_start_one_daemon(rundir, config):
+    fronts = [_front_process(config) for _ in range(3)]
+    try:
+        for proc in fronts:  # go, all at once
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        pids = {int(proc.stdout.readline()) for proc in fronts}
+        assert len(pids) == 1 and _daemon_pids(rundir) == list(pids)
+    finally:
+        for proc in fronts:
+            proc.kill()
+            proc.wait()
+
+
+# ---------------------------------------------------------------- refusals
+class _FakePeer:
+    """A socket server at a daemon's socket path that answers the hello with `reply` and
+    records what it received."""
+
+    def __init__(self, path: Path, reply: bytes, *, uid: int | None = None) -> None:
+        self.path, self.reply, self.received = path, reply, b""
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(2)
+            try:
+                self.received += conn.recv(65536)
+                conn.sendall(self.reply)
+                self.received += conn.recv(65536)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("case", ["old-version", "other-uid-in-hello", "not-a-daemon"])
+def test_an_older_or_foreign_peer_on_the_socket_is_refused(rundir, config, case):
+    place = Place.for_digest(config.digest())
+    reply = {
+        "old-version": wire.frame(wire.Hello(protocol=0, uid=os.getuid(), pid=1)),
+        "other-uid-in-hello": wire.frame(wire.Hello(uid=os.getuid() + 1, pid=1)),
+        "not-a-daemon": b"HTTP/1.1 400 Bad Request\r\n\r\n",
+    }[case]
+    peer = _FakePeer(place.socket, reply)
+    try:
+        with pytest.raises(DaemonRefused) as refused:
+            DaemonEngine(config, kv_budget="32M")
+        message = str(refused.value)
+        assert {"old-version": "protocol 0", "other-uid-in-hello": "not as you", "not-a-daemon": "does not answer as"}[case] in message
+        peer.thread.join(3)
+        hello = wire.decode_hello(peer.received[4:])  # all it was sent: our hello, no request
+        assert hello.uid == os.getuid() and len(peer.received) == 4 + int.from_bytes(peer.received[:4], "big")
+        assert _daemon_pids(rundir) == []  # and no daemon was started over it
+    finally:
+        peer.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to act as another user")
+def test_a_socket_of_another_user_or_a_peer_running_as_another_user_is_never_talked_to(rundir, config):
+    place = Place.for_digest(config.digest())
+    peer = _FakePeer(place.socket, wire.frame(wire.Hello(uid=os.getuid(), pid=1)))
+    try:
+        os.chown(place.socket, 65534, 65534)
+        with pytest.raises(EngineError, match="belongs to uid 65534"):
+            DaemonEngine(config, kv_budget="32M")
+    finally:
+        peer.close()
+        os.unlink(place.socket)
+    # A process of another user listening on a socket file that looks like ours (SO_PEERCRED).
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(place.socket))
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            listener.listen(1)  # the listening credentials are taken here
+            os.write(write_end, b"l")
+            conn, _ = listener.accept()
+            conn.settimeout(3)
+            got = conn.recv(65536)
+            os.write(write_end, b"G" if got else b"N")
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(read_end, 1) == b"l"
+        with pytest.raises(DaemonRefused, match="runs as uid 65534"):
+            DaemonEngine(config, kv_budget="32M")
+        assert os.read(read_end, 1) == b"N"  # it received nothing, not even the hello
+    finally:
+        os.waitpid(child, 0)
+        listener.close()
+
+
+# ---------------------------------------------------------------- faults
+def test_daemon_killed_mid_request_errors_within_a_second_reports_and_a_new_daemon_serves(rundir, config):
+    front = _front(config)
+    other = _front(config)
+    try:
+        handles = [front.submit(_request(key=f"file:///{i}.py", max_tokens=600, temperature=1.0, seed=i)) for i in range(4)]
+        waiting = other.submit(_request(key="file:///o.py", max_tokens=600, temperature=1.0, seed=9))
+        first = next(handles[0].events(timeout=60))
+        assert first.kind == "token"
+        live = [h for h in handles + [waiting] if not h.done]
+        assert live, "every request finished before the kill"
+        old_pid = front.daemon_pid
+        os.kill(old_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        ends = [h.result(2.0) for h in live]
+        ended = time.monotonic() - killed
+        assert ended < 1.0, ended
+        assert all(c.finish_reason == "error" and "went away" in c.error for c in ends), ends
+        for faults in (front.on_fault, other.on_fault):
+            _wait(lambda f=faults: f.seen, timeout=1.0, what="on_fault")
+            kind, message, when = faults.seen[0]
+            assert kind == "engine-crash" and str(old_pid) in message and when - killed < 1.0
+        # Reconnected: one new daemon for both fronts (they raced to start it).
+        _wait(lambda: front.state == "running" and other.state == "running", timeout=60, what="reconnection")
+        assert front.daemon_pid == other.daemon_pid != old_pid and _daemon_pids(rundir) == [front.daemon_pid]
+        again = front.submit(_request()).result(60)
+        assert again.finish_reason in ("length", "eos", "stop") and again.text
+        assert other.health()["daemon"]["reconnects"] == 1
+        assert len(front.on_fault.seen) == 1  # one report for the outage
+    finally:
+        front.close()
+        other.close()
+
+
+def test_a_killed_front_has_its_requests_cancelled(rundir, config):
+    watcher = _front(config)
+    try:
+        proc = _front_process(config, PREFIX)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == watcher.daemon_pid
+        assert proc.stdout.readline().strip() == "running"
+        before = watcher.stats()
+        proc.kill()
+        proc.wait()
+        watcher.wait_idle(5)  # the killed front's four 600-token requests stopped
+        after = watcher.stats()
+        assert after.cancelled - before.cancelled >= 1
+        assert after.completed + after.cancelled >= before.requests
+        _wait(lambda: len(watcher.health()["daemon"].get("fronts", [])) == 1, what="the killed front released")
+        assert watcher.health()["daemon"]["fronts"][0]["pid"] == os.getpid()
+        watcher.check_integrity().result(30)
+    finally:
+        watcher.close()
+
+
+def test_the_daemon_exits_after_its_idle_timeout_and_the_next_front_starts_another(rundir, config):
+    front = _front(config, idle_timeout=1.0)
+    pid = front.daemon_pid
+    place = Place.for_digest(config.digest())
+    assert front.submit(_request()).result(60).finish_reason in ("length", "eos", "stop")
+    front.close()
+    time.sleep(0.5)
+    assert pid in _daemon_pids(rundir)  # not before the timeout
+    _wait(lambda: pid not in _daemon_pids(rundir), timeout=10, what="idle exit")
+    assert not place.socket.exists()
+    again = _front(config, idle_timeout=1.0)
+    try:
+        assert again.daemon_pid != pid
+    finally:
+        again.close()
+
+
+def test_a_model_that_cannot_load_fails_the_front_with_the_daemons_reason(rundir, tmp_path):
+    config = DaemonConfig.of(str(tmp_path / "no-such-model"), kv_disk=False)
+    started = time.monotonic()
+    with pytest.raises(EngineError, match="exited with code 2.*failed to load"):
+        DaemonEngine(config, kv_budget="32M")
+    assert time.monotonic() - started < 60
