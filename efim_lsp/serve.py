@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts with it (default on)")
     p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')
     p.add_argument("--threads", type=int, help="torch threads for the engine")
+    p.add_argument("--daemon", action=argparse.BooleanOptionalAction, default=False,
+                   help="run the local engine in the user's engine daemon, shared by every efim serve with the same "
+                        "model and engine settings (started when none runs; docs/daemon.md); --no-daemon (default): in this process")
+    p.add_argument("--daemon-idle-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a daemon this front starts stays up after its last front has gone (default 60)")
     p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
     p.add_argument("--record", type=Path, metavar="DIR", help="record this session's LSP traffic as a trace in DIR (opt-in: traces contain source code)")
@@ -47,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def engine_factory(args: argparse.Namespace):
     """`factory(model, *, fim_tokens, adapter, kv_disk, kv_disk_budget[, backend, endpoint, remote_model,
-    api_key_env]) -> Engine`: engine.local.load_engine with the CLI's engine flags, or, for a
-    remote backend, engine.remote.open_remote_engine (which loads the model's tokenizer only).
+    api_key_env]) -> Engine`: engine.local.load_engine with the CLI's engine flags; with
+    `--daemon`, the same engine hosted by the user's engine daemon (engine.daemon.open_daemon_engine);
+    for a remote backend, engine.remote.open_remote_engine (which loads the model's tokenizer only).
     `model_preflight(args)` builds the checks that go with it."""
 
     def load(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", kv_disk: bool = True, kv_disk_budget: str = "2G",
@@ -58,13 +64,21 @@ def engine_factory(args: argparse.Namespace):
 
             return open_remote_engine(backend, endpoint, model=model, remote_model=remote_model or None,
                                       api_key_env=api_key_env or None)
-        from engine.local import load_engine  # torch loads here, in the server's loader thread
-
         kwargs = {}
         for name in ("dtype", "quant", "kv_budget", "kv_dtype", "threads"):  # this parser's flags
             value = getattr(args, name)
             if value is not None:
                 kwargs[name] = value
+        if getattr(args, "daemon", False):
+            from engine.daemon import open_daemon_engine, supported  # no torch in this process
+
+            if supported():
+                return open_daemon_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk,
+                                          kv_disk_budget=kv_disk_budget, idle_timeout=args.daemon_idle_timeout, **kwargs)
+            logging.getLogger(__name__).warning(
+                "--daemon: this platform has no Unix sockets or per-user file modes; the engine runs in this process")
+        from engine.local import load_engine  # torch loads here, in the server's loader thread
+
         return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk, kv_disk_budget=kv_disk_budget, **kwargs)
 
     return load

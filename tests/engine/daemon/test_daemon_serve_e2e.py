@@ -1,0 +1,107 @@
+"""Two real `efim serve --daemon` processes over stdio (the tiny model), sharing one engine
+daemon: the second window's suggestion on the same file reuses the first's KV; the daemon
+SIGKILLed → each front shows one message, keeps its documents and serves again from a new
+daemon; `--no-daemon` (the default) starts none."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lsp"))
+from stdio_client import ServerProcess, inline_params, serve_env  # noqa: E402
+
+from test_daemon import _daemon_pids, _wait  # noqa: E402
+
+TEXT = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n" for i in range(20)) + "def add(a, b):\n    return \n"
+URI = "file:///work/shared.py"
+LINE, COL = TEXT.count("\n") - 1, len("    return ")
+OPTIONS = {"timeoutMs": 0, "firstWindowTokens": 0, "warmAhead": False}
+
+
+@pytest.fixture()
+def rundir():
+    base = Path(tempfile.mkdtemp(prefix="efr-"))
+    os.chmod(base, 0o700)
+    yield base
+    for pid in _daemon_pids(base):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _serve(model: Path, rundir: Path, *flags: str) -> ServerProcess:
+    args = ["--model", str(model), "--dtype", "fp32", "--kv-budget", "32M", "--no-kv-disk", *flags]
+    return ServerProcess(args, env=serve_env(XDG_RUNTIME_DIR=str(rundir)))
+
+
+def _complete(server: ServerProcess) -> dict:
+    return server.result("textDocument/inlineCompletion", inline_params(URI, LINE, COL), timeout=60)
+
+
+def _engine_stats(server: ServerProcess) -> dict:
+    return server.result("efim/stats")
+
+
+def test_two_serve_fronts_share_one_daemon_and_survive_its_death(tiny_model_dir, rundir):
+    with _serve(tiny_model_dir, rundir, "--daemon") as one, _serve(tiny_model_dir, rundir, "--daemon") as two:
+        for server in (one, two):
+            server.initialize(OPTIONS)
+        stats = [server.wait_model() for server in (one, two)]
+        assert [s["model"]["state"] for s in stats] == ["ready", "ready"], [one.stderr()[-2000:], two.stderr()[-2000:]]
+        pid = stats[0]["engine"]["daemon"]["pid"]
+        assert stats[1]["engine"]["daemon"]["pid"] == pid and _daemon_pids(rundir) == [pid]
+        for server in (one, two):
+            server.open(URI, TEXT)
+            server.result("efim/stats", {"reset": True})
+        first = _complete(one)
+        s1 = _engine_stats(one)
+        assert s1["prefilledTokens"] > 100, s1
+        second = _complete(two)
+        s2 = _engine_stats(two)
+        # Per front: the second window's prompt was the first's, computed already.
+        assert s2["promptTokens"] == s1["promptTokens"] and s2["prefilledTokens"] <= 0.05 * s2["promptTokens"], (s1, s2)
+        assert second["items"] == first["items"]
+        assert len(s2["engine"]["daemon"]["fronts"]) == 2
+
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        for server in (one, two):  # the documents are the fronts'; nothing is lost
+            assert server.document_text(URI)["text"] == TEXT
+
+        def serving(server: ServerProcess) -> bool:
+            engine = server.result("efim/stats")["engine"]
+            return engine.get("state") == "running" and engine["daemon"]["pid"] not in (None, pid)
+
+        _wait(lambda: serving(one) and serving(two), timeout=60, what="both fronts serving again")
+        back = time.monotonic() - killed
+        new_pid = _engine_stats(one)["engine"]["daemon"]["pid"]
+        assert _engine_stats(two)["engine"]["daemon"]["pid"] == new_pid and _daemon_pids(rundir) == [new_pid]
+        for server in (one, two):
+            before = _engine_stats(server)["served"]
+            assert _complete(server)["items"]  # (the answer may differ: the session restarted on a cold cache)
+            assert _engine_stats(server)["served"] == before + 1
+            shown = [n for n in server.notifications if n.get("method") == "window/showMessage"
+                     and "went away" in n["params"]["message"]]
+            assert len(shown) == 1, server.notifications
+        print(f"serving again {back:.2f} s after the SIGKILL")
+        for server in (one, two):
+            assert server.shutdown_and_exit() == 0
+
+
+def test_without_the_flag_no_daemon_starts(tiny_model_dir, rundir):
+    with _serve(tiny_model_dir, rundir) as server:
+        server.initialize(OPTIONS)
+        stats = server.wait_model()
+        assert stats["model"]["state"] == "ready" and "daemon" not in stats["engine"]
+        server.open(URI, TEXT)
+        assert _complete(server)["items"]
+        assert _daemon_pids(rundir) == [] and not (rundir / "efim").exists()
+        assert server.shutdown_and_exit() == 0
