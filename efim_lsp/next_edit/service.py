@@ -15,7 +15,8 @@ from typing import Callable, NamedTuple
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.next_edit.history import EditHistory
-from efim_lsp.next_edit.proposer import NextEdit, propose
+from efim_lsp.next_edit.dispatch import propose
+from efim_lsp.next_edit.proposer import NextEdit
 from efim_lsp.stats import ServerStats
 
 # Offered proposals remembered for the accept command.

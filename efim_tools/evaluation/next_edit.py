@@ -9,14 +9,20 @@ make — or none:
                    nearest occurrence below (within 40 lines)
     far            the same, the nearest occurrence below more than 40 lines away
     rename-above   the last occurrence renamed; next: the nearest above
+    call-site      a parameter appended to or dropped from a function with call sites in
+                   the module; next: the nearest call that does not fit the new signature
+    parallel       one line of a run of >= 3 lines of the same shape changed; next: the
+                   same change on the next line of the run
     noise          an edit after which nothing is due: a number changed, a new statement
                    typed on a new line, a word inside a string changed
 
-Scores per category: exact (the proposed range and text are the expected ones), location
+Scores per category: exact (the proposal leaves the text the expected edit leaves), location
 (the proposal is on the expected line), edit similarity of the line after the proposal
 against the line after the expected edit, and for noise the share answered with no edit.
-The proposer is the language server's (`efim_lsp.next_edit`) fed the edit through the same
-history the server keeps; `--proposer baseline` is the only one so far (no model).
+The proposer is the language server's (`efim_lsp.next_edit.dispatch`: rename, call sites,
+parallel lines) fed the edit through the same history the server keeps; `--proposer
+baseline` is the only one so far (no model). How the call-site and parallel samples are
+made: `efim_tools.evaluation.next_edit_synth`.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efim_lsp.next_edit.history import EditHistory
-from efim_lsp.next_edit.proposer import propose
+from efim_lsp.next_edit.dispatch import propose
+from efim_tools.evaluation.next_edit_synth import call_site_samples, parallel_samples
 from efim_tools.training.data import stdlib_root
 
-CATEGORIES = ("rename-below", "far", "rename-above", "noise")
+CATEGORIES = ("rename-below", "far", "rename-above", "call-site", "parallel", "noise")
 FAR_LINES = 40
 DEFAULT_FILES = ("difflib", "textwrap", "shlex", "statistics", "fractions", "calendar")
 
@@ -73,7 +80,7 @@ def samples(files: list[str], *, seed: int, per_category: int) -> list[Sample]:
     pool: dict[str, list[Sample]] = defaultdict(list)
     for name in files:
         text = module_path(name).read_text(encoding="utf-8")
-        for sample in _file_samples(name, text):
+        for sample in _file_samples(name, text, random.Random(f"{seed}:{name}")):
             pool[sample.category].append(sample)
     out: list[Sample] = []
     for category in CATEGORIES:
@@ -83,11 +90,12 @@ def samples(files: list[str], *, seed: int, per_category: int) -> list[Sample]:
     return out
 
 
-def _file_samples(name: str, text: str) -> list[Sample]:
+def _file_samples(name: str, text: str, rng: random.Random) -> list[Sample]:
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return []
+    synthesised = [*call_site_samples(text, tree), *parallel_samples(text, rng)]
     lines = text.splitlines(keepends=True)
     starts = [0]
     for line in lines:
@@ -137,6 +145,7 @@ def _file_samples(name: str, text: str) -> list[Sample]:
             indent = line[: len(line) - len(line.lstrip())]
             at = starts[body.lineno - 1]
             out.append(Sample(name, "noise", text, (at, at, f"{indent}log.debug('step done')\n"), None))
+    out.extend(Sample(name, x.category, x.before, x.edit, Expected(*x.expected)) for x in synthesised)
     return out
 
 
@@ -188,7 +197,8 @@ def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str,
         if got is None:
             hits[case.category].append((False, False, 0.0, True))
             continue
-        exact = (got.start, got.end, got.new_text) == (exp.start, exp.end, exp.text)
+        # The same text afterwards: `source` -> `str(source)` and `ource` -> `tr(source)` agree.
+        exact = text[: got.start] + got.new_text + text[got.end :] == text[: exp.start] + exp.text + text[exp.end :]
         same_line = text.count("\n", 0, got.start) == text.count("\n", 0, exp.start)
         line_start = text.rfind("\n", 0, exp.start) + 1
         want = _line_after(text, exp.start, exp.end, exp.text, line_start)
