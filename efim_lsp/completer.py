@@ -500,6 +500,10 @@ class Completer:
         """A cursor signal: warm the window a request at `cursor` would need."""
         self.warm_ahead.cursor_moved(uri, cursor)
 
+    def position_asked(self, uri: str, cursor: int) -> bool:
+        """An editor's own request named `cursor` (see `WarmAhead.position_asked`)."""
+        return self.warm_ahead.position_asked(uri, cursor)
+
     def warm(self, uri: str, cursor: int) -> bool:
         """Submit the warm-up for `cursor` now (see `WarmAhead.warm`)."""
         return self.warm_ahead.warm(uri, cursor)

@@ -48,6 +48,7 @@ class DocumentState:
         # First answers at a new place (efim_lsp.first_window): the session the warm-up in
         # flight computes, the prompts computed to their end, the session's small window.
         self.warming_session: int | None = None
+        self.warming_prompt: str | None = None  # the prompt the warm-up in flight computes
         self.computed = ComputedPrompts()
         self.small: SmallWindow | None = None
 
@@ -59,7 +60,7 @@ class DocumentState:
             if handle is not None and not handle.done:
                 handle.cancel()
         self.warming = self.warming_small = None
-        self.warming_session = None
+        self.warming_session = self.warming_prompt = None
 
 
 __all__ = ["DocumentState", "PendingRequest", "UNFINISHED"]

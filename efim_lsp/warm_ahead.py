@@ -92,6 +92,18 @@ class WarmAhead:
             state.warm_timer.cancel()
         state.warm_timer = loop.call_later(WARM_SETTLE_SECONDS, self._warm_now, uri)
 
+    def position_asked(self, uri: str, cursor: int) -> bool:
+        """An editor asked about `cursor` (a document highlight, a code action): where the
+        person is, from clients that send nothing of ours. Typing at the live session's
+        cursor is no news (the request that follows continues the session); any other
+        place is a cursor signal. True when it was taken as one."""
+        state = self._states.get(uri)
+        if state is None or (state.session.alive and state.session.cursor == cursor):
+            return False
+        self.stats.warm_position_signals += 1
+        self.cursor_moved(uri, cursor)
+        return True
+
     def remember_cursor(self, uri: str, cursor: int) -> None:
         self._last[uri] = cursor
         self._last.move_to_end(uri)
@@ -137,6 +149,8 @@ class WarmAhead:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         prompt = self.prompt_of(request, segments, info)
+        if state.warming is not None and not state.warming.done and state.warming_prompt == prompt:
+            return False  # the warm-up in flight computes this prompt: a repeated signal keeps it
         # Where the full window is cold, its small window first (a few hundred ms): a request
         # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
         small = self.small_window_for(state, request, segments, settings) if self.is_cold_at(state, prompt, settings) else None
@@ -159,7 +173,7 @@ class WarmAhead:
             return False
         if state.warming is not None and not state.warming.done:
             state.warming.cancel()
-        state.warming, state.warming_session = handle, segments.session_id
+        state.warming, state.warming_session, state.warming_prompt = handle, segments.session_id, prompt
         self.stats.warm_submitted += 1
         task = asyncio.get_running_loop().create_task(self._account_warmup(handle, state, prompt))
         self._drains.add(task)

@@ -8,6 +8,8 @@
   became of a suggestion (`efim.accepted`, shown, partially accepted). Cancellation is
   pygls' `$/cancelRequest`; the completer stops the engine request of a cancelled one.
 - `efim`: the custom `efim/*` requests and notifications.
+- `cursor_requests`: the document highlights and code actions editors ask for where the
+  cursor is, answered empty and read as cursor signals.
 - `next_edit`: next-edit suggestions (`textDocument/copilotInlineEdit`, shown, accepted).
 
 Each handler is thin: it reads and checks its params, calls the server's parts
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from efim_lsp.handlers import completion, documents, efim, lifecycle, next_edit
+from efim_lsp.handlers import completion, cursor_requests, documents, efim, lifecycle, next_edit
 
 if TYPE_CHECKING:
     from efim_lsp.server import EfimServer
 
-GROUPS = (lifecycle, documents, completion, efim, next_edit)
+GROUPS = (lifecycle, documents, completion, cursor_requests, efim, next_edit)
 
 
 def register(server: EfimServer) -> None:

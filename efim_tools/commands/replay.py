@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="replay under several configurations, each on a fresh server: `standard` (the default set: "
         "fim-nocache, fim, efim) or `navigation` (today, warm-ahead, document-kv, all: the navigation settings "
         "warmAhead/documentKv off and on, paced replay, TTFT of the first request after each jump) or `clients` "
-        "(tours by client style — plain, insert-enter, ours, from each trace's header — each style's traces on a "
+        "(tours by client style — plain, editor, insert-enter, ours, from each trace's header — each style's traces on a "
         "fresh server with the same settings, paced: the first answer after a jump per style and jump pattern, "
         "client side and server TTFT) or `adapters` "
         "(base: the model without its FIM adapter, adapter: with it — characters saved is the number to read)",

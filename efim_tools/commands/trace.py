@@ -47,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--client-styles", metavar="S,S",
         help="client styles to write each tour in (default: all): plain (didChange and inlineCompletion only), "
-        "insert-enter (like Neovim 0.12: also a completion request at the jump, before any edit), ours "
+        "editor (plain, plus a textDocument/documentHighlight request where the cursor settles, as VS Code, Zed, "
+        "Sublime and Emacs ask for highlights), insert-enter (like Neovim 0.12: also a completion request at the jump, before any edit), ours "
         "(efim/didMoveCursor at each jump, as our editor clients send it); files tour-NNN-STYLE.jsonl "
         "(tour-NNN.jsonl for one style)",
     )

@@ -1,7 +1,7 @@
 """The client comparison: what a jump costs under each client style, pattern by pattern.
 
 `efim replay --compare clients` replays tours written in several client styles (`tour.py`:
-`plain`, `insert-enter`, `ours`; each trace's header names its style), each style's
+`plain`, `editor`, `insert-enter`, `ours`; each trace's header names its style), each style's
 traces on a fresh server with the same settings (the defaults, plus `--config`), paced
 (`person.py`: each answer awaited, every recorded pause kept) with per-request server
 numbers (`probe.py`), and reports per style, for all jumps and per jump pattern

@@ -327,6 +327,12 @@ class Person:
 
     async def _cursor(self, event: Event) -> None:
         uri = self.uri(event.uri)
+        if event.id is not None:
+            # An editor's own request about the cursor's place (a document highlight, a code
+            # action): sent as a request, its answer not waited for; it supersedes nothing.
+            pending = await self.client.send_request(event.lsp_method, self._params(event))
+            self.tasks.append(asyncio.create_task(swallow(pending)))
+            return
         await self._supersede(uri)
         params = self._params(event)
         doc = self.docs.get(uri)

@@ -17,6 +17,11 @@ things about a jump:
   before any edit;
 - `plain` (any LSP client): nothing of ours; the server hears of a jump from its first
   `didChange` (or a `didOpen`, for a file opened at the switch).
+- `editor` (an LSP client with nothing of ours that asks about the cursor's place, as VS
+  Code, Zed, Sublime and Emacs do for the symbol's highlights): `EDITOR_ASK_MS` after the
+  cursor settles — at a file switch, at the landing, after a key when no other key follows
+  that soon — a `textDocument/documentHighlight` request there (kind `cursor` with its
+  `id`; the answer is not waited for).
 
 Then, in every style: the pause before the first key, counted from the landing
 notification's moment: reading, 0.3–2 s, or, for `no_pause_rate` of the jumps, none at
@@ -58,7 +63,12 @@ DEBOUNCE_MS = 80.0  # clients send the cursor notification this long after the c
 NAVIGATE_MS = (300.0, 900.0)  # from switching to a file to landing on the spot
 BETWEEN_MS = (200.0, 1500.0)  # after a stop's last key, before the next jump
 ACTION_WEIGHTS = (("retype-tail", 0.45), ("new-line", 0.30), ("paste", 0.25))
-CLIENT_STYLES = ("plain", "insert-enter", "ours")
+CLIENT_STYLES = ("plain", "editor", "insert-enter", "ours")
+# How long after the cursor settles an `editor`-style client asks about the place (VS Code's
+# word highlighter waits 250 ms; Zed's highlights 75 ms, its code actions 250 ms; Emacs and
+# Sublime about 500 ms): a key pressed sooner moves the cursor first and the ask is dropped.
+EDITOR_ASK_MS = 250.0
+EDITOR_ASK_METHOD = "textDocument/documentHighlight"
 PATTERNS = ("file-switch", "tail-deleted", "backspaces", "new-line", "paste")
 MIN_FUNCTIONS = 2  # a file worth touring has functions to jump between
 PLAN_TRIES = 8
@@ -163,6 +173,28 @@ class _Writer:
         self.expected: list[tuple[int, str, str]] = []
         self.jumps: list[dict] = []
         self.request_id = 0
+        self._ask: tuple[float, str, dict] | None = None  # an editor-style ask due: (t, uri, LSP position)
+
+    def _append(self, event: Event) -> None:
+        """Append `event`, after the editor-style ask due before it; an ask due later is
+        dropped (the cursor moved again before the editor asked)."""
+        self._settle(event.t)
+        self.events.append(event)
+
+    def _settle(self, t: float) -> None:
+        """The cursor moves at `t`: the editor-style ask due by then is sent, a later one dropped."""
+        if self._ask is not None and self._ask[0] <= t:
+            due, uri, position = self._ask
+            self.request_id += 1
+            self.events.append(Event(t=round(due, 1), kind="cursor", method=EDITOR_ASK_METHOD, id=self.request_id,
+                                     params={"textDocument": {"uri": uri}, "position": position}))
+        self._ask = None
+
+    def _ask_later(self, t: float, uri: str, offset: int) -> None:
+        """An `editor` client asks about `offset` once the cursor settled there (`t`)."""
+        if self.style == "editor":
+            self._settle(t)
+            self._ask = (t + EDITOR_ASK_MS, uri, self.docs[uri].position_at(offset).to_lsp())
 
     def load(self, uri: str, text: str) -> None:
         self.docs[uri] = TextDocument(uri, text, version=1)
@@ -170,16 +202,17 @@ class _Writer:
 
     def open(self, t: float, uri: str, language: str) -> None:
         item = {"uri": uri, "languageId": language, "version": 1, "text": self.texts[uri]}
-        self.events.append(Event(t=round(t, 1), kind="open", params={"textDocument": item}))
+        self._append(Event(t=round(t, 1), kind="open", params={"textDocument": item}))
 
     def cursor(self, t: float, uri: str, offset: int) -> None:
         position = self.docs[uri].position_at(offset).to_lsp()
-        self.events.append(Event(t=round(t, 1), kind="cursor", params={"textDocument": {"uri": uri}, "position": position}))
+        self._append(Event(t=round(t, 1), kind="cursor", params={"textDocument": {"uri": uri}, "position": position}))
 
     def activated(self, t: float, uri: str, offset: int) -> None:
         """The document became the active one, its cursor at `offset`: only our clients say so."""
         if self.style == "ours":
             self.cursor(t, uri, offset)
+        self._ask_later(t - DEBOUNCE_MS, uri, offset)
 
     def landed(self, t: float, uri: str, offset: int) -> int | None:
         """The cursor settled at `offset` after a jump: our clients notify, a client that
@@ -188,11 +221,12 @@ class _Writer:
             self.cursor(t, uri, offset)
         elif self.style == "insert-enter":
             return self.request(t, uri, offset)
+        self._ask_later(t - DEBOUNCE_MS, uri, offset)
         return None
 
     def request(self, t: float, uri: str, offset: int) -> int:
         self.request_id += 1
-        self.events.append(
+        self._append(
             Event(
                 t=round(t, 1),
                 kind="complete",
@@ -216,9 +250,11 @@ class _Writer:
         if doc.text != self.texts[uri]:  # cheap to check, fatal to miss
             raise AssertionError(f"{uri}: the LSP change does not do what the step says")
         t = round(t, 1)
-        self.events.append(Event(t=t, kind="change", params={"textDocument": {"uri": uri, "version": doc.version}, "contentChanges": [change]}))
+        self._append(Event(t=t, kind="change", params={"textDocument": {"uri": uri, "version": doc.version}, "contentChanges": [change]}))
         self.expected.append((len(self.events) - 1, uri, hashlib.sha1(self.texts[uri].encode("utf-8", "surrogatepass")).hexdigest()))
-        return self.request(t + 1.0, uri, step.cursor)
+        request_id = self.request(t + 1.0, uri, step.cursor)
+        self._ask_later(t, uri, step.cursor)
+        return request_id
 
 
 class _Planner:
@@ -373,7 +409,7 @@ def tour_traces(sources: list[tuple[Path, str]], options: TourOptions, rng: rand
     for w in writers:
         for uri, _ in files:
             if uri not in unopened:
-                w.events.append(Event(t=round(t + 1000.0, 1), kind="close", params={"textDocument": {"uri": uri}}))
+                w._append(Event(t=round(t + 1000.0, 1), kind="close", params={"textDocument": {"uri": uri}}))
         header = Header(
             created=utc_now(),
             source="synth",

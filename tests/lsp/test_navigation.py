@@ -4,6 +4,7 @@ whose prompt is exactly the prefix the first request there renders (fake engine)
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from lsp_fakes import FakeEngine, render
 from test_completer import SRC, URI, Rig
@@ -202,3 +203,37 @@ async def test_a_document_replaced_or_out_of_sync_drops_its_warm_up():
     out = rig.docs.change(URI, rig.version, [FullChange("x = 1\n")])
     rig.completer.changed(URI, out)
     assert state.warming is None
+
+
+# -- the editors' own requests about the cursor's place (document highlights, code actions) --
+
+
+async def test_a_place_an_editor_asks_about_is_a_cursor_signal_unless_it_is_where_the_person_types():
+    rig = await Rig(FakeEngine()).start()
+    cursor = SRC.index("return")
+    await rig.complete(cursor)
+    assert not rig.completer.position_asked(URI, cursor)  # asked while typing: no news
+    assert not rig.completer.position_asked("file:///not-open.py", 3)
+    target = SRC.index("import os")
+    assert rig.completer.position_asked(URI, target)
+    await asyncio.sleep(SETTLE)
+    (warm,) = _warmups(rig.engine)
+    assert len(warm.prefix) == target
+    assert rig.stats.warm_position_signals == 1
+
+
+async def test_a_repeated_signal_keeps_the_warm_up_in_flight_for_the_same_prompt():
+    rig = await Rig(FakeEngine()).start()
+    rig.engine.background_gate = threading.Event()  # background requests stay in flight until set
+    target = SRC.index("import os")
+    assert rig.completer.position_asked(URI, target)
+    await asyncio.sleep(SETTLE)
+    # asked again: the warm-up's session is there now, so it is no news
+    assert not rig.completer.position_asked(URI, target)
+    rig.completer.cursor_moved(URI, target)  # a client's cursor notification for the same place
+    await asyncio.sleep(SETTLE)
+    warm_ups = _warmups(rig.engine)
+    rig.engine.background_gate.set()
+    assert rig.stats.warm_position_signals == 1
+    # the small window's warm-up and the full window's, once each
+    assert rig.stats.warm_submitted == 1 and len(warm_ups) == 1 + rig.stats.first_window_warmups

@@ -13,8 +13,8 @@ $EFIM_ORACLE_CRASH_AFTER=N makes the process die at the (N+1)-th engine request;
 $EFIM_ORACLE_RECORD=DIR installs the `--record` observer, as `efim serve --record` does.
 $EFIM_ORACLE_DECOY=1 makes a request for alternatives (n > 1) answer a wrong first text and
 the true continuation as its alternative, so a replay can tell the first item from the others.
-$EFIM_ORACLE_LOG=FILE appends every incoming notification (method, params) to FILE as a
-JSON line, so a test can see what the replayer sent, methods the server ignores included.
+$EFIM_ORACLE_LOG=FILE appends every incoming message (method, params, and a request's id) to
+FILE as a JSON line, so a test can see what the replayer sent, methods the server ignores included.
 """
 
 from __future__ import annotations
@@ -216,8 +216,11 @@ def main() -> int:
         log_file = open(os.environ["EFIM_ORACLE_LOG"], "a", encoding="utf-8")
 
         def observer(direction: str, message: dict, at: float) -> None:
-            if direction == "in" and "method" in message and "id" not in message:
-                log_file.write(json.dumps({"method": message["method"], "params": message.get("params"), "at": at}) + "\n")
+            if direction == "in" and "method" in message:
+                entry = {"method": message["method"], "params": message.get("params"), "at": at}
+                if "id" in message:
+                    entry["id"] = message["id"]
+                log_file.write(json.dumps(entry) + "\n")
                 log_file.flush()
             if recorder is not None:
                 recorder(direction, message, at)

@@ -20,7 +20,7 @@ from efim_tools.trace.document import TextDocument
 from efim_tools.trace.jumps import first_keys, jump_marks, stop_patterns
 from efim_tools.trace.person import RequestRecord
 from efim_tools.trace.replay import Config, ConfigResult, ReplayOptions, replay_config
-from efim_tools.trace.tour import CLIENT_STYLES, PATTERNS, TourOptions, synthesize_tours
+from efim_tools.trace.tour import CLIENT_STYLES, DEBOUNCE_MS, EDITOR_ASK_METHOD, EDITOR_ASK_MS, PATTERNS, TourOptions, synthesize_tours
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
@@ -94,6 +94,36 @@ def test_plain_sends_nothing_of_ours_and_asks_only_after_an_edit():
         assert first_keys(trace) == set(jump_marks(trace))
 
 
+def test_an_editor_asks_about_the_landing_only_when_the_person_pauses_long_enough():
+    asked = dropped = 0
+    for group in styled(SOURCES, seed=6, sessions=3, visits=12):
+        trace, plain = group["editor"].trace, group["plain"].trace
+        events = trace.events
+        assert not [e for e in events if e.lsp_method.startswith("efim/")]
+        asks = [e for e in events if e.kind == "cursor"]
+        assert asks and all(e.lsp_method == EDITOR_ASK_METHOD and e.id is not None for e in asks)
+        ids = [e.id for e in events if e.id is not None]
+        assert len(ids) == len(set(ids))  # requests of both kinds numbered once
+        assert [e for e in events if e.kind != "cursor"] == [e for e in plain.events if e.kind != "cursor"] or \
+            [(e.t, e.kind) for e in events if e.kind != "cursor"] == [(e.t, e.kind) for e in plain.events]
+        for (i, mark), entry in zip(sorted(jump_marks(trace).items()), trace.header.meta["jumps"]):
+            if mark.pattern == "file-switch":
+                continue
+            first_edit = max(j for j in range(i) if events[j].kind == "change")
+            previous_key = max((j for j in range(first_edit) if events[j].kind == "complete"), default=-1)
+            between = [e for e in events[previous_key + 1 : first_edit] if e.kind == "cursor"]
+            landing_asks = [e for e in between if e.t >= events[first_edit].t - mark.pause_ms]
+            if mark.pause_ms >= EDITOR_ASK_MS - DEBOUNCE_MS + 0.2:
+                asked += 1
+                (ask,) = landing_asks  # at the spot the first key edits
+                (change,) = events[first_edit].params["contentChanges"]
+                assert ask.params["position"] == change["range"]["start"] or ask.params["position"] == change["range"]["end"]
+            elif mark.pause_ms < EDITOR_ASK_MS - DEBOUNCE_MS - 0.2:
+                dropped += 1
+                assert landing_asks == []  # the key came first
+    assert asked > 10 and dropped > 3
+
+
 def test_insert_enter_asks_at_the_landing_before_the_first_edit():
     for group in styled(SOURCES, seed=2, sessions=3, visits=10):
         trace = group["insert-enter"].trace
@@ -133,14 +163,17 @@ def test_a_file_switch_sends_no_edit_before_the_first_request_there():
                     assert changes == []
                 else:  # only the first key, right before its request, in the document switched to
                     assert changes == [events[i - 1]] and events[i - 1].uri == events[i].uri
-                assert all(e.uri == events[i].uri for e in between)
+                asks = [e for e in between if e.lsp_method == EDITOR_ASK_METHOD]  # the last stop's may be among them
+                assert all(e.uri == events[i].uri for e in between if e not in asks)
                 if entry["opened"]:  # a file opened now: its didOpen is the switch
                     seen_late += 1
                     assert events[i].uri not in opened_at_start and between[0].kind == "open"
                 else:
                     seen_back += 1
                     assert not any(e.kind == "open" for e in between)
-                assert any(e.kind == "cursor" for e in between) == (style == "ours")
+                assert any(e.kind == "cursor" and e.id is None for e in between) == (style == "ours")
+                # the editor asks about the place it switched to (the file was navigated ≥ 300 ms)
+                assert any(e.uri == events[i].uri for e in asks) == (style == "editor")
     assert seen_late and seen_back
 
 
@@ -319,6 +352,7 @@ async def test_styles_replayed_send_what_their_client_sends(tmp_path):
         assert result.crashed is None and len(result.records) == limit
         sent = [json.loads(line)["method"] for line in (log / "in.jsonl").read_text(encoding="utf-8").splitlines()]
         assert ("efim/didMoveCursor" in sent) == (style == "ours")
+        assert (EDITOR_ASK_METHOD in sent) == (style == "editor")
         jumps = [r for r in result.records if r.jump_pause_ms is not None]
         keys = [r for r in result.records if r.first_key]
         assert jumps and all(r.pattern is not None for r in result.records)

@@ -194,3 +194,41 @@ async def test_a_jump_after_a_pause_prefills_almost_nothing(client: LanguageClie
     assert prompt > 200 and prefilled <= 4, (prompt, prefilled)
     check = await request(client, "efim/debug/checkIntegrity")
     assert check["ok"] and check["engine"] == "ok", check
+
+
+@pytest.mark.parametrize("ask", ["documentHighlight", "codeAction"])
+async def test_a_plain_client_asking_about_the_cursor_warms_the_place_it_asks_about(client: LanguageClient, ask: str):
+    """A client with nothing of ours still asks about the cursor's place as it moves
+    (highlights, the light bulb): that warms the window there, so the first key after a
+    pause prefills a token or two. The answers are empty; a bad position gets [] too."""
+    text, line, col = stdlib_function()
+    uri = f"file:///stdlib/plain-{ask}.py"
+    open_doc(client, text, uri)
+    await inline(client, t.Position(line, col), uri)
+    target = next(i for i, s in enumerate(text.splitlines()) if i > line + 120 and s.startswith("        ") and s.strip())
+    before = await warm_ups_settled(client)
+    doc = t.TextDocumentIdentifier(uri=uri)
+    if ask == "documentHighlight":
+        answer = await client.text_document_document_highlight_async(t.DocumentHighlightParams(doc, t.Position(target, 8)))
+        nowhere = await client.text_document_document_highlight_async(t.DocumentHighlightParams(doc, t.Position(10**6, 0)))
+    else:
+        selection = t.Range(t.Position(target, 8), t.Position(target, 12))  # a selection: typing lands at its start
+        context = t.CodeActionContext(diagnostics=[])
+        answer = await client.text_document_code_action_async(t.CodeActionParams(doc, selection, context))
+        far = t.Range(t.Position(10**6, 0), t.Position(10**6, 0))
+        nowhere = await client.text_document_code_action_async(t.CodeActionParams(doc, far, context))
+    assert answer is not None and nowhere is not None and len(answer) == len(nowhere) == 0
+    for _ in range(400):  # the person reads; the server warms meanwhile
+        await asyncio.sleep(0.05)
+        warm = (await request(client, "efim/stats"))["warmup"]
+        if warm["completed"] > before["warmup"]["completed"]:
+            break
+    assert warm["positionSignals"] == before["warmup"]["positionSignals"] + 1
+    assert warm["completed"] == before["warmup"]["completed"] + 1 and warm["prefilledTokens"] > 0
+    before = await request(client, "efim/stats")
+    change(client, 1, target, 8, "x", uri=uri)
+    await inline(client, t.Position(target, 9), uri)
+    stats = await request(client, "efim/stats")
+    prompt = stats["promptTokens"] - before["promptTokens"]
+    prefilled = stats["prefilledTokens"] - before["prefilledTokens"]
+    assert prompt > 200 and prefilled <= 4, (prompt, prefilled)

@@ -26,7 +26,7 @@ METHODS = ("textDocument/inlineCompletion", "textDocument/completion", "efim/doc
            "efim/debug/checkIntegrity", "workspace/executeCommand", "initialize", "$/cancelRequest",
            "textDocument/didOpen", "textDocument/didChange", "textDocument/didClose", "textDocument/didShowCompletion",
            "textDocument/didPartiallyAcceptCompletion", "workspace/didChangeConfiguration", "efim/didMoveCursor",
-           "$/setTrace", "initialized", "textDocument/hover", "efim/nonsense", "$/unknown")
+           "textDocument/documentHighlight", "textDocument/codeAction", "$/setTrace", "initialized", "textDocument/hover", "efim/nonsense", "$/unknown")
 UNKNOWN_METHODS = ("textDocument/hover", "efim/nonsense", "$/unknown")
 # Settings a case may send: none of them loads a model or slows every request down.
 SETTING_KEYS = ("maxTokens", "multiline", "temperature", "prefixTokens", "suffixTokens", "promptFormat", "context", "nonsense")
@@ -59,11 +59,13 @@ def _valid_params(method: str, draw) -> Any:
         if method == "textDocument/inlineCompletion":
             params["context"] = {"triggerKind": draw(st.sampled_from([1, 2]))}
         return params
-    if method in ("efim/documentText", "textDocument/didClose", "efim/didMoveCursor"):
+    if method in ("efim/documentText", "textDocument/didClose", "efim/didMoveCursor", "textDocument/documentHighlight"):
         params = {"textDocument": doc}
-        if method == "efim/didMoveCursor":
+        if method in ("efim/didMoveCursor", "textDocument/documentHighlight"):
             params["position"] = draw(positions)
         return params
+    if method == "textDocument/codeAction":
+        return {"textDocument": doc, "range": draw(ranges), "context": {"diagnostics": []}}
     if method == "textDocument/didOpen":
         return {"textDocument": {**doc, "languageId": "python", "version": draw(st.integers(-5, 5)), "text": draw(_text())}}
     if method == "textDocument/didChange":
