@@ -16,7 +16,9 @@ given a prefix or suffix at a `_` becomes the other line's identifier with the s
 (`self.a` → `self._a` gives `self._b`), and every other new token is copied. A changed
 token that differs between the two lines and is not carried this way (`'a': 1` → `'a': 2`
 next to `'b': 5`) means no edit there. Silence otherwise: a change over several lines, a
-line that does not tokenize, `import` lines, a run too short.
+line that does not tokenize, a line half typed (a bracket left open, an operator at its
+end), one literal changed into another (`8` → `15`, a word in a string: values of that line
+as often as a pattern — the noise set is made of them), `import` lines, a run too short.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _TOKEN = re.compile(
     re.X,
 )
 _ABSTRACT = ("name", "number", "string")
+_CLOSERS = (")", "]", "}", ",", ":")
+_DEPTH = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 
 
 class Token(NamedTuple):
@@ -108,6 +112,8 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
         return None
     if not any(t.kind in _ABSTRACT for t in old.tokens):
         return None
+    if _depth(new) != _depth(old) or (new.tokens[-1].kind == "op" and new.tokens[-1].text not in _CLOSERS and new.tokens[-1].text != old.tokens[-1].text):
+        return None  # half typed: a bracket left open, a line ending in an operator
     stretch = _stretch(old.tokens, new.tokens)
     if stretch is None:
         return None
@@ -145,6 +151,10 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
                 continue  # this line has it already
             return NextEdit(a, b, new_text, f"parallel line ({where})")
     return None
+
+
+def _depth(line: Line) -> int:
+    return sum(_DEPTH.get(t.text, 0) for t in line.tokens if t.kind == "op")
 
 
 def _stretch(old: tuple[Token, ...], new: tuple[Token, ...]) -> tuple[int, int, int] | None:

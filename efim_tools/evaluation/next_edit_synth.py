@@ -9,10 +9,12 @@ a real module's text at run time (its `ast` and `tokenize`, not the proposers' s
                 argument removed with its comma
     parallel    one line of a run of >= 3 consecutive lines of the same shape (tokens with
                 names, numbers and strings abstracted, same repeats, same indentation)
-                changed — an attribute given a `_` prefix, a value wrapped in `str(...)`, a
-                number, string or name shared by the run changed, `strict=True` added to a
-                call that ends the line; next: the same change on the next line of the run
-                (the one above for the run's last line)
+                changed (a line drawn at random and the run's last one) — an attribute
+                given a `_` prefix, a value wrapped in `str(...)`, a name the run's lines
+                share changed, `strict=True` added to a call that ends the line; next: the
+                same change on the next line of the run (the one above for the last line).
+                A number or string changed into another is left out: that is what the noise
+                set is made of, and the proposer stays silent on it
 """
 
 from __future__ import annotations
@@ -216,18 +218,18 @@ def parallel_samples(text: str, rng: random.Random) -> list[Synth]:
         lineno = end if sh is not None else lineno + 1
         if sh is None or len(run) < 3:
             continue
-        k = rng.randrange(len(run))
-        nxt = run[k + 1] if k + 1 < len(run) else run[k - 1]
-        for make in (_prefix_attribute, _wrap_value, _shared_token, _strict_flag):
-            here, there = make(by_line[run[k]], [by_line[r] for r in run]), make(by_line[nxt], [by_line[r] for r in run])
-            if here is None or there is None:
-                continue
-            a, b, t = here
-            shift = len(t) - (b - a)
-            ea, eb, et = there
-            if ea >= b:
-                ea, eb = ea + shift, eb + shift
-            out.append(Synth("parallel", text, here, (ea, eb, et)))
+        for k in sorted({rng.randrange(len(run) - 1), len(run) - 1}):
+            nxt = run[k + 1] if k + 1 < len(run) else run[k - 1]
+            for make in (_prefix_attribute, _wrap_value, _shared_token, _strict_flag):
+                here, there = make(by_line[run[k]], [by_line[r] for r in run]), make(by_line[nxt], [by_line[r] for r in run])
+                if here is None or there is None:
+                    continue
+                a, b, t = here
+                shift = len(t) - (b - a)
+                ea, eb, et = there
+                if ea >= b:
+                    ea, eb = ea + shift, eb + shift
+                out.append(Synth("parallel", text, here, (ea, eb, et)))
     return out
 
 

@@ -4,6 +4,7 @@ a clear error."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -36,6 +37,24 @@ def test_the_command_prints_json_and_refuses_an_unknown_module():
     bad = subprocess.run([sys.executable, "-m", "efim_tools.cli", "eval", "next-edit", "--files", "no_such_module_here"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no standard-library module" in bad.stderr
+
+
+def test_call_site_and_parallel_samples_are_real_edits_answered_at_the_expected_place():
+    cases = samples(["calendar", "difflib"], seed=5, per_category=40)
+    by = {c: [x for x in cases if x.category == c] for c in ("call-site", "parallel")}
+    assert len(by["call-site"]) == 40 and len(by["parallel"]) >= 8
+    for case in by["call-site"] + by["parallel"]:
+        start, end, new = case.edit
+        assert case.before[start:end] != new and case.expected is not None
+        after = case.before[:start] + new + case.before[end:]
+        exp = case.expected
+        assert 0 <= exp.start <= exp.end <= len(after) and after[exp.start : exp.end] != exp.text
+    for case in by["call-site"]:  # the signature changed, and the call fixed, still parse
+        start, end, new = case.edit
+        after = case.before[:start] + new + case.before[end:]
+        ast.parse(after[: case.expected.start] + case.expected.text + after[case.expected.end :])
+    scores, _ = evaluate(by["call-site"] + by["parallel"])
+    assert scores["call-site"].exact >= 0.9 and scores["parallel"].location >= 0.7
 
 
 def test_an_unknown_proposer_is_refused():

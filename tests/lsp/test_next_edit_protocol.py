@@ -80,3 +80,21 @@ def test_ranges_are_in_utf16_units_after_characters_outside_the_bmp():
         (edit,) = _edits(server, 2, 1, 5)["edits"]
         # `x` on line 2 sits after '😀' (two UTF-16 units): character 16, not 15.
         assert edit["range"] == {"start": {"line": 2, "character": 16}, "end": {"line": 2, "character": 17}}
+
+
+def test_a_parameter_added_is_offered_at_the_call_and_a_parallel_line_at_the_next():
+    text = "def area(w, h):\n    return w * h\n\n\nprint(area(2, 3))\nx.a = a\nx.b = b\nx.c = c\n"
+    with ServerProcess() as server:
+        server.initialize()
+        server.open(URI, text, version=1)
+        # `, d` typed after `h` on line 0, key by key.
+        for i, ch in enumerate(", d"):
+            _change(server, 2 + i, 0, 13 + i, 13 + i, ch)
+        (edit,) = _edits(server, 4, 0, 16)["edits"]
+        assert edit["text"] == ", d" and edit["range"] == {"start": {"line": 4, "character": 15}, "end": {"line": 4, "character": 15}}
+        assert edit["textDocument"] == {"uri": URI, "version": 4}
+        # `x.a` -> `x._a` on line 5: the same on the next line of the run.
+        _change(server, 5, 5, 2, 2, "_")
+        (edit,) = _edits(server, 5, 5, 3)["edits"]
+        assert edit["text"] == "_b" and edit["range"] == {"start": {"line": 6, "character": 2}, "end": {"line": 6, "character": 3}}
+        assert server.shutdown_and_exit() == 0
