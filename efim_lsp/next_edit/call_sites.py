@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from efim_lsp.next_edit.history import Change
 from efim_lsp.next_edit.proposer import NextEdit
@@ -31,6 +31,8 @@ from efim_lsp.next_edit.source import Literals, Snippet, matching_close, minimal
 # How far above the change a `def` line is looked for, and how many calls are examined.
 HEADER_LINES = 30
 CANDIDATES = 64
+# Older changes looked through for the signature change that call fixes followed.
+FOLLOWED = 12
 
 _DEF = re.compile(r"[ \t]*(?:async[ \t]+)?def[ \t]+([^\W\d]\w*)[ \t]*\(")
 _HEAD_END = re.compile(r"[ \t]*(?:->[^:\r\n]*)?:")
@@ -56,9 +58,40 @@ class Callee(NamedTuple):
     bound: int  # leading parameters the call does not pass (self, cls)
 
 
-def propose(text: str, change: Change | None) -> NextEdit | None:
+class Plan(NamedTuple):
+    sig: Signature  # the new signature
+    kind: str  # "add" or "drop"
+    param: Param
+    index: int  # its position among the call's arguments (bound ones not counted)
+    callee: Callee
+
+
+def propose(text: str, change: Change | None, earlier: Sequence[Change] = ()) -> NextEdit | None:
+    """The next call to fix after `change`, or after the signature change among `earlier`
+    (the document's older changes, oldest first) when every change since fixed a call of
+    that function (an offered edit accepted, or the same argument typed)."""
     if change is None:
         return None
+    plan = plan_of(text, change) or _resumed(text, change, earlier)
+    if plan is None:
+        return None
+    sig, kind, param, index, callee = plan
+    positions = sum(p.kind in ("posonly", "normal") for p in sig.params) - callee.bound
+    literals = Literals(text)
+    calls = [m for m in callee.pattern.finditer(text) if not literals.inside(m.start()) and not _is_def(text, m.start())]
+    below = [m for m in calls if m.start() > sig.close_at]
+    above = [m for m in reversed(calls) if m.start() < sig.def_at]
+    for where, found in (("below", below), ("above", above)):
+        for m in found[:CANDIDATES]:
+            edit = _edit(text, m.start("name"), m.end() - 1, kind, param, index, positions)
+            if edit is not None:
+                start, end, new_text = edit
+                return NextEdit(start, end, new_text, f"call site of {sig.name}: {kind} {param.name} ({where})")
+    return None
+
+
+def plan_of(text: str, change: Change) -> Plan | None:
+    """What `change` did to a signature: one parameter added or dropped, or None."""
     s, e = change.start, change.end
     if not (0 <= s <= e <= len(text)) or text[s:e] != change.new:
         return None
@@ -76,18 +109,35 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     callee = _callee(text, new)
     if callee is None or index < callee.bound:
         return None
-    positions = sum(p.kind in ("posonly", "normal") for p in new.params) - callee.bound
-    literals = Literals(text)
-    calls = [m for m in callee.pattern.finditer(text) if not literals.inside(m.start()) and not _is_def(text, m.start())]
-    below = [m for m in calls if m.start() > new.close_at]
-    above = [m for m in reversed(calls) if m.start() < new.def_at]
-    for where, found in (("below", below), ("above", above)):
-        for m in found[:CANDIDATES]:
-            edit = _edit(text, m.start("name"), m.end() - 1, kind, param, index - callee.bound, positions)
-            if edit is not None:
-                start, end, new_text = edit
-                return NextEdit(start, end, new_text, f"call site of {new.name}: {kind} {param.name} ({where})")
+    return Plan(new, kind, param, index - callee.bound, callee)
+
+
+def _resumed(text: str, change: Change, earlier: Sequence[Change]) -> Plan | None:
+    """The plan of the latest signature change in `earlier` that only call fixes followed."""
+    since = [change]
+    for older in reversed(earlier[-FOLLOWED:]):
+        plan = plan_of(text, older)
+        if plan is not None:
+            return plan if all(_fixes_call(text, plan, c) for c in since) else None
+        since.append(older)
     return None
+
+
+def _fixes_call(text: str, plan: Plan, change: Change) -> bool:
+    """Whether `change` is the plan's argument added to or removed from one of its calls."""
+    if plan.kind == "add":
+        default = plan.param.default
+        forms = {plan.param.name, f"{plan.param.name}={default if default is not None else plan.param.name}"}
+        if change.old or change.new.lstrip(", ").strip() not in forms | ({default} if default else set()):
+            return False
+    elif change.new or not change.old.strip(", \t\r\n"):
+        return False
+    line_start = text.rfind("\n", 0, change.start) + 1
+    for m in plan.callee.pattern.finditer(text, max(0, line_start - 2000), change.start):
+        close = matching_close(text, m.end() - 1)
+        if close is not None and m.end() <= change.start and change.end <= close:
+            return True
+    return False
 
 
 def signature_at(text: str, start: int, end: int) -> Signature | None:
@@ -273,4 +323,4 @@ def _edit(text: str, name_at: int, open_at: int, kind: str, param: Param, index:
     return target[0], spans[1][0], ""
 
 
-__all__ = ["Param", "Signature", "propose", "signature_at"]
+__all__ = ["Param", "Plan", "Signature", "plan_of", "propose", "signature_at"]

@@ -120,37 +120,52 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     p, qo, qn = stretch
     if qo - p == 1 and qn - p == 1 and {old.tokens[p].kind, new.tokens[p].kind} <= {"number", "string"}:
         return None  # one literal for another: a value of this line, not a pattern (noise)
-    starts = [0]
-    for line in text.split("\n"):
-        starts.append(starts[-1] + len(line) + 1)
-    row = text.count("\n", 0, line_start)
     run = 1  # the lines of the old or the new shape around the edited one
     below: list[tuple[int, Line]] = []
     above: list[tuple[int, Line]] = []
-    for step, found in ((1, below), (-1, above)):
-        r = row + step
-        while 0 <= r < len(starts) - 1 and abs(r - row) <= RUN_LINES:
-            body = text[starts[r] : starts[r + 1] - 1]
-            if not body.lstrip(" \t").startswith("#"):
-                line = tokens_of(body)
-                if _same_shape(line, old):
-                    found.append((r, line))
-                elif not _same_shape(line, new):
-                    break
-                run += 1
-            r += step
+    for found, lines in ((below, _lines_below(text, line_end)), (above, _lines_above(text, line_start))):
+        for at, body in lines:
+            if body.lstrip(" \t").startswith("#"):
+                continue
+            line = tokens_of(body)
+            if _same_shape(line, old):
+                found.append((at, line))
+            elif not _same_shape(line, new):
+                break
+            run += 1
     if run < MIN_RUN:
         return None
     for where, found in (("below", below), ("above", above)):
-        for r, line in found:
+        for at, line in found:
             edit = _carry(old, new, stretch, line)
             if edit is None:
                 continue
-            a, b, new_text = minimal(text, starts[r] + edit[0], starts[r] + edit[1], edit[2], words=True)
+            a, b, new_text = minimal(text, at + edit[0], at + edit[1], edit[2], words=True)
             if a == b and not new_text:
                 continue  # this line has it already
             return NextEdit(a, b, new_text, f"parallel line ({where})")
     return None
+
+
+def _lines_below(text: str, end: int):
+    """(start, text) of the lines after the one ending at `end`, up to `RUN_LINES`."""
+    for _ in range(RUN_LINES):
+        if end >= len(text):
+            return
+        start = end + 1
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        yield start, text[start:end]
+
+
+def _lines_above(text: str, start: int):
+    """(start, text) of the lines before the one starting at `start`, up to `RUN_LINES`."""
+    for _ in range(RUN_LINES):
+        if start == 0:
+            return
+        end = start - 1
+        start = text.rfind("\n", 0, end) + 1
+        yield start, text[start:end]
 
 
 def _depth(line: Line) -> int:

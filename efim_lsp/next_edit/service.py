@@ -65,7 +65,7 @@ class NextEdits:
             return self._none()
         if version is not None and version != doc.version:
             return self._none()
-        edit = propose(doc.text, history.last)
+        edit = propose(doc.text, history.last, history.changes[:-1])
         if edit is None or not (0 <= edit.start <= edit.end <= len(doc.text)):
             return self._none()
         if doc.text[edit.start : edit.end] == edit.new_text:

@@ -100,6 +100,28 @@ def test_an_added_parameter_is_appended_at_the_next_call_that_lacks_it():
     assert line_of(applied(text3, edit3), edit3.start) == "    return first + second + scale(4, 5, depth)"
 
 
+def test_accepted_call_fixes_lead_on_to_the_next_call_and_anything_else_ends_it():
+    at = CALLS.index("def scale(w, h") + len("def scale(w, h")
+    text, history = typed(CALLS, at, at, ", depth")
+    seen = []
+    while (edit := propose(text, history.last, history.changes[:-1])) is not None:
+        seen.append(line_of(applied(text, edit), edit.start).strip())
+        history.observe(edit.start, edit.end, text[edit.start : edit.end], edit.new_text)  # the client applies it
+        text = applied(text, edit)
+    assert seen == ["first = scale(len(items), 2, depth)", "second = scale(w=1, h=3, depth=depth)",
+                    "return first + second + scale(4, 5, depth)", "total = scale(6, 7, depth) + len(os.sep)"]
+    # The same argument typed by hand at a call also leads on; another edit ends it.
+    text, history = typed(CALLS, at, at, ", depth")
+    call = text.index("scale(len(items), 2") + len("scale(len(items), 2")
+    for i, ch in enumerate(", depth"):
+        history.observe(call + i, call + i, "", ch)
+        text = text[: call + i] + ch + text[call + i :]
+    assert line_of(text, propose(text, history.last, history.changes[:-1]).start).strip() == "second = scale(w=1, h=3)"
+    history.observe(0, 0, "", "#\n")
+    text = "#\n" + text
+    assert call_sites.propose(text, history.last, history.changes[:-1]) is None
+
+
 def test_a_default_is_passed_by_keyword_and_a_call_above_comes_last():
     src = "total = scale(6, 7)\n\n\ndef scale(w, h):\n    return w * h\n"
     text, edit = edit_at(src, "def scale(w, h", "", ", depth=1")
