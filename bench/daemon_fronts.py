@@ -1,0 +1,263 @@
+"""Fronts sharing the engine daemon (`efim serve --daemon`) against one engine per front
+(`--no-daemon`): memory of all processes together, and keystroke latency through one front.
+
+    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--json OUT]
+
+Memory: N fronts (`efim serve`, stdio, started together) open the same stdlib module and
+each asks for one suggestion at the same place, one after the other (`firstWindowTokens: 0`,
+so each computes or reuses the whole window); 3 s later the RSS and
+PSS of every process (the fronts, and the daemon with `--daemon`) are summed from
+/proc/PID/smaps_rollup. Each configuration runs with a fresh XDG_RUNTIME_DIR (so a fresh
+daemon) and a fresh, empty KV disk directory. The later fronts' prefilled share of their
+prompt is reported too (in process they can only start from the first front's KV files).
+
+Latency: one front types a blanked function body back, one key at a time, waiting for each
+answer (`bench.lsp_typing`'s keystrokes); client-measured time to each inline-completion
+answer, p50 / p95 / p99, in process and through the daemon (the extra hop: the front's
+request crosses a Unix socket and every streamed token crosses back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lsprotocol import types as t
+from pygls.lsp.client import LanguageClient
+
+from bench.lsp_typing import blank_function, plain, position
+from bench.percentiles import percentile
+from efim_tools.trace.keys import key_presses
+
+MODULE, FUNCTION = "heapq.py", "_siftup"
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) of a process in MB, from smaps_rollup."""
+    rss = pss = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name == "Rss":
+            rss = int(rest.split()[0])
+        elif name == "Pss":
+            pss = int(rest.split()[0])
+    return rss / 1024, pss / 1024
+
+
+class Front:
+    def __init__(self, client: LanguageClient, uri: str) -> None:
+        self.client = client
+        self.uri = uri
+
+    @property
+    def pid(self) -> int:
+        return self.client._server.pid  # noqa: SLF001 - pygls keeps the process there
+
+    async def stats(self, reset: bool = False) -> dict:
+        return plain(await self.client.protocol.send_request_async("efim/stats", {"reset": True} if reset else {}))
+
+    async def ask(self, pos: t.Position) -> tuple[float, bool]:
+        started = time.perf_counter()
+        result = await self.client.text_document_inline_completion_async(t.InlineCompletionParams(
+            text_document=t.TextDocumentIdentifier(uri=self.uri), position=pos,
+            context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)))
+        return (time.perf_counter() - started) * 1000, bool(result and result.items)
+
+    async def close(self) -> None:
+        await self.client.shutdown_async(None)
+        self.client.exit(None)
+        await self.client.stop()
+
+
+async def start_front(model: str, daemon: bool, env: dict, uri: str, options: dict | None = None) -> Front:
+    client = LanguageClient("daemon-bench", "1")
+    for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
+        client.feature(method)(lambda *a: None)
+    cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning", "--model", model,
+           "--daemon" if daemon else "--no-daemon"]
+    await client.start_io(*cmd, env=env)
+    await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options or {}))
+    client.initialized(t.InitializedParams())
+    return Front(client, uri)
+
+
+async def wait_ready(front: Front, timeout: float = 600) -> dict:
+    end = time.monotonic() + timeout
+    while True:
+        stats = await front.stats()
+        if stats["model"]["state"] == "ready":
+            return stats
+        if stats["model"]["state"] == "failed" or time.monotonic() > end:
+            raise SystemExit(f"model not ready: {stats['model']}")
+        await asyncio.sleep(0.2)
+
+
+def environment(tag: str) -> tuple[dict, Path]:
+    run = Path(tempfile.mkdtemp(prefix=f"efb-{tag}-"))
+    os.chmod(run, 0o700)
+    kv = tempfile.mkdtemp(prefix=f"efim-kv-bench-{tag}-")
+    return {**os.environ, "XDG_RUNTIME_DIR": str(run), "EFIM_KV_DIR": kv}, run
+
+
+async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: int, options: dict | None = None) -> dict:
+    env, _ = environment(f"mem{fronts}{'d' if daemon else 'p'}")
+    uri = f"file:///bench/{MODULE}"
+    started = time.monotonic()
+    # The whole window at once (no first window of 128 tokens): the later fronts' reuse is of the full prompt.
+    options = {"firstWindowTokens": 0, **(options or {})}
+    group = await asyncio.gather(*(start_front(model, daemon, env, uri, options) for _ in range(fronts)))
+    infos = await asyncio.gather(*(wait_ready(f) for f in group))
+    ready_s = time.monotonic() - started
+    daemon_pid = infos[0]["engine"].get("daemon", {}).get("pid") if daemon else None
+    shares = []
+    for front in group:
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(
+            t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+        await front.stats(reset=True)
+        ms, _ = await front.ask(position(text, cursor))
+        s = await front.stats()
+        shares.append({"ms": round(ms, 1), "prompt": s["promptTokens"], "prefilled": s["prefilledTokens"]})
+    await asyncio.sleep(3.0)
+    pids = [f.pid for f in group] + ([daemon_pid] if daemon_pid else [])
+    per = {pid: memory_mb(pid) for pid in pids}
+    out = {
+        "mode": "daemon" if daemon else "in-process", "fronts": fronts, "ready_s": round(ready_s, 1),
+        "rss_mb": round(sum(r for r, _ in per.values())), "pss_mb": round(sum(p for _, p in per.values())),
+        "front_rss_mb": [round(per[f.pid][0]) for f in group],
+        "daemon_rss_mb": round(per[daemon_pid][0]) if daemon_pid else None,
+        "first_suggestion": shares,
+    }
+    await asyncio.gather(*(f.close() for f in group))
+    if daemon_pid:
+        os.kill(daemon_pid, signal.SIGTERM)  # the daemon this case started
+    return out
+
+
+async def typing_case(model: str, daemon: bool, text: str, cursor: int, keys: list[str]) -> dict:
+    env, _ = environment(f"typ{'d' if daemon else 'p'}")
+    uri = f"file:///bench/{MODULE}"
+    front = await start_front(model, daemon, env, uri)
+    info = await wait_ready(front)
+    daemon_pid = info["engine"].get("daemon", {}).get("pid") if daemon else None
+    front.client.text_document_did_open(t.DidOpenTextDocumentParams(
+        t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+    await front.ask(position(text, cursor))  # the opening request: a full prefill, not counted
+    await front.stats(reset=True)
+    latencies = []
+    for version, key in enumerate(keys, 1):
+        pos = position(text, cursor)
+        front.client.text_document_did_change(t.DidChangeTextDocumentParams(
+            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[t.TextDocumentContentChangePartial(range=t.Range(pos, pos), text=key)]))
+        text = text[:cursor] + key + text[cursor:]
+        cursor += len(key)
+        ms, _ = await front.ask(position(text, cursor))
+        latencies.append(ms)
+    stats = await front.stats()
+    await front.close()
+    if daemon_pid:
+        os.kill(daemon_pid, signal.SIGTERM)
+    return {
+        "mode": "daemon" if daemon else "in-process", "keystrokes": len(keys),
+        "p50_ms": round(percentile(latencies, 50), 1), "p95_ms": round(percentile(latencies, 95), 1),
+        "p99_ms": round(percentile(latencies, 99), 1), "mean_ms": round(sum(latencies) / len(latencies), 1),
+        "server_ttft_ms": stats["ttftMs"], "server_latency_ms": stats["latencyMs"],
+        "typing_through_hits": stats["typingThroughHits"],
+    }
+
+
+def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int) -> dict:
+    """The hop alone, without the language server: `n` keystroke-shaped requests (the EFIM
+    increment grows by one character each; one greedy token each) on one engine, submit to
+    completion timed in this process — a `LocalEngine` here, or a `DaemonEngine` to a fresh
+    daemon."""
+    from engine.api import InfillRequest  # noqa: PLC0415
+
+    env, run_dir = environment(f"hop{'d' if daemon else 'p'}")
+    os.environ.update(XDG_RUNTIME_DIR=env["XDG_RUNTIME_DIR"], EFIM_KV_DIR=env["EFIM_KV_DIR"])
+    if daemon:
+        from engine.daemon import open_daemon_engine  # noqa: PLC0415
+
+        engine = open_daemon_engine(model)
+    else:
+        from engine.local import load_engine  # noqa: PLC0415
+
+        engine = load_engine(model)
+    prefix, suffix = text[max(0, cursor - 3000):cursor], text[cursor:cursor + 1500]
+
+    def one(i: int):
+        started = time.perf_counter()
+        done = engine.submit(InfillRequest(key="file:///hop.py", prefix=prefix, suffix=suffix, increment=body[:i],
+                                           max_tokens=1, format="efim" if engine.info().supports_fim else "prefix")).result(120)
+        return (time.perf_counter() - started) * 1000, done.stats
+
+    one(0)  # the window's prefill, not counted
+    times, ttft = [], []
+    for i in range(1, n + 1):
+        ms, stats = one(i)
+        times.append(ms)
+        ttft.append(stats.ttft_ms)
+    pid = getattr(engine, "daemon_pid", None)
+    engine.close()
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+    return {"mode": "daemon" if daemon else "in-process", "requests": n,
+            "submit_to_result_ms": {q: round(percentile(times, q), 2) for q in (50, 95, 99)},
+            "engine_ttft_ms": {q: round(percentile(ttft, q), 2) for q in (50, 95, 99)},
+            "hop_p50_ms": round(percentile([a - b for a, b in zip(times, ttft)], 50), 2)}
+
+
+async def run(args: argparse.Namespace) -> dict:
+    text, cursor, body = blank_function(MODULE, FUNCTION)
+    keys = key_presses(body)[: args.keys]
+    results: dict = {"model": args.model, "module": MODULE, "function": FUNCTION, "memory": [], "typing": []}
+    for fronts in args.fronts:
+        for daemon in args.modes:
+            case = await memory_case(args.model, daemon, fronts, text, cursor, args.options)
+            print(json.dumps(case), flush=True)
+            results["memory"].append(case)
+    if args.keys:
+        for daemon in args.modes:
+            case = await typing_case(args.model, daemon, text, cursor, keys)
+            print(json.dumps(case), flush=True)
+            results["typing"].append(case)
+    for daemon in args.modes if args.hop else ():
+        case = hop_case(args.model, daemon, text, cursor, body, args.hop)
+        print(json.dumps(case), flush=True)
+        results.setdefault("hop", []).append(case)
+    return results
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default")
+    parser.add_argument("--fronts", default="1,3", type=lambda s: [int(x) for x in s.split(",") if x])
+    parser.add_argument("--keys", type=int, default=60, help="keystrokes typed for the latency comparison (0: skip it)")
+    parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")
+    parser.add_argument("--modes", default=[False, True], type=lambda s: [m == "daemon" for m in s.split(",")],
+                        help="in-process,daemon (default: both)")
+    parser.add_argument("--options", type=json.loads, default=None, help="more initializationOptions for the memory case (JSON)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    results = asyncio.run(run(args))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_cli(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
