@@ -31,6 +31,12 @@ Thread map (the served process; docs/design.md, "Threads"):
   `call_soon_threadsafe` (never a network wait on the caller's thread); `count_tokens`
   tokenizes on the caller's thread; its `on_fault` is called from that loop (or, for
   faults found while it was built, from the thread that sets `on_fault`).
+- daemon client thread ("efim-daemon-client", one per `engine.daemon.DaemonEngine`, which a
+  server started with `--daemon` runs instead of a `LocalEngine`): one asyncio loop for the
+  Unix socket to the user's engine daemon (another process, which runs the engine thread).
+  `submit`, `cancel`, `forget_*`, `keep_document_pieces` and `close` hand it work with
+  `call_soon_threadsafe`; `stats` and `count_tokens` wait for the daemon's reply (bounded);
+  its `on_fault` is called from that loop.
 - context worker ("efim-context", `efim_lsp.context.gatherer`): indexes files, calls
   `count_tokens` (which does not touch the engine thread's tokenizer LRU) and, through the
   gatherer's invalidation listeners, `forget_context` when a file's chunks change.

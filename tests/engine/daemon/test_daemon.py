@@ -384,6 +384,25 @@ def test_daemon_killed_mid_request_errors_within_a_second_reports_and_a_new_daem
         other.close()
 
 
+def test_the_daemons_engine_faults_reach_every_front(rundir, config, monkeypatch):
+    monkeypatch.setenv("EFIM_FAULT", "engine-crash")  # the daemon inherits it: its engine thread dies once
+    front, other = _front(config), _front(config)
+    try:
+        crashed = front.submit(_request(key="file:///fault.py")).result(30)
+        assert crashed.finish_reason == "error" and "InjectedCrash" in crashed.error
+        for engine in (front, other):
+            _wait(lambda e=engine: e.on_fault.seen, timeout=5, what="the fault told")
+            kind, message, _ = engine.on_fault.seen[0]
+            assert kind == "engine-crash" and message.startswith("engine daemon: the engine thread crashed")
+        # The daemon's engine restarted its thread; the connection never dropped.
+        assert front.submit(_request()).result(60).finish_reason in ("length", "eos", "stop")
+        assert front.state == other.state == "running" and front.reconnects == 0
+        _wait(lambda: front.health().get("restarts") == 1, what="health saying the engine thread restarted")  # (health is the last report)
+    finally:
+        front.close()
+        other.close()
+
+
 def test_a_killed_front_has_its_requests_cancelled(rundir, config):
     watcher = _front(config)
     try:
