@@ -1,8 +1,14 @@
 """Next-edit suggestions: after an edit, the next place that needs the same change.
 
     didChange ─▶ EditHistory (keystrokes coalesced into one replacement per place)
-              ─▶ propose(): the word the last change renamed, its next occurrence in the
-                 enclosing function (below first, then above) ─▶ NextEdit
+              ─▶ dispatch.propose(), the first that answers:
+                 proposer    the word the last change renamed, its next occurrence in the
+                             enclosing function (below first, then above)
+                 call_sites  a parameter added to / dropped from a def: the next call that
+                             does not fit the new signature
+                 parallel    one of a run of lines of the same shape changed: the same change
+                             on the next line of the run
+              ─▶ NextEdit
     textDocument/copilotInlineEdit ─▶ NextEdits (version and range checks, ids, counts)
 
 No LSP types and no engine here: offsets are code points of the document's text, as in

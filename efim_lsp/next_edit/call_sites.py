@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from efim_lsp.next_edit.history import Change
 from efim_lsp.next_edit.proposer import NextEdit
@@ -200,7 +201,7 @@ def _one_param(old: tuple[Param, ...], new: tuple[Param, ...]) -> tuple[str, Par
         kind, longer, shorter = "drop", old, new
     else:
         return None
-    key = lambda p: (p.name, p.kind)  # noqa: E731
+    key = lambda p: (p.name, p.kind)
     for i, param in enumerate(longer):
         if [key(p) for p in longer[:i] + longer[i + 1 :]] == [key(p) for p in shorter]:
             if param.kind == "kwarg" or param.name in {p.name for p in shorter}:

@@ -8,7 +8,7 @@ orders).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from efim_lsp.next_edit import call_sites, parallel, proposer
 from efim_lsp.next_edit.history import Change

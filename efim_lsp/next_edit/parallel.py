@@ -43,7 +43,7 @@ _TOKEN = re.compile(
     |(?P<name>[^\W\d]\w*)
     |(?P<op>\*\*=?|//=?|>>=?|<<=?|->|:=|\.\.\.|[-+*/%&|^@=!<>]=|[-+*/%&|^~@<>=.,:;()\[\]{}])
     |(?P<space>[ \t]+)""",
-    re.X,
+    re.VERBOSE,
 )
 _ABSTRACT = ("name", "number", "string")
 _CLOSERS = (")", "]", "}", ",", ":")
@@ -189,7 +189,7 @@ def _carry(old: Line, new: Line, stretch: tuple[int, int, int], other: Line) -> 
     """The change of `old` into `new` made to `other` (a line of `old`'s shape): (start, end,
     text) in `other`'s offsets, or None where it does not map cleanly."""
     p, qo, qn = stretch
-    O, N, C = old.tokens, new.tokens, other.tokens  # noqa: N806
+    O, N, C = old.tokens, new.tokens, other.tokens
     mine = {t.text: c.text for t, c in zip(O, C) if t.kind in _ABSTRACT}  # same shape: one each
     carried: set[str] = set()
     pieces: list[str] = []

@@ -8,8 +8,9 @@ there (an attribute only where it is an attribute, a variable only where it is n
 inside a string or a comment). Silence otherwise: a change that is not one identifier becoming another (new code
 typed, a literal changed, lines deleted), or a name with no other occurrence.
 
-Not covered yet: a parameter added at its call sites, one of several parallel lines changed,
-other files; a model ranking the candidates (#34).
+Call sites after a signature change and parallel lines are `call_sites` and `parallel`
+(tried after this one, `dispatch`). Not covered yet: other files; a model ranking the
+candidates (#34).
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
-from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.dispatch import propose
+from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.proposer import NextEdit
 from efim_lsp.stats import ServerStats
 

@@ -11,8 +11,8 @@ import re
 # and `#` comments, found by the regex engine rather than a character loop: the call-site
 # proposer scans whole files at every request.
 _LITERAL = r"""#[^\r\n]*|\"\"\"(?:\\.|[^\\])*?(?:\"\"\"|\Z)|'''(?:\\.|[^\\])*?(?:'''|\Z)|"(?:\\.|[^\\"\r\n])*(?:"|(?=[\r\n])|\Z)|'(?:\\.|[^\\'\r\n])*(?:'|(?=[\r\n])|\Z)"""
-_LITERALS = re.compile(_LITERAL, re.S)
-_BRACKETS = re.compile(r"[()\[\]{}]|" + _LITERAL, re.S)
+_LITERALS = re.compile(_LITERAL, re.DOTALL)
+_BRACKETS = re.compile(r"[()\[\]{}]|" + _LITERAL, re.DOTALL)
 _PAIRS = {")": "(", "]": "[", "}": "{"}
 
 

@@ -35,8 +35,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.dispatch import propose
+from efim_lsp.next_edit.history import EditHistory
 from efim_tools.evaluation.next_edit_synth import call_site_samples, parallel_samples
 from efim_tools.training.data import stdlib_root
 

@@ -24,7 +24,8 @@ import io
 import keyword
 import random
 import tokenize
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 PARAM = "extra"
 
@@ -239,9 +240,9 @@ def _varying(run: list[list[_Tok]], i: int) -> bool:
 
 def _prefix_attribute(toks: list[_Tok], run: list[list[_Tok]]) -> tuple[int, int, str] | None:
     for i, t in enumerate(toks):
-        if t.kind == "name" and i > 0 and toks[i - 1].text == "." and _varying(run, i) and not t.text.startswith("_"):
-            if sum(x.text == t.text for x in toks) == 1:
-                return t.start, t.start, "_"
+        if (t.kind == "name" and i > 0 and toks[i - 1].text == "." and _varying(run, i) and not t.text.startswith("_")
+                and sum(x.text == t.text for x in toks) == 1):
+            return t.start, t.start, "_"
     return None
 
 

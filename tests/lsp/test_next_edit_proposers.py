@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 
 import pytest
+from lsp_client_model import range_change
 
 from efim_lsp.documents import DocumentStore
 from efim_lsp.next_edit import call_sites, parallel
@@ -14,8 +15,6 @@ from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.service import NextEdits
 from efim_lsp.stats import ServerStats
-
-from lsp_client_model import range_change
 
 
 def typed(text: str, start: int, end: int, new: str) -> tuple[str, EditHistory]:
