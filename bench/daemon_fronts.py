@@ -1,7 +1,7 @@
 """Fronts sharing the engine daemon (`efim serve --daemon`) against one engine per front
 (`--no-daemon`): memory of all processes together, and keystroke latency through one front.
 
-    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--json OUT]
+    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--kill 2] [--hop 150] [--json OUT]
 
 Memory: N fronts (`efim serve`, stdio, started together) open the same stdlib module and
 each asks for one suggestion at the same place, one after the other (`firstWindowTokens: 0`,
@@ -78,14 +78,18 @@ class Front:
 
 async def start_front(model: str, daemon: bool, env: dict, uri: str, options: dict | None = None) -> Front:
     client = LanguageClient("daemon-bench", "1")
-    for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
+    shown: list[str] = []
+    for method in (t.WINDOW_LOG_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
+    client.feature(t.WINDOW_SHOW_MESSAGE)(lambda params: shown.append(params.message))
     cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning", "--model", model,
            "--daemon" if daemon else "--no-daemon"]
     await client.start_io(*cmd, env=env)
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options or {}))
     client.initialized(t.InitializedParams())
-    return Front(client, uri)
+    front = Front(client, uri)
+    front.shown = shown
+    return front
 
 
 async def wait_ready(front: Front, timeout: float = 600) -> dict:
@@ -173,6 +177,52 @@ async def typing_case(model: str, daemon: bool, text: str, cursor: int, keys: li
     }
 
 
+async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
+    """`fronts` fronts on one daemon, each with the file open and one suggestion shown; the
+    daemon SIGKILLed: seconds until each front's engine is running again (a new daemon), and
+    until its next suggestion arrives; the documents' text afterwards; messages shown."""
+    env, _ = environment("kill")
+    uri = f"file:///bench/{MODULE}"
+    group = await asyncio.gather(*(start_front(model, True, env, uri) for _ in range(fronts)))
+    infos = await asyncio.gather(*(wait_ready(f) for f in group))
+    old = infos[0]["engine"]["daemon"]["pid"]
+    for front in group:
+        front.client.text_document_did_open(t.DidOpenTextDocumentParams(
+            t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+        await front.ask(position(text, cursor))
+    os.kill(old, signal.SIGKILL)
+    killed = time.monotonic()
+
+    async def back(front: Front) -> tuple[float, float]:
+        while True:
+            engine = (await front.stats())["engine"]
+            if engine.get("state") == "running" and engine["daemon"].get("pid") not in (None, old):
+                break
+            await asyncio.sleep(0.05)
+        running = time.monotonic() - killed
+        # A key typed after the restart, so the answer is computed (not the one shown before).
+        pos = position(text, cursor)
+        front.client.text_document_did_change(t.DidChangeTextDocumentParams(
+            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=1),
+            content_changes=[t.TextDocumentContentChangePartial(range=t.Range(pos, pos), text="x")]))
+        _, answered = await front.ask(position(text[:cursor] + "x" + text[cursor:], cursor + 1))
+        front.answered = answered
+        return running, time.monotonic() - killed
+
+    times = await asyncio.gather(*(back(f) for f in group))
+    texts = [plain(await f.client.protocol.send_request_async("efim/documentText", {"textDocument": {"uri": uri}}))
+             for f in group]
+    new = (await group[0].stats())["engine"]["daemon"]["pid"]
+    out = {"fronts": fronts, "running_again_s": [round(a, 2) for a, _ in times],
+           "next_suggestion_s": [round(b, 2) for _, b in times],
+           "answered": [f.answered for f in group],
+           "documents_intact": all(d["text"] == text[:cursor] + "x" + text[cursor:] for d in texts),
+           "messages_shown": [len([m for m in f.shown if "went away" in m]) for f in group]}
+    await asyncio.gather(*(f.close() for f in group))
+    os.kill(new, signal.SIGTERM)
+    return out
+
+
 def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int) -> dict:
     """The hop alone, without the language server: `n` keystroke-shaped requests (the EFIM
     increment grows by one character each; one greedy token each) on one engine, submit to
@@ -228,6 +278,10 @@ async def run(args: argparse.Namespace) -> dict:
             case = await typing_case(args.model, daemon, text, cursor, keys)
             print(json.dumps(case), flush=True)
             results["typing"].append(case)
+    if args.kill:
+        case = await kill_case(args.model, args.kill, text, cursor)
+        print(json.dumps(case), flush=True)
+        results["kill"] = case
     for daemon in args.modes if args.hop else ():
         case = hop_case(args.model, daemon, text, cursor, body, args.hop)
         print(json.dumps(case), flush=True)
@@ -239,6 +293,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--fronts", default="1,3", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--keys", type=int, default=60, help="keystrokes typed for the latency comparison (0: skip it)")
+    parser.add_argument("--kill", type=int, default=0, metavar="N", help="also: N fronts, the daemon SIGKILLed, time until each serves again")
     parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")
     parser.add_argument("--modes", default=[False, True], type=lambda s: [m == "daemon" for m in s.split(",")],
                         help="in-process,daemon (default: both)")
