@@ -90,6 +90,11 @@ def model_preflight(args: argparse.Namespace):
     them while the old engine still serves, before giving it up."""
 
     def preflight(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_ignored) -> None:
+        if getattr(args, "daemon", False):
+            from engine.daemon import check_daemon_model, supported
+
+            if supported():  # the checks import torch: in a process of their own, so this front stays small
+                return check_daemon_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)
         from engine.local import check_model
 
         check_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)

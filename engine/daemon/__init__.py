@@ -10,7 +10,7 @@ ownership and peer checks), `launcher` (connect, or start one under the spawn lo
 Importing this package (and `client`) loads no torch: a front stays small.
 """
 
-from engine.daemon.client import DaemonEngine, open_daemon_engine
+from engine.daemon.client import DaemonEngine, check_daemon_model, open_daemon_engine
 from engine.daemon.place import supported
 
-__all__ = ["DaemonEngine", "open_daemon_engine", "supported"]
+__all__ = ["DaemonEngine", "open_daemon_engine", "check_daemon_model", "supported"]

@@ -16,7 +16,9 @@ import msgspec
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine.daemon", description="the per-user efim engine daemon")
-    parser.add_argument("--socket", type=Path, required=True, help="the Unix socket to serve on (its folder must be 0700)")
+    parser.add_argument("--socket", type=Path, help="the Unix socket to serve on (its folder must be 0700)")
+    parser.add_argument("--check", action="store_true",
+                        help="only run the model's weight-free checks (engine.local.check_model) and exit: 0, or 2 with the reason")
     parser.add_argument("--config", required=True, help="the DaemonConfig as JSON (engine.daemon.config)")
     parser.add_argument("--kv-budget", help="ceiling for all KV (default: the engine's default)")
     parser.add_argument("--idle-timeout", type=float, default=60.0, help="seconds to stay up once the last front has gone")
@@ -32,6 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     from engine.local import load_engine
 
     config = msgspec.json.decode(args.config.encode(), type=DaemonConfig)
+    if args.check:
+        from engine.local import check_model
+
+        try:
+            check_model(config.model, quant=config.quant, fim_tokens=config.fim_tokens, adapter=config.adapter)
+        except Exception as exc:  # noqa: BLE001 - told to the front as one line
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.socket is None:
+        parser.error("--socket is required")
     kv_budget = int(args.kv_budget) if args.kv_budget and args.kv_budget.isdigit() else args.kv_budget
     log.info("loading %s for the engine daemon (config %s)", config.model, config.digest())
     try:

@@ -39,7 +39,7 @@ from engine.api import (
     MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent,
 )
 from engine.daemon.config import DaemonConfig
-from engine.daemon.launcher import DEFAULT_IDLE_TIMEOUT_S, DaemonRefused, reach
+from engine.daemon.launcher import DEFAULT_IDLE_TIMEOUT_S, DaemonRefused, check_in_subprocess, reach
 from engine.daemon.place import Place
 from engine.daemon.wire import Call, Cancel, Event, Fault, Hello, ProtocolError, Reply, Submit, decode, frame, read_frame
 from engine.handle import RequestHandle
@@ -430,6 +430,12 @@ def _error_of(text: str) -> Exception:
     return kind(rest) if kind is not None else EngineError(text)
 
 
+def check_daemon_model(model: str, **settings: Any) -> None:
+    """`engine.local.check_model` for the daemon that `open_daemon_engine(model, **settings)`
+    would reach, run in a short-lived process (the front loads no torch)."""
+    check_in_subprocess(DaemonConfig.of(model, **settings))
+
+
 def open_daemon_engine(model: str, *, kv_budget: int | str | None = None, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
                        **settings: Any) -> DaemonEngine:
     """`load_engine(model, kv_budget=..., **settings)`, hosted by the user's daemon for that
@@ -440,4 +446,4 @@ def open_daemon_engine(model: str, *, kv_budget: int | str | None = None, idle_t
     return engine
 
 
-__all__ = ["DaemonEngine", "open_daemon_engine", "CALL_TIMEOUT_S"]
+__all__ = ["DaemonEngine", "open_daemon_engine", "check_daemon_model", "CALL_TIMEOUT_S"]

@@ -144,6 +144,22 @@ def spawn(place: Place, config: DaemonConfig, kv_budget: int | None, idle_timeou
     return proc
 
 
+def check_in_subprocess(config: DaemonConfig, timeout: float = 120.0) -> None:
+    """The model's weight-free checks (`engine.local.check_model`) in a short-lived process
+    (`python -m engine.daemon --check`), so a front keeps torch out of its own memory; raises
+    EngineError with the check's message when the model cannot load."""
+    import msgspec  # noqa: PLC0415
+
+    env = dict(os.environ)
+    source_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = source_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    done = subprocess.run([sys.executable, "-m", "engine.daemon", "--check", "--config", msgspec.json.encode(config).decode()],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise EngineError(lines[-1] if lines else f"the model check exited with code {done.returncode}")
+
+
 def reach(place: Place, config: DaemonConfig, kv_budget: int | None, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
           start_timeout: float = START_TIMEOUT_S) -> tuple[socket.socket, Hello]:
     """Connect to the configuration's daemon, starting it (under the spawn lock) when none answers."""
@@ -172,4 +188,4 @@ def reach(place: Place, config: DaemonConfig, kv_budget: int | None, *, idle_tim
             delay = min(0.1, delay * 1.5)
 
 
-__all__ = ["DaemonRefused", "connect", "reach", "spawn", "SpawnLock", "DEFAULT_IDLE_TIMEOUT_S"]
+__all__ = ["DaemonRefused", "connect", "reach", "spawn", "SpawnLock", "check_in_subprocess", "DEFAULT_IDLE_TIMEOUT_S"]

@@ -442,6 +442,24 @@ def test_the_daemon_exits_after_its_idle_timeout_and_the_next_front_starts_anoth
         again.close()
 
 
+def test_the_model_check_runs_in_a_process_of_its_own(config, tmp_path):
+    """`efim serve --daemon`'s preflight: the weight-free checks in a short-lived process, so
+    the front never imports torch; a model that cannot load raises with the check's reason."""
+    probe = textwrap.dedent(f"""
+        import sys
+        from engine.daemon import check_daemon_model
+        check_daemon_model({config.model!r}, fim_tokens="auto", adapter="auto")
+        print("torch" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+    from engine.daemon import check_daemon_model
+
+    with pytest.raises(EngineError, match="no-such-model"):
+        check_daemon_model(str(tmp_path / "no-such-model"))
+
+
 def test_a_model_that_cannot_load_fails_the_front_with_the_daemons_reason(rundir, tmp_path):
     config = DaemonConfig.of(str(tmp_path / "no-such-model"), kv_disk=False)
     started = time.monotonic()

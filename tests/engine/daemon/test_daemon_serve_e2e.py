@@ -105,3 +105,20 @@ def test_without_the_flag_no_daemon_starts(tiny_model_dir, rundir):
         assert _complete(server)["items"]
         assert _daemon_pids(rundir) == [] and not (rundir / "efim").exists()
         assert server.shutdown_and_exit() == 0
+
+
+def test_a_bad_model_switch_keeps_the_daemons_model_and_the_front_loads_no_torch(tiny_model_dir, rundir, tmp_path):
+    with _serve(tiny_model_dir, rundir, "--daemon") as server:
+        server.initialize(OPTIONS)
+        assert server.wait_model()["model"]["state"] == "ready"
+        pid = _engine_stats(server)["engine"]["daemon"]["pid"]
+        server.notify("workspace/didChangeConfiguration", {"settings": {"efim": {"model": str(tmp_path / "missing")}}})
+        _wait(lambda: _engine_stats(server)["model"]["error"], timeout=60, what="the failed check")
+        stats = _engine_stats(server)
+        assert stats["model"]["state"] == "ready" and "kept the previous model" in stats["model"]["error"]
+        assert stats["engine"]["daemon"]["pid"] == pid
+        server.open(URI, TEXT)
+        assert _complete(server)["items"]
+        maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
+        assert "libtorch" not in maps  # the check ran in a process of its own
+        assert server.shutdown_and_exit() == 0
