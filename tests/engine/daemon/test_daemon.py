@@ -466,3 +466,29 @@ def test_a_model_that_cannot_load_fails_the_front_with_the_daemons_reason(rundir
     with pytest.raises(EngineError, match="exited with code 2.*failed to load"):
         DaemonEngine(config, kv_budget="32M")
     assert time.monotonic() - started < 60
+
+
+def test_serve_without_unix_sockets_runs_the_engine_in_process_and_says_so(tiny_model_factory, rundir, monkeypatch, caplog):
+    import argparse
+
+    import engine.daemon
+    from efim_lsp.serve import engine_factory
+    from engine.local import LocalEngine
+
+    monkeypatch.setattr(engine.daemon, "supported", lambda: False)
+    args = argparse.Namespace(daemon=True, daemon_idle_timeout=5.0, dtype="fp32", quant=None, kv_budget="16M",
+                              kv_dtype=None, threads=None)
+    with caplog.at_level("WARNING"):
+        in_process = engine_factory(args)(str(tiny_model_factory("llama")), kv_disk=False)
+    try:
+        assert isinstance(in_process, LocalEngine)
+        assert any("no Unix sockets" in r.getMessage() for r in caplog.records)
+        assert _daemon_pids(rundir) == []
+    finally:
+        in_process.close()
+    monkeypatch.setattr(engine.daemon, "supported", lambda: True)
+    front = engine_factory(args)(str(tiny_model_factory("llama")), kv_disk=False)
+    try:
+        assert isinstance(front, DaemonEngine) and _daemon_pids(rundir) == [front.daemon_pid]
+    finally:
+        front.close()
