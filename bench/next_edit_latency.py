@@ -1,13 +1,13 @@
 """`efim bench next-edit`: how long a next-edit answer takes through `efim serve`, client side.
 
 A real server (the default model unless `--model`), a standard-library module opened as a
-document, and `--samples` renames drawn by `efim eval next-edit`'s sampler: each rename is
-typed key by key (a `didChange` per key, as an editor sends them), then
+document, and `--samples` edits drawn by `efim eval next-edit`'s sampler (`--category`:
+renames by default, or call sites, parallel lines): each edit is typed key by key (a `didChange` per key, as an editor sends them), then
 `textDocument/copilotInlineEdit` is asked at the edit and timed from the request written to
 the answer read. Two phases in one run: `idle` (only the next-edit requests) and `typing`
 (each key also asks `textDocument/inlineCompletion`, as a typing client does, and the
 next-edit request goes out while the last completion is still being computed). Reports p50
-/ p95 / p99 per phase and how many answers were the expected edit.
+/ p95 / p99 per phase and how many answers were the expected edit (the same text after it).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ async def _phase(client: LspClient, name: str, uri: str, cases: list, typing: bo
         await client.notify("textDocument/didOpen", {"textDocument": {"uri": doc_uri, "languageId": "python", "version": version, "text": text}})
         start, end, new = case.edit
         inflight = None
-        for i, ch in enumerate(new):
+        for i, ch in enumerate(new or [""]):  # a deletion: one change
             lo, hi = (start, end) if i == 0 else (start + i, start + i)
             change = {"range": {"start": _position(text, lo), "end": _position(text, hi)}, "text": ch}
             text = text[:lo] + ch + text[hi:]
@@ -51,7 +51,7 @@ async def _phase(client: LspClient, name: str, uri: str, cases: list, typing: bo
             await client.notify("textDocument/didChange", {"textDocument": {"uri": doc_uri, "version": version}, "contentChanges": [change]})
             if typing:
                 inflight = await client.send_request("textDocument/inlineCompletion", {
-                    "textDocument": {"uri": doc_uri}, "position": _position(text, start + i + 1), "context": {"triggerKind": 2}})
+                    "textDocument": {"uri": doc_uri}, "position": _position(text, start + len(ch) + i), "context": {"triggerKind": 2}})
         pending = await client.send_request("textDocument/copilotInlineEdit", {
             "textDocument": {"uri": doc_uri, "version": version}, "position": _position(text, start + len(new))})
         result = await client.result(pending)
@@ -61,8 +61,10 @@ async def _phase(client: LspClient, name: str, uri: str, cases: list, typing: bo
             answered += 1
             exp = case.expected
             edit = edits[0]
-            if edit["range"]["start"] == _position(text, exp.start) and edit["range"]["end"] == _position(text, exp.end) and edit["text"] == exp.text:
-                right += 1
+            index = LineIndex(text)
+            a, b = (index.offset(edit["range"][k]["line"], edit["range"][k]["character"], "utf-16") for k in ("start", "end"))
+            if text[:a] + edit["text"] + text[b:] == text[: exp.start] + exp.text + text[exp.end :]:
+                right += 1  # the text the expected edit leaves
         if inflight is not None:
             try:
                 await client.result(inflight)
@@ -74,10 +76,10 @@ async def _phase(client: LspClient, name: str, uri: str, cases: list, typing: bo
             "p50_ms": pct(50), "p95_ms": pct(95), "p99_ms": pct(99), "max_ms": round(max(latencies), 2) if latencies else None}
 
 
-async def run_bench(model: str, module: str, n: int, seed: int, ready_timeout_s: float) -> dict[str, Any]:
-    cases = [c for c in samples([module], seed=seed, per_category=n) if c.category == "rename-below"][:n]
+async def run_bench(model: str, module: str, n: int, seed: int, ready_timeout_s: float, category: str = "rename-below") -> dict[str, Any]:
+    cases = [c for c in samples([module], seed=seed, per_category=n) if c.category == category][:n]
     if not cases:
-        raise SystemExit(f"efim bench next-edit: no rename samples in {module}")
+        raise SystemExit(f"efim bench next-edit: no {category} samples in {module}")
     argv = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
     if model != "default":
         argv += ["--model", model]
@@ -93,7 +95,7 @@ async def run_bench(model: str, module: str, n: int, seed: int, ready_timeout_s:
         uri = module_path(module).as_uri()
         phases = [await _phase(client, "idle", uri, cases, typing=False), await _phase(client, "typing", uri, cases, typing=True)]
         counts = (await client.request("efim/stats", {}))["nextEdit"]
-        return {"model": model, "module": module, "seed": seed, "state": (stats or {}).get("model", {}).get("state"),
+        return {"model": model, "module": module, "category": category, "seed": seed, "state": (stats or {}).get("model", {}).get("state"),
                 "phases": phases, "server_counts": counts}
     finally:
         await client.close()
@@ -102,7 +104,9 @@ async def run_bench(model: str, module: str, n: int, seed: int, ready_timeout_s:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default", help="'default' (the embedded model) or a model path")
     parser.add_argument("--file", default="csv", help="standard-library module the renames are drawn from (default csv)")
-    parser.add_argument("--samples", type=int, default=60, help="renames per phase")
+    parser.add_argument("--samples", type=int, default=60, help="edits per phase")
+    parser.add_argument("--category", choices=("rename-below", "call-site", "parallel"), default="rename-below",
+                        help="which of efim eval next-edit's samples are typed (default: renames)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--json", default=None, help="write the report here too")
@@ -110,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_cli(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    report = asyncio.run(run_bench(args.model, args.file, args.samples, args.seed, args.ready_timeout))
-    print(f"next-edit through efim serve: model {report['model']} ({report['state']}), {report['module']}, seed {report['seed']}")
+    report = asyncio.run(run_bench(args.model, args.file, args.samples, args.seed, args.ready_timeout, args.category))
+    print(f"next-edit through efim serve: model {report['model']} ({report['state']}), {report['module']}, {report['category']}, seed {report['seed']}")
     print(f"{'phase':<8}{'n':>5}{'answered':>10}{'expected':>10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}")
     for p in report["phases"]:
         print(f"{p['phase']:<8}{p['n']:>5}{p['answered']:>10}{p['expected_edit']:>10}{p['p50_ms']:>9}{p['p95_ms']:>9}{p['p99_ms']:>9}{p['max_ms']:>9}")

@@ -55,8 +55,20 @@ class Signature(NamedTuple):
 
 
 class Callee(NamedTuple):
-    pattern: re.Pattern[str]  # a call's name: group "name" starts what is parsed
+    name: re.Pattern[str]  # the called name and its `(`; what is parsed starts there
+    receiver: re.Pattern[str] | None  # what must end right before the name (`self.`), or None: a bare name
     bound: int  # leading parameters the call does not pass (self, cls)
+
+    def calls(self, text: str, lo: int = 0, hi: int | None = None):
+        """The name matches of calls in `text[lo:hi]`. The name is searched for alone (a
+        leading look-behind would cost the regex engine its literal scan: 30x slower)."""
+        for m in self.name.finditer(text, lo, len(text) if hi is None else hi):
+            at = m.start()
+            if self.receiver is None:
+                if at == 0 or not (text[at - 1].isalnum() or text[at - 1] in "_."):
+                    yield m
+            elif self.receiver.search(text, max(0, at - 80), at):
+                yield m
 
 
 class Plan(NamedTuple):
@@ -79,12 +91,12 @@ def propose(text: str, change: Change | None, earlier: Sequence[Change] = ()) ->
     sig, kind, param, index, callee = plan
     positions = sum(p.kind in ("posonly", "normal") for p in sig.params) - callee.bound
     literals = Literals(text)
-    calls = [m for m in callee.pattern.finditer(text) if not literals.inside(m.start()) and not _is_def(text, m.start())]
+    calls = [m for m in callee.calls(text) if not literals.inside(m.start()) and not _is_def(text, m.start())]
     below = [m for m in calls if m.start() > sig.close_at]
     above = [m for m in reversed(calls) if m.start() < sig.def_at]
     for where, found in (("below", below), ("above", above)):
         for m in found[:CANDIDATES]:
-            edit = _edit(text, m.start("name"), m.end() - 1, kind, param, index, positions)
+            edit = _edit(text, m.start(), m.end() - 1, kind, param, index, positions)
             if edit is not None:
                 start, end, new_text = edit
                 return NextEdit(start, end, new_text, f"call site of {sig.name}: {kind} {param.name} ({where})")
@@ -134,7 +146,7 @@ def _fixes_call(text: str, plan: Plan, change: Change) -> bool:
     elif change.new or not change.old.strip(", \t\r\n"):
         return False
     line_start = text.rfind("\n", 0, change.start) + 1
-    for m in plan.callee.pattern.finditer(text, max(0, line_start - 2000), change.start):
+    for m in plan.callee.calls(text, max(0, line_start - 2000), change.start):
         close = matching_close(text, m.end() - 1)
         if close is not None and m.end() <= change.start and change.end <= close:
             return True
@@ -216,19 +228,24 @@ def _callee(text: str, sig: Signature) -> Callee | None:
     owner = _owner(text, sig.def_at, indent) if indent else None
     name = re.escape(sig.name)
     if owner is None or owner[0] == "def":
-        return Callee(re.compile(rf"(?<![\w.])(?P<name>{name})[ \t]*\("), 0)
+        return _callee_of(name, None, 0)
     decorators = _decorators(text, sig.def_at)
     if "staticmethod" in decorators:
-        return Callee(re.compile(rf"(?<![\w.])(?:self|cls|{re.escape(owner[1])})[ \t]*\.[ \t]*(?P<name>{name})[ \t]*\("), 0)
+        return _callee_of(name, rf"self|cls|{re.escape(owner[1])}", 0)
     first = next((p for p in sig.params if p.kind in ("posonly", "normal")), None)
     if first is None:
         return None
     if "classmethod" in decorators:
         receivers = "|".join(sorted({"self", re.escape(first.name), re.escape(owner[1])}))
-        return Callee(re.compile(rf"(?<![\w.])(?:{receivers})[ \t]*\.[ \t]*(?P<name>{name})[ \t]*\("), 1)
+        return _callee_of(name, receivers, 1)
     if sig.name == "__init__":
-        return Callee(re.compile(rf"(?<![\w.])(?P<name>{re.escape(owner[1])})[ \t]*\("), 1)
-    return Callee(re.compile(rf"(?<![\w.]){re.escape(first.name)}[ \t]*\.[ \t]*(?P<name>{name})[ \t]*\("), 1)
+        return _callee_of(re.escape(owner[1]), None, 1)
+    return _callee_of(name, re.escape(first.name), 1)
+
+
+def _callee_of(name: str, receivers: str | None, bound: int) -> Callee:
+    receiver = re.compile(rf"(?<![\w.])(?:{receivers})[ \t]*\.[ \t]*\Z") if receivers is not None else None
+    return Callee(re.compile(rf"{name}[ \t]*\("), receiver, bound)
 
 
 def _owner(text: str, def_at: int, indent: int) -> tuple[str, str] | None:
