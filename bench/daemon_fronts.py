@@ -1,7 +1,7 @@
 """Fronts sharing the engine daemon (`efim serve --daemon`) against one engine per front
 (`--no-daemon`): memory of all processes together, and keystroke latency through one front.
 
-    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--kill 2] [--hop 150] [--json OUT]
+    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--fair 20] [--kill 2] [--hop 150] [--json OUT]
 
 Memory: N fronts (`efim serve`, stdio, started together) open the same stdlib module and
 each asks for one suggestion at the same place, one after the other (`firstWindowTokens: 0`,
@@ -15,6 +15,11 @@ Latency: one front types a blanked function body back, one key at a time, waitin
 answer (`bench.lsp_typing`'s keystrokes); client-measured time to each inline-completion
 answer, p50 / p95 / p99, in process and through the daemon (the extra hop: the front's
 request crosses a Unix socket and every streamed token crosses back).
+
+`--fair RATE`: those keys typed alone, then again while a second front asks for a
+suggestion at a random place of another module RATE times a second (instead of the plain
+typing comparison). `--kill N`: N fronts, the daemon SIGKILLed, time until each serves
+again. `--hop N`: the engine alone, in process vs through the daemon (no server).
 """
 
 from __future__ import annotations
@@ -64,9 +69,12 @@ class Front:
         return plain(await self.client.protocol.send_request_async("efim/stats", {"reset": True} if reset else {}))
 
     async def ask(self, pos: t.Position) -> tuple[float, bool]:
+        return await self.ask_at(self.uri, pos)
+
+    async def ask_at(self, uri: str, pos: t.Position) -> tuple[float, bool]:
         started = time.perf_counter()
         result = await self.client.text_document_inline_completion_async(t.InlineCompletionParams(
-            text_document=t.TextDocumentIdentifier(uri=self.uri), position=pos,
+            text_document=t.TextDocumentIdentifier(uri=uri), position=pos,
             context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)))
         return (time.perf_counter() - started) * 1000, bool(result and result.items)
 
@@ -223,6 +231,71 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     return out
 
 
+async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[str]) -> list[float]:
+    """Open `uri` with `text`, ask once there (not counted), then type `keys` one at a time,
+    waiting for each answer; the client-measured latencies."""
+    front.client.text_document_did_open(t.DidOpenTextDocumentParams(
+        t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+    await front.ask_at(uri, position(text, cursor))
+    latencies = []
+    for version, key in enumerate(keys, 1):
+        pos = position(text, cursor)
+        front.client.text_document_did_change(t.DidChangeTextDocumentParams(
+            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[t.TextDocumentContentChangePartial(range=t.Range(pos, pos), text=key)]))
+        text = text[:cursor] + key + text[cursor:]
+        cursor += len(key)
+        ms, _ = await front.ask_at(uri, position(text, cursor))
+        latencies.append(ms)
+    return latencies
+
+
+async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list[str], rate: float) -> dict:
+    """Front A types `keys` alone, then the same keys in a copy of the file while front B asks
+    for a suggestion at a random place of another module `rate` times a second (each request
+    a jump: a new window to prefill, superseding B's previous one)."""
+    import random  # noqa: PLC0415
+    import sysconfig  # noqa: PLC0415
+
+    env, _ = environment(f"fair{'d' if daemon else 'p'}")
+    a, b = await asyncio.gather(*(start_front(model, daemon, env, "file:///bench/a.py") for _ in range(2)))
+    infos = await asyncio.gather(wait_ready(a), wait_ready(b))
+    daemon_pid = infos[0]["engine"].get("daemon", {}).get("pid") if daemon else None
+    solo = await type_keys(a, "file:///bench/solo.py", text, cursor, keys)
+    other = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
+    b_uri = "file:///bench/burst.py"
+    b.client.text_document_did_open(t.DidOpenTextDocumentParams(
+        t.TextDocumentItem(uri=b_uri, language_id="python", version=0, text=other)))
+    rng = random.Random(7)
+    sent = 0
+    stop = asyncio.Event()
+
+    async def burst() -> None:
+        nonlocal sent
+        pending = set()
+        while not stop.is_set():
+            task = asyncio.ensure_future(b.ask_at(b_uri, position(other, rng.randrange(len(other)))))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent += 1
+            await asyncio.sleep(1.0 / rate)
+        await asyncio.gather(*pending, return_exceptions=True)  # (a cancelled pygls future logs noise)
+
+    burster = asyncio.ensure_future(burst())
+    started = time.monotonic()
+    busy = await type_keys(a, "file:///bench/busy.py", text, cursor, keys)
+    stop.set()
+    await asyncio.gather(burster, return_exceptions=True)
+    elapsed = time.monotonic() - started
+    await asyncio.gather(a.close(), b.close(), return_exceptions=True)
+    if daemon_pid:
+        os.kill(daemon_pid, signal.SIGTERM)
+    summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
+    return {"mode": "daemon" if daemon else "in-process", "keystrokes": len(keys), "burst_per_s": round(sent / elapsed, 1),
+            "solo_ms": summary(solo), "with_burst_ms": summary(busy),
+            "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2)}
+
+
 def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int) -> dict:
     """The hop alone, without the language server: `n` keystroke-shaped requests (the EFIM
     increment grows by one character each; one greedy token each) on one engine, submit to
@@ -273,11 +346,16 @@ async def run(args: argparse.Namespace) -> dict:
             case = await memory_case(args.model, daemon, fronts, text, cursor, args.options)
             print(json.dumps(case), flush=True)
             results["memory"].append(case)
-    if args.keys:
+    if args.keys and not args.fair:
         for daemon in args.modes:
             case = await typing_case(args.model, daemon, text, cursor, keys)
             print(json.dumps(case), flush=True)
             results["typing"].append(case)
+    if args.fair:
+        for daemon in args.modes:
+            case = await fair_case(args.model, daemon, text, cursor, keys, args.fair)
+            print(json.dumps(case), flush=True)
+            results.setdefault("fairness", []).append(case)
     if args.kill:
         case = await kill_case(args.model, args.kill, text, cursor)
         print(json.dumps(case), flush=True)
@@ -293,6 +371,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="default")
     parser.add_argument("--fronts", default="1,3", type=lambda s: [int(x) for x in s.split(",") if x])
     parser.add_argument("--keys", type=int, default=60, help="keystrokes typed for the latency comparison (0: skip it)")
+    parser.add_argument("--fair", type=float, default=0, metavar="RATE",
+                        help="also: a front types --keys keys alone, then while another front asks RATE times a second")
     parser.add_argument("--kill", type=int, default=0, metavar="N", help="also: N fronts, the daemon SIGKILLed, time until each serves again")
     parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")
     parser.add_argument("--modes", default=[False, True], type=lambda s: [m == "daemon" for m in s.split(",")],
