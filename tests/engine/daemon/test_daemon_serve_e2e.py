@@ -24,6 +24,8 @@ URI = "file:///work/shared.py"
 LINE, COL = TEXT.count("\n") - 1, len("    return ")
 OPTIONS = {"timeoutMs": 0, "firstWindowTokens": 0, "warmAhead": False}
 
+pytestmark = pytest.mark.slow  # real servers and daemons: ~5 s a test
+
 
 @pytest.fixture()
 def rundir():
