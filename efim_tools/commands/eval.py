@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ne.add_argument("--files", default=None, help="comma-separated stdlib modules to draw samples from (default: difflib,textwrap,shlex,statistics,fractions,calendar)")
     ne.add_argument("--per-category", type=int, default=100, help="samples per category (a seeded subset)")
     ne.add_argument("--seed", type=int, default=0)
-    ne.add_argument("--proposer", choices=("baseline",), default="baseline", help="baseline: the server's rename proposer, no model")
+    ne.add_argument("--proposer", choices=("baseline",), default="baseline", help="baseline: the server's proposers (rename, call sites, parallel lines), no model")
     ne.add_argument("--json", action="store_true", help="print one JSON object")
     ne.set_defaults(func=run_next_edit)
     sh = targets.add_parser("shape", help="suggestions accepted at emptied statement lines of held-out modules: unparseable files, duplicated next lines")
