@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from efim_lsp.next_edit.history import Change
 from efim_lsp.next_edit.proposer import NextEdit
-from efim_lsp.next_edit.source import Literals, Snippet, matching_close, minimal
+from efim_lsp.next_edit.source import Literals, Snippet, matching_close, minimal, parse
 
 # How far above the change a `def` line is looked for, and how many calls are examined.
 HEADER_LINES = 30
@@ -167,10 +167,8 @@ def signature_at(text: str, start: int, end: int) -> Signature | None:
             if tail is None:
                 return None
             header = text[m.start() : tail.end()].lstrip(" \t")
-            try:
-                fn = ast.parse(header + " pass").body[0]
-            except (SyntaxError, ValueError, IndexError):
-                return None
+            tree = parse(header + " pass")
+            fn = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 return None
             return Signature(fn.name, line_start, open_at, close_at, _params(fn.args, Snippet(header, 0)))
@@ -300,10 +298,8 @@ def _edit(text: str, name_at: int, open_at: int, kind: str, param: Param, index:
     if close_at is None:
         return None
     snippet = Snippet(text[name_at : close_at + 1], name_at)
-    try:
-        call = ast.parse(snippet.text, mode="eval").body
-    except (SyntaxError, ValueError):
-        return None
+    tree = parse(snippet.text, "eval")
+    call = tree.body if isinstance(tree, ast.Expression) else None
     if not isinstance(call, ast.Call):
         return None
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):

@@ -4,8 +4,10 @@ ast positions back to offsets. Nothing here needs the whole file to parse.
 
 from __future__ import annotations
 
+import ast
 import bisect
 import re
+import warnings
 
 # Strings (quoted once or three times; an unterminated one ends at its line or at the end)
 # and `#` comments, found by the regex engine rather than a character loop: the call-site
@@ -14,6 +16,17 @@ _LITERAL = r"""#[^\r\n]*|\"\"\"(?:\\.|[^\\])*?(?:\"\"\"|\Z)|'''(?:\\.|[^\\])*?(?
 _LITERALS = re.compile(_LITERAL, re.DOTALL)
 _BRACKETS = re.compile(r"[()\[\]{}]|" + _LITERAL, re.DOTALL)
 _PAIRS = {")": "(", "]": "[", "}": "{"}
+
+
+def parse(text: str, mode: str = "exec") -> ast.AST | None:
+    """`ast.parse`, or None where the text does not parse; its warnings (`1if x`) kept quiet:
+    this is text being typed, not code being run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return ast.parse(text, mode=mode)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 class Literals:
@@ -88,4 +101,4 @@ def _word(ch: str) -> bool:
     return bool(ch) and (ch.isalnum() or ch == "_")
 
 
-__all__ = ["Literals", "Snippet", "matching_close", "minimal"]
+__all__ = ["Literals", "Snippet", "matching_close", "minimal", "parse"]
