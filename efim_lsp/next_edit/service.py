@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -19,6 +20,8 @@ from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.proposer import NextEdit
 from efim_lsp.stats import ServerStats
+
+log = logging.getLogger(__name__)
 
 # Offered proposals remembered for the accept command.
 OFFERED_KEPT = 64
@@ -66,7 +69,11 @@ class NextEdits:
             return self._none()
         if version is not None and version != doc.version:
             return self._none()
-        edit = propose(doc.text, history.last, history.changes[:-1])
+        try:
+            edit = propose(doc.text, history.last, history.changes[:-1])
+        except Exception:  # a proposer's bug costs this answer, never the request
+            log.exception("next-edit proposer failed on %s", uri)
+            edit = None
         if edit is None or not (0 <= edit.start <= edit.end <= len(doc.text)):
             return self._none()
         if doc.text[edit.start : edit.end] == edit.new_text:

@@ -288,3 +288,18 @@ def test_the_service_checks_apply_to_call_sites_and_parallel_lines():
     assert offer is not None and line_of(applied(text, offer.edit), offer.edit.start) == "    first = scale(len(items), 2, depth)"
     assert service.propose(uri, version - 1, None) is None  # an older version
     assert service.propose(uri, version, offer.edit.start) is None  # the cursor on the call
+
+
+def test_a_proposer_that_fails_costs_the_answer_not_the_request(monkeypatch):
+    import efim_lsp.next_edit.service as service_module
+
+    def broken(*_args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service_module, "propose", broken)
+    docs, stats = DocumentStore(), ServerStats()
+    service = NextEdits(docs, stats)
+    docs.open("file:///b.py", "python", 1, CALLS)
+    service.opened("file:///b.py")
+    service.changed("file:///b.py", docs.change("file:///b.py", 2, [range_change(CALLS, 0, 0, "#")]))
+    assert service.propose("file:///b.py", 2, None) is None and stats.next_edit_empty == 1
