@@ -83,7 +83,7 @@ def test_ranges_are_in_utf16_units_after_characters_outside_the_bmp():
 
 
 def test_a_parameter_added_is_offered_at_the_call_and_a_parallel_line_at_the_next():
-    text = "def area(w, h):\n    return w * h\n\n\nprint(area(2, 3))\nx.a = a\nx.b = b\nx.c = c\n"
+    text = "def area(w, h):\n    return w * h\n\n\nprint(area(2, 3))\nx.a = a\nx.b = b\nx.c = c\narea(4, 5)\n"
     with ServerProcess() as server:
         server.initialize()
         server.open(URI, text, version=1)
@@ -93,8 +93,12 @@ def test_a_parameter_added_is_offered_at_the_call_and_a_parallel_line_at_the_nex
         (edit,) = _edits(server, 4, 0, 16)["edits"]
         assert edit["text"] == ", d" and edit["range"] == {"start": {"line": 4, "character": 15}, "end": {"line": 4, "character": 15}}
         assert edit["textDocument"] == {"uri": URI, "version": 4}
+        # The client applies it: the next call is offered.
+        _change(server, 5, 4, 15, 15, ", d")
+        (edit,) = _edits(server, 5, 4, 18)["edits"]
+        assert edit["text"] == ", d" and edit["range"]["start"] == {"line": 8, "character": 9}
         # `x.a` -> `x._a` on line 5: the same on the next line of the run.
-        _change(server, 5, 5, 2, 2, "_")
-        (edit,) = _edits(server, 5, 5, 3)["edits"]
+        _change(server, 6, 5, 2, 2, "_")
+        (edit,) = _edits(server, 6, 5, 3)["edits"]
         assert edit["text"] == "_b" and edit["range"] == {"start": {"line": 6, "character": 2}, "end": {"line": 6, "character": 3}}
         assert server.shutdown_and_exit() == 0
