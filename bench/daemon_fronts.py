@@ -111,10 +111,14 @@ async def wait_ready(front: Front, timeout: float = 600) -> dict:
         await asyncio.sleep(0.2)
 
 
+_CREATED: list[str] = []  # removed when the run ends
+
+
 def environment(tag: str) -> tuple[dict, Path]:
     run = Path(tempfile.mkdtemp(prefix=f"efb-{tag}-"))
     os.chmod(run, 0o700)
     kv = tempfile.mkdtemp(prefix=f"efim-kv-bench-{tag}-")
+    _CREATED.extend([str(run), kv])
     return {**os.environ, "XDG_RUNTIME_DIR": str(run), "EFIM_KV_DIR": kv}, run
 
 
@@ -303,7 +307,7 @@ def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int
     daemon."""
     from engine.api import InfillRequest  # noqa: PLC0415
 
-    env, run_dir = environment(f"hop{'d' if daemon else 'p'}")
+    env, _ = environment(f"hop{'d' if daemon else 'p'}")
     os.environ.update(XDG_RUNTIME_DIR=env["XDG_RUNTIME_DIR"], EFIM_KV_DIR=env["EFIM_KV_DIR"])
     if daemon:
         from engine.daemon import open_daemon_engine  # noqa: PLC0415
@@ -382,7 +386,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    results = asyncio.run(run(args))
+    import shutil  # noqa: PLC0415
+
+    try:
+        results = asyncio.run(run(args))
+    finally:
+        time.sleep(1.0)  # the daemons told to stop remove their sockets first
+        for path in _CREATED:
+            shutil.rmtree(path, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

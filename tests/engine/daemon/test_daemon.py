@@ -12,6 +12,7 @@ idle timeout; the wire protocol and the config digest."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -73,6 +74,7 @@ def rundir(monkeypatch):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture()

@@ -6,6 +6,7 @@ daemon; `--no-daemon` (the default) starts none."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -37,6 +38,7 @@ def rundir():
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def _serve(model: Path, rundir: Path, *flags: str) -> ServerProcess:
