@@ -54,6 +54,22 @@ class SmallWindow(NamedTuple):
     session_id: int
     prefix: str
     suffix: str
+    prefix_start: int = 0  # where `prefix` starts in the session's prefix segment
+
+    def following(self, segments: Segments) -> "SmallWindow | None":
+        """This small window for the session's `segments` now; None when it must be cut
+        again. The session's prefix segment only ever loses its end (a Backspace past the
+        anchor moves the anchor back when the prompt puts the prefix last, `efim_lsp.session`):
+        the small window then loses the same end, keeping its head, so its prompt keeps its
+        computed rows and never shows text that is gone."""
+        if segments.session_id != self.session_id or self.prefix_start > len(segments.prefix):
+            return None
+        prefix = segments.prefix[self.prefix_start :]
+        if prefix == self.prefix:
+            return self
+        if not self.prefix.startswith(prefix) or not segments.suffix.startswith(self.suffix):
+            return None
+        return self._replace(prefix=prefix)
 
 
 def small_window(segments: Segments, tokens: int, meter: TokenMeter) -> SmallWindow:
@@ -65,7 +81,7 @@ def small_window(segments: Segments, tokens: int, meter: TokenMeter) -> SmallWin
     text = segments.prefix + segments.suffix
     cursor = len(segments.prefix)
     window = cut(LineIndex(text), cursor, before, after, meter)
-    return SmallWindow(segments.session_id, text[window.start : cursor], text[cursor : window.end])
+    return SmallWindow(segments.session_id, text[window.start : cursor], text[cursor : window.end], window.start)
 
 
 class ComputedPrompts:

@@ -203,15 +203,16 @@ class WarmAhead:
             return None
         if self.holder.info is not None and self.holder.info.pins_slots:
             return None  # its own key would take a server slot from a document's KV
-        small = state.small
-        if small is None or small.session_id != segments.session_id:
+        small = state.small.following(segments) if state.small is not None else None
+        if small is None:
             # A meter of its own, its ratio measured on the text around the cursor: the small
             # window must depend on the session's segments alone. Cut with the session's meter
             # it moved with whatever was counted before — at a cursor signal one cut, at the
             # first request another — and with this 135M model where the small window starts
             # decides many answers (docs/navigation.md).
             meter = state.session.meter.calibrated(segments.prefix[-3000:] + segments.suffix[:1000])
-            small = state.small = small_window(segments, tokens, meter)
+            small = small_window(segments, tokens, meter)
+        state.small = small
         if small.prefix == segments.prefix and small.suffix == segments.suffix and not request.chunks:
             return None  # the whole window is small
         return msgspec.structs.replace(

@@ -134,12 +134,13 @@ class FakeEngine:
         self.documents_forgotten: list[str] = []
         self.background_gate: threading.Event | None = None  # set: background requests wait until it opens
         self.pins_slots = False  # EngineInfo.pins_slots (a llama.cpp server's slots)
+        self.suffix_first = False  # EngineInfo.suffix_first (the shipped adapter's efim-spm layout)
 
     def info(self) -> EngineInfo:
         return EngineInfo(
             model="fake", architecture="fake", template="starcoder" if self.supports_fim else "prefix-only",
             supports_fim=self.supports_fim, fragment_trained=False, context_length=self.context_length, dtype="none",
-            pins_slots=self.pins_slots,
+            pins_slots=self.pins_slots, suffix_first=self.suffix_first,
         )
 
     def submit(self, request: InfillRequest) -> FakeHandle:

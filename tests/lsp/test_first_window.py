@@ -174,6 +174,31 @@ async def test_an_edit_at_a_cold_place_warms_its_small_window_first_and_the_requ
     assert len(_background(rig.engine)) == 3  # the full warm-up of the session goes on
 
 
+async def test_a_backspace_after_a_warmed_landing_is_seen_by_the_small_window():
+    """Suffix-first (the prefix last): a Backspace past the anchor moves the anchor back and
+    the session's prefix loses its end. The small window warmed at the landing must lose the
+    same end — the deleted character was offered back as if it were still there (an empty or
+    wrong first answer after a signalled jump)."""
+    engine = FakeEngine(lambda r: "pass\n")
+    engine.suffix_first = True
+    engine.background_gate = threading.Event()
+    rig = await Rig(engine, **{"firstWindowTokens": SMALL}).start(LONG)
+    await rig.complete(MIDDLE)
+    line_end = LONG.index("\n", JUMP)  # "def f300(x):|"
+    rig.completer.cursor_moved(URI, line_end)
+    await _until(lambda: any(r.key == first_window_key(URI) for r in _background(rig.engine)))
+    small_warm = next(r for r in _background(rig.engine) if r.key == first_window_key(URI))
+    assert small_warm.prefix.endswith("def f300(x):")
+    rig.edit(line_end - 1, line_end, "")  # Backspace: ":" deleted
+    await rig.complete(line_end - 1)
+    request = _foreground(rig.engine)[-1]
+    assert request.key == first_window_key(URI)
+    text = rig.docs.get(URI).text
+    assert (request.prefix + request.increment).endswith("def f300(x)") and text[: line_end - 1].endswith(request.prefix + request.increment)
+    assert request.prefix == small_warm.prefix[:-1]  # the same head: its rows stay computed
+    assert request.suffix == small_warm.suffix
+
+
 async def test_a_place_already_computed_gets_no_small_window_warm_up():
     rig = await _rig()
     rig.engine.background_gate.set()
