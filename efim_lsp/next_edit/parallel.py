@@ -17,8 +17,9 @@ given a prefix or suffix at a `_` becomes the other line's identifier with the s
 token that differs between the two lines and is not carried this way (`'a': 1` → `'a': 2`
 next to `'b': 5`) means no edit there. Silence otherwise: a change over several lines, a
 line that does not tokenize, a line half typed (a bracket left open, an operator at its
-end), one literal changed into another (`8` → `15`, a word in a string: values of that line
-as often as a pattern — the noise set is made of them), `import` lines, a run too short.
+end), one literal changed into another (`8` → `15`, `None` → `-1`, a word in a string:
+values of that line as often as a pattern — the noise set is made of them), `import` lines,
+a run too short.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ _TOKEN = re.compile(
 )
 _ABSTRACT = ("name", "number", "string")
 _CLOSERS = (")", "]", "}", ",", ":")
+_CONSTANTS = ("None", "True", "False", "-", "+")
 _DEPTH = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 
 
@@ -118,7 +120,7 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     if stretch is None:
         return None
     p, qo, qn = stretch
-    if qo - p == 1 and qn - p == 1 and {old.tokens[p].kind, new.tokens[p].kind} <= {"number", "string"}:
+    if _literal(old.tokens[p:qo]) and _literal(new.tokens[p:qn]):
         return None  # one literal for another: a value of this line, not a pattern (noise)
     run = 1  # the lines of the old or the new shape around the edited one
     below: list[tuple[int, Line]] = []
@@ -166,6 +168,12 @@ def _lines_above(text: str, start: int):
         end = start - 1
         start = text.rfind("\n", 0, end) + 1
         yield start, text[start:end]
+
+
+def _literal(tokens: tuple[Token, ...]) -> bool:
+    """A value written out: numbers, strings, `None`/`True`/`False`, signs (`-1`, `'a' 'b'`)."""
+    return bool(tokens) and all(t.kind in ("number", "string") or t.text in _CONSTANTS for t in tokens) and any(
+        t.text not in ("-", "+") for t in tokens)
 
 
 def _depth(line: Line) -> int:

@@ -259,6 +259,13 @@ def test_parallel_lines_stay_silent_on_noise():
     assert parallel.propose(text, history.last) is None
     text, history = typed(src, src.index("b.x"), src.index("b.x") + 1, "c")
     assert parallel.propose(text, history.last) is None
+    # A default written out differently (`None` -> `-1`, -> `True`) in a run of keyword lines.
+    src = "f(\n    a=None,\n    b=None,\n    c=None,\n)\n"
+    for new in ("-1", "True", "'x'"):
+        text, history = typed(src, src.index("None"), src.index("None") + 4, new)
+        assert parallel.propose(text, history.last) is None
+    text, history = typed(src, src.index("None"), src.index("None") + 4, "None or 1")
+    assert line_of(applied(text, parallel.propose(text, history.last)), text.index("b=")) == "    b=None or 1,"
     # Lines that do not tokenize (an unterminated string) are no run.
     src = "f('a', 1)\nf('b, 1)\nf('c', 1)\n"
     text, history = typed(src, src.index("1)"), src.index("1)") + 1, "1, 2")
