@@ -119,6 +119,9 @@ def test_cursor_moves_are_reported_debounced_and_not_for_edits(nvim, tapped_fake
     seen = len(cursor_notes(log))
     nvim.input("A")
     wait_for_note(log, seen, at(LINE3))
+    time.sleep(QUIET_S)
+    # sent at once, where `A` put the cursor (not where InsertEnter found it), and once
+    assert [n["position"] for n in cursor_notes(log)[seen:]] == [at(LINE3)]
     seen = len(cursor_notes(log))
     nvim.input("xy")
     nvim.wait_for("return vim.api.nvim_get_current_line():sub(-2) == 'xy'", timeout=5, what="the typed keys")

@@ -4,7 +4,10 @@
 --   params = { textDocument = { uri, version? }, position = { line, character } }
 --
 -- Sent debounced (one timer for all buffers, `delay_ms` after the last event)
--- on CursorMoved, CursorMovedI, InsertEnter and BufEnter of an attached buffer,
+-- on CursorMoved, CursorMovedI and BufEnter of an attached buffer — on InsertEnter
+-- at once (once the command that entered Insert mode has placed the cursor): a
+-- completion request follows it within the client's own debounce, and the
+-- server's head start is what is left of that — and
 -- and once when a buffer is attached while it is the current one. Not for a
 -- CursorMovedI that typing caused (the buffer's changedtick moved since the
 -- previous cursor or TextChangedI event; Neovim runs CursorMovedI before
@@ -91,6 +94,17 @@ local function on_event(args)
     if pending == bufnr then
       pending = nil -- the edit supersedes a move reported just before it
     end
+    return
+  end
+  if args.event == "InsertEnter" then
+    -- `A`, `o`, `i`: the cursor is placed after InsertEnter runs; report it on the next
+    -- turn of the event loop rather than `delay_ms` later.
+    pending = bufnr
+    vim.schedule(function()
+      if pending == bufnr then
+        send()
+      end
+    end)
     return
   end
   M.schedule(bufnr)
