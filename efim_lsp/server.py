@@ -72,7 +72,9 @@ class EfimServer(LanguageServer):
             self.holder.on_engine_changed = context_source.set_engine
             context_source.on_watch_problem(self.show_from_thread)  # a lost workspace folder, once
         self.completer = Completer(self.documents, self.holder, self.stats, lambda: self.settings, context_source=context_source)
-        self.next_edits = NextEdits(self.documents, self.stats, enabled=lambda: self.settings.next_edit != "off")
+        self.next_edits = NextEdits(
+            self.documents, self.stats, enabled=lambda: self.settings.next_edit != "off", folders=self._folder_uris
+        )
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of
         self.protocol.on_fault = lambda message: self.show(message, types.MessageType.Error)
@@ -81,6 +83,14 @@ class EfimServer(LanguageServer):
         self._background: set[asyncio.Task] = set()
         self._progress_tokens = 0
         self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, from `initialize` on
+
+    def _folder_uris(self) -> list[str]:
+        """The workspace folders' URIs (the root URI when the client sent none)."""
+        workspace = self.workspace
+        uris = list(workspace.folders or {})
+        if not uris and workspace.root_uri:
+            uris = [workspace.root_uri]
+        return uris
 
     def _version_of(self, uri: str) -> int | None:
         doc = self.documents.get(uri)

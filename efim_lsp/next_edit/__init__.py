@@ -9,7 +9,11 @@
                  parallel    one of a run of lines of the same shape changed: the same change
                              on the next line of the run
               ─▶ NextEdit
-    textDocument/copilotInlineEdit ─▶ NextEdits (version and range checks, ids, counts)
+              ─▶ other_files.remember(): a module-level def/class/assignment renamed,
+                 kept server-wide (the last 8)
+    textDocument/copilotInlineEdit ─▶ NextEdits (version and range checks, ids, counts);
+                 where dispatch is silent, other_files.propose(): the same rename where this
+                 document imports the renamed module (`from a import foo`, `a.foo`, `m.foo`)
 
 No LSP types and no engine here: offsets are code points of the document's text, as in
 the completer. The protocol lives in `efim_lsp.handlers.next_edit`. docs/design.md, "Next

@@ -9,8 +9,9 @@ inside a string or a comment). Silence otherwise: a change that is not one ident
 typed, a literal changed, lines deleted), or a name with no other occurrence.
 
 Call sites after a signature change and parallel lines are `call_sites` and `parallel`
-(tried after this one, `dispatch`). Not covered yet: other files; a model ranking the
-candidates (#34).
+(tried after this one, `dispatch`); a module-level name's uses in other open documents (and
+below the renamed def in its own) are `other_files`, asked by the service when these are
+silent. Not covered yet: a model ranking the candidates (#34).
 """
 
 from __future__ import annotations

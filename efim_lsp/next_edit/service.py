@@ -5,6 +5,10 @@ request (`propose`). A proposal is only made for the document version the client
 about, for a document in sync, with a range inside the current text that does not touch the
 cursor (where an inline suggestion may be pending). Accepting an id that is stale or unknown
 is counted and otherwise harmless.
+
+The service sees every document, so it also remembers the recent renames of module-level
+names (`other_files`): a document whose own proposers are silent is offered the same rename
+where it uses a name renamed in another document's module.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
+from efim_lsp.next_edit import other_files
 from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.proposer import NextEdit
@@ -35,10 +40,18 @@ class Offer(NamedTuple):
 
 
 class NextEdits:
-    def __init__(self, documents: DocumentStore, stats: ServerStats, enabled: Callable[[], bool] = lambda: True):
+    def __init__(
+        self,
+        documents: DocumentStore,
+        stats: ServerStats,
+        enabled: Callable[[], bool] = lambda: True,
+        folders: Callable[[], Iterable[str]] = lambda: (),
+    ):
         self.documents = documents
         self.stats = stats
         self.enabled = enabled  # the `nextEdit` setting is not "off"
+        self.folders = folders  # the workspace folders' URIs (module names of other files)
+        self.renames: list[other_files.RecentRename] = []  # module-level renames, most recent last
         self._histories: dict[str, EditHistory] = {}
         self._offered: collections.OrderedDict[int, Offer] = collections.OrderedDict()
         self._ids = itertools.count(1)
@@ -59,6 +72,12 @@ class NextEdits:
             return
         for edit, removed in zip(outcome.edits, outcome.removed):
             history.observe(edit.start, edit.end, removed, edit.new_text)
+        doc = self.documents.get(uri)
+        if doc is not None and outcome.edits:
+            try:
+                other_files.remember(self.renames, uri, doc.text, history.last)
+            except Exception:
+                log.exception("next-edit rename memory failed on %s", uri)
 
     # -- requests --------------------------------------------------------------
     def propose(self, uri: str, version: int | None, cursor: int | None) -> Offer | None:
@@ -71,6 +90,8 @@ class NextEdits:
             return self._none()
         try:
             edit = propose(doc.text, history.last, history.changes[:-1])
+            if edit is None and self.renames:
+                edit = self._from_other_files(uri, doc.text)
         except Exception:  # a proposer's bug costs this answer, never the request
             log.exception("next-edit proposer failed on %s", uri)
             edit = None
@@ -86,6 +107,14 @@ class NextEdits:
             self._offered.popitem(last=False)
         self.stats.next_edit_offered += 1
         return offer
+
+    def _from_other_files(self, uri: str, text: str):
+        try:
+            folders = list(self.folders() or ())
+        except RuntimeError:  # pygls: no workspace before `initialize`
+            folders = []
+        renames = [(r, other_files.module_names(r.uri, folders) if r.uri != uri else None) for r in reversed(self.renames)]
+        return other_files.propose(text, renames)
 
     def refused(self) -> None:
         """A request whose params name no document and version: counted, answered empty."""

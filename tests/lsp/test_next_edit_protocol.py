@@ -102,3 +102,48 @@ def test_a_parameter_added_is_offered_at_the_call_and_a_parallel_line_at_the_nex
         (edit,) = _edits(server, 6, 5, 3)["edits"]
         assert edit["text"] == "_b" and edit["range"] == {"start": {"line": 6, "character": 2}, "end": {"line": 6, "character": 3}}
         assert server.shutdown_and_exit() == 0
+
+
+def test_a_function_renamed_in_one_document_is_offered_at_its_import_and_uses_in_another():
+    a_uri, b_uri = "file:///work/proj/a.py", "file:///work/proj/b.py"
+    a_text = "def foo(x):\n    return x\n"
+    b_text = "import os\nfrom a import foo\n\n\ndef run():\n    # foo is imported\n    return foo(os.sep)\n"
+    with ServerProcess() as server:
+        server.initialize()
+        server.open(a_uri, a_text, version=1)
+        server.open(b_uri, b_text, version=1)
+        assert _edits(server, 1, 0, 0, uri=b_uri) == {"edits": []}  # nothing renamed yet
+        # `foo` -> `bar` on a.py's def line: the selection replaced by "b", then "ar" typed.
+        _change(server, 2, 0, 4, 7, "b", uri=a_uri)
+        _change(server, 3, 0, 5, 5, "a", uri=a_uri)
+        _change(server, 4, 0, 6, 6, "r", uri=a_uri)
+        (edit,) = _edits(server, 1, 0, 0, uri=b_uri)["edits"]
+        assert edit["text"] == "bar" and edit["textDocument"] == {"uri": b_uri, "version": 1}
+        assert edit["range"] == {"start": {"line": 1, "character": 14}, "end": {"line": 1, "character": 17}}
+        # The client applies it in b.py: the use below is next (not the comment).
+        _change(server, 2, 1, 14, 17, "bar", uri=b_uri)
+        (edit,) = _edits(server, 2, 1, 17, uri=b_uri)["edits"]
+        assert edit["text"] == "bar" and edit["range"] == {"start": {"line": 6, "character": 11}, "end": {"line": 6, "character": 14}}
+        _change(server, 3, 6, 11, 14, "bar", uri=b_uri)
+        assert _edits(server, 3, 6, 14, uri=b_uri) == {"edits": []}  # nothing left
+        assert _edits(server, 1, 0, 0, uri=b_uri) == {"edits": []}  # a stale version
+        assert server.document_text(b_uri)["text"] == b_text.replace("import foo", "import bar").replace("foo(os", "bar(os")
+        assert server.shutdown_and_exit() == 0
+
+
+def test_the_module_name_comes_from_the_path_under_the_workspace_root():
+    a_uri, b_uri = "file:///work/proj/pkg/a.py", "file:///work/proj/b.py"
+    b_text = "import pkg.a as m\n\nm.foo()\n"
+    with ServerProcess() as server:
+        server.result("initialize", {"processId": None, "rootUri": "file:///work/proj", "capabilities": {},
+                                     "clientInfo": {"name": "stdio-test-client"}})
+        server.notify("initialized", {})
+        server.open(a_uri, "def foo():\n    pass\n", version=1)
+        server.open(b_uri, b_text, version=1)
+        _change(server, 2, 0, 4, 7, "bar", uri=a_uri)
+        (edit,) = _edits(server, 1, 0, 0, uri=b_uri)["edits"]
+        assert edit["text"] == "bar" and edit["range"] == {"start": {"line": 2, "character": 2}, "end": {"line": 2, "character": 5}}
+        # Above the root the path is no module name (it would be without a root).
+        server.open("file:///work/proj/c.py", "import work.proj.pkg.a as w\nw.foo()\n", version=1)
+        assert _edits(server, 1, 0, 0, uri="file:///work/proj/c.py") == {"edits": []}
+        assert server.shutdown_and_exit() == 0
