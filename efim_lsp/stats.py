@@ -50,7 +50,8 @@ class LatencySeries:
 _REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_answers", "first_window_warmups", "cancelled", "deadline_cuts",
                    *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
-_WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens", "warm_position_signals")  # under "warmup"
+_WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens", "warm_position_signals",
+                "warm_left")  # under "warmup"
 _NEXT_EDIT_COUNTS = (
     "next_edit_requests", "next_edit_offered", "next_edit_empty", "next_edit_shown", "next_edit_accepted",
     "next_edit_stale_accepts",
@@ -99,6 +100,8 @@ class ServerStats:
     # Cursor places read from editors' own requests (document highlights, code actions) and
     # taken as cursor signals (efim_lsp.handlers.cursor_requests).
     warm_position_signals: int = 0
+    # Warm-ups ended because a cursor signal put the person in another document.
+    warm_left: int = 0
     warm_compute_ms: float = 0.0
 
     def reset(self) -> None:

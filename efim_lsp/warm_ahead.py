@@ -154,9 +154,24 @@ class WarmAhead:
         # Where the full window is cold, its small window first (a few hundred ms): a request
         # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
         small = self.small_window_for(state, request, segments, settings) if self.is_cold_at(state, prompt, settings) else None
+        self._leave_other_documents(uri)
         if small is not None:
             self.submit_small_warmup(uri, state, small)
         return self.submit_warmup(uri, state, request, segments, prompt)
+
+    def _leave_other_documents(self, uri: str) -> None:
+        """The person is in `uri` now: warm-ups still running in other documents end (their
+        rows stay with their documents, retained by the engine, so a return there resumes
+        them). The engine runs background prefills in arrival order, so a full window still
+        being warmed where the person was would otherwise hold back the small window where
+        they are — most of a file switch's first-answer wait."""
+        for other_uri, other in self._states.items():
+            if other_uri == uri:
+                continue
+            for handle in (other.warming, other.warming_small):
+                if handle is not None and not handle.done:
+                    handle.cancel()
+                    self.stats.warm_left += 1
 
     def submit_warmup(self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str) -> bool:
         """Prefill `request`'s prompt in the background (replacing the warm-up in flight)."""

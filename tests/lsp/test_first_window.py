@@ -221,3 +221,25 @@ def test_the_small_window_does_not_depend_on_what_the_session_meter_counted_befo
     assert meter.calibrated(sample).chars_per_token == len(sample) / (len(sample) // 2 + sample.count("\n") * 3)
     assert meter.chars_per_token != meter.calibrated(sample).chars_per_token
     assert small_window(segments, SMALL, meter.calibrated(sample)) == first
+
+
+async def test_a_signal_in_another_document_ends_the_warm_ups_where_the_person_was():
+    """Background prefills run in arrival order: the full window still warming in the file the
+    person left would hold back the small window where they are now. It ends instead (its rows
+    stay retained with its document)."""
+    rig = await _rig()
+    rig.completer.cursor_moved(URI, JUMP)
+    await _until(lambda: len(_background(rig.engine)) == 2)  # small + full, held at the gate
+    left = [h for h in rig.engine.handles if h.request.background and h.request.key.startswith(URI)]
+    other = "file:///other.py"
+    rig.docs.open(other, "python", 0, LONG)
+    rig.completer.opened(other)
+    rig.completer.cursor_moved(other, MIDDLE)
+    await _until(lambda: any(r.key.startswith(other) for r in rig.engine.requests if r.background))
+    assert len(left) == 2
+    await _until(lambda: all(h.done for h in left))  # cancelled (the fake ends them on its own thread)
+    assert rig.stats.warm_left == 2
+    # the document the person is in keeps its own
+    mine = [h for h in rig.engine.handles if h.request.background and h.request.key.startswith(other)]
+    assert mine and not any(h.done for h in mine)
+    rig.engine.background_gate.set()
