@@ -305,6 +305,7 @@ class LocalEngine:
             cache=request.cache,
             background=request.background,
             deadline=request.deadline,
+            owner=request.owner,
             fork_samplers=fork_samplers,
             speculate=_speculate(request),
         )

@@ -8,6 +8,9 @@ socket answering finds the model loaded. It serves any number of fronts (connect
   so two windows with the same file open do not supersede each other's requests (the
   radix cache is keyed by tokens, so the second window's prompt still reuses the first's
   KV); `forget_context` (a file's chunks) is shared by all;
+- each front is an owner of the engine's (`InfillRequest.owner` = `front<N>`): the engine's
+  scheduler shares its time fairly across owners, so one window's burst does not starve
+  another's keystrokes (`engine.scheduling.fairness`);
 - a front that goes away (closed, killed) has its running requests cancelled and its
   documents' pieces forgotten; its retained KV ages out of the LRU like any other;
 - once the last front has gone the daemon exits after `--idle-timeout` seconds (a front
@@ -57,6 +60,9 @@ class Front:
         self.handles: dict[int, Any] = {}  # request id -> the engine's handle
         self.documents: set[str] = set()  # keys given pieces (`keep_document_pieces`)
         self.requests = 0
+        self.served = 0  # requests that ended with an answer (stop, length, eos, deadline)
+        self.cancelled = 0  # ... superseded or cancelled
+        self.errors = 0  # ... with an error
         self.connected = time.monotonic()
 
     def send(self, message: msgspec.Struct) -> None:
@@ -64,8 +70,19 @@ class Front:
             self.writer.write(frame(message))
 
     def summary(self) -> dict:
-        return {"front": self.number, "pid": self.pid, "requests": self.requests, "running": len(self.handles),
+        return {"front": self.number, "pid": self.pid, "requests": self.requests, "served": self.served,
+                "cancelled": self.cancelled, "errors": self.errors, "running": len(self.handles),
                 "documents": len(self.documents), "connectedS": round(time.monotonic() - self.connected, 1)}
+
+    def ended(self, event: StreamEvent) -> None:
+        """Count a request's terminal event."""
+        reason = event.completion.finish_reason if event.completion is not None else "error"
+        if event.kind == "error" or reason == "error":
+            self.errors += 1
+        elif reason == "cancelled":
+            self.cancelled += 1
+        else:
+            self.served += 1
 
 
 class EngineDaemon:
@@ -224,13 +241,16 @@ class EngineDaemon:
 
     # ------------------------------------------------------------ requests
     def _submit(self, front: Front, message: Submit) -> None:
-        request = msgspec.structs.replace(message.request, key=front.prefix + message.request.key)
+        # The front's keys are its own; its requests take turns with other fronts' (owner).
+        request = msgspec.structs.replace(message.request, key=front.prefix + message.request.key,
+                                          owner=front.prefix.rstrip("/"))
         front.requests += 1
         try:
             handle = self.engine.submit(request)
         except Exception as exc:  # a bad parameter, a failed engine: the request ends at once
             error = f"{type(exc).__name__}: {exc}"
             completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=error)
+            front.errors += 1
             front.send(Event(message.id, StreamEvent(kind="error", completion=completion, error=error)))
             return
         front.handles[message.id] = handle
@@ -246,6 +266,7 @@ class EngineDaemon:
     def _deliver(self, front: Front, request_id: int, event: StreamEvent) -> None:
         if event.kind in ("done", "error"):
             front.handles.pop(request_id, None)
+            front.ended(event)
         front.send(Event(request_id, event))
 
     # ------------------------------------------------------------ other Engine methods

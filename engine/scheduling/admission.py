@@ -7,7 +7,8 @@ Two stages, both on the engine thread (`engine.scheduling.scheduler` calls them 
    document's background sequence here (its rows stay: committed to the radix cache and
    retained), so the request starts from them. The sequence then waits in `waiting`.
 2. `Admission.start_waiting`: the waiting sequences get their working KV once the working
-   share can hold it — foreground first, each group oldest first; one that does not fit
+   share can hold it — foreground first, each group oldest first (foreground requests of
+   several owners in turns, `engine.scheduling.fairness`); one that does not fit
    yet waits, and so do those behind it (`_allocate`). Reuse = the longer of (a) the rows
    still valid in this document's retained KV (common prefix with the ids it holds,
    generated tokens included) and (b) the radix cache match, whose missing rows are
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from engine.cacheblend.document_kv import DocumentIndex
 from engine.kv.radix import common_prefix_len
+from engine.scheduling.fairness import Turns, interleave
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.sequence import Prompt, Sequence
 from engine.scheduling.working_share import WorkingShare
@@ -66,6 +68,7 @@ class Admission:
         *,
         waiting: list[Sequence],
         prefilling: list[Sequence],
+        turns: Turns | None = None,
     ) -> None:
         self.runner = runner
         self.cache = cache
@@ -76,6 +79,7 @@ class Admission:
         self.counters = counters
         self.waiting = waiting
         self.prefilling = prefilling
+        self.turns = turns if turns is not None else Turns()
         self._indexes: dict[str, DocumentIndex] = {}
 
     # ------------------------------------------------------------ the prompt
@@ -128,9 +132,13 @@ class Admission:
     # ------------------------------------------------------------ the KV
     def start_waiting(self) -> None:
         """Give KV to the admitted sequences that wait for it: foreground first, each group
-        oldest first. One that does not fit yet waits, and so do those behind it, until
-        running sequences finish (it fits alone: its window was cut at admission)."""
-        order = [s for s in self.waiting if not s.background] + [s for s in self.waiting if s.background]
+        oldest first — foreground ones of several owners in turns (each owner's oldest, then
+        each one's second, ..., owners least-charged first: `engine.scheduling.fairness`).
+        One that does not fit yet waits, and so do those behind it, until running sequences
+        finish (it fits alone: its window was cut at admission)."""
+        foreground = [s for s in self.waiting if not s.background]
+        owners = self.turns.order(s.owner for s in foreground)
+        order = interleave(foreground, lambda s: s.owner, owners) + [s for s in self.waiting if s.background]
         for seq in order:
             self.finisher.finish_cancelled_or_expired()  # superseded sequences give their KV back first
             if seq not in self.waiting:

@@ -9,7 +9,11 @@ The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes
    and the KV budget's working share (`engine.scheduling.admission`, `.working_share`);
 3. runs one prefill step of the oldest prefilling request (`_foreground_step_rows` rows) and
    one batched decode step of every decoding sequence, forks and prompt-lookup speculation
-   included (`engine.scheduling.steps` on the `engine.scheduling.model_runner.ModelRunner`);
+   included (`engine.scheduling.steps` on the `engine.scheduling.model_runner.ModelRunner`).
+   With requests of several owners (`InfillRequest.owner`, e.g. the engine daemon's editor
+   windows) the step serves the owner charged least engine time so far: its oldest
+   prefilling request, or — an owner with only decoding rows — a decode step alone
+   (`engine.scheduling.fairness`);
 4. ends sequences as their sinks say (`Finisher.finish`: unpin, keep the KV for the
    document, count, tell the sink).
 
@@ -46,6 +50,7 @@ from engine.kv.radix import RadixCache
 from engine.kv.retained import RetainedKV
 from engine.scheduling.admission import Admission
 from engine.scheduling.background import DocumentWork
+from engine.scheduling.fairness import Turns
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.model_runner import ModelRunner
 from engine.scheduling.sequence import Sequence
@@ -86,6 +91,7 @@ class Scheduler:
         blend_store_share: float = 0.5,
         before_step: Callable[[], Any] | None = None,
         working_budget_bytes: int | None = None,
+        shared_step_seconds: float = 0.15,
     ) -> None:
         self.cache = cache
         self.before_step = before_step  # engine thread, before each unit of work (e.g. CPU threads)
@@ -100,6 +106,9 @@ class Scheduler:
         self.background_step_tokens = background_step_tokens
         self.background_step_seconds = background_step_seconds
         self.idle_grace = idle_grace
+        # While several owners share the engine (engine.scheduling.fairness), a request's prefill
+        # step is sized to take about this long: what another owner's keystroke waits at most.
+        self.shared_step_seconds = shared_step_seconds
         # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
@@ -122,9 +131,12 @@ class Scheduler:
             cache, self.retained, self.share, self.counters,
             waiting=self._waiting, prefilling=self._prefilling, decoding=self._decoding,
         )
+        # Turns across owners (`InfillRequest.owner`): engine time charged per owner
+        # (engine.scheduling.fairness); one owner alone runs in the usual order.
+        self.turns = Turns()
         self.admission = Admission(
             self.runner, cache, self.retained, self.share, self.blend_store, self.finisher, self.counters,
-            waiting=self._waiting, prefilling=self._prefilling,
+            waiting=self._waiting, prefilling=self._prefilling, turns=self.turns,
         )
         self.steps = StepRunner(
             self.runner, cache, self.share, self.finisher, self.counters,
@@ -295,8 +307,12 @@ class Scheduler:
         usual one. A larger step runs the model faster (512 rows: ~17 % more tokens/s than
         256 on a 2-core AVX512/AMX machine); the one cost, a request arriving meanwhile
         waiting for the rest of it, is nil for the same document's next keystroke, which
-        supersedes this request and reuses its rows."""
+        supersedes this request and reuses its rows. While several owners share the engine
+        (`Turns.shared`), a step of about `shared_step_seconds` instead (at most the usual
+        one): another owner's request waits for it."""
         rows = self.runner.step_tokens
+        if self.turns.shared():  # another owner's next request waits for this step: keep it short
+            return self.steps.prefill_rate.rows_for(self.shared_step_seconds, rows)
         if len(self._prefilling) == 1 and not self._decoding and not self._inbox and not self._waiting:
             return rows * SOLO_STEP_FACTOR
         return rows
@@ -344,7 +360,8 @@ class Scheduler:
 
     def step(self) -> None:
         """One unit of work: drop cancelled sequences, admit new ones, one prefill step of
-        the oldest prefilling sequence, one batched decode step of every decoding one."""
+        the oldest prefilling sequence (of the owner whose turn it is), one batched decode
+        step of every decoding one."""
         self._stepping = True
         try:
             if self.before_step is not None:
@@ -368,10 +385,16 @@ class Scheduler:
                 self.finisher.guard(seq, self._admit)
             self.admission.start_waiting()
             foreground = [s for s in self._prefilling if not s.background]
-            if foreground:
-                self.finisher.guard(foreground[0], self._prefill)
+            prefill = self._turn(foreground)
+            if prefill is not None:
+                t0 = time.perf_counter()
+                self.finisher.guard(prefill, self._prefill)
+                self.turns.charge(prefill.owner, time.perf_counter() - t0)
             if self._decoding:
+                owners = [s.owner for s in self._decoding]
+                t0 = time.perf_counter()
                 self.steps.decode()
+                self.turns.charge_rows(owners, time.perf_counter() - t0)
             if foreground or self._decoding:
                 self._last_foreground = time.perf_counter()
             elif self._prefilling:  # background sequences only
@@ -384,6 +407,20 @@ class Scheduler:
             if self.check_after_steps:
                 self.check_integrity()
             self._run_idle_work()
+
+    def _turn(self, foreground: list[Sequence]) -> Sequence | None:
+        """The prefilling request this step serves: the oldest of the owner whose turn it is
+        (`Turns.next`, over the owners with foreground work); None when that owner has only
+        decoding rows (the step decodes alone) or nothing prefills. With one owner: the oldest."""
+        owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
+        if not foreground:
+            self.turns.active(owners)  # decoding owners' clocks start level with the others'
+            return None
+        if len(set(owners)) == 1:
+            self.turns.next(owners)  # keeps its clock level with the others' for when they come
+            return foreground[0]
+        owner = self.turns.next(owners)
+        return next((s for s in foreground if s.owner == owner), None)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the radix cache, the blend store and the retained KV

@@ -63,6 +63,7 @@ class Sequence:
     cache: bool = True  # False: reuse nothing, store nothing (the no-cache baseline)
     background: bool = False  # a warm-up: runs only while no foreground sequence waits or runs
     deadline: float | None = None  # time.monotonic() after which it ends ("deadline"), its rows kept
+    owner: str = ""  # InfillRequest.owner: whose turn it runs in (engine.scheduling.fairness)
     submitted: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # any thread may set it; honoured before the next prefill / decode step
     # --- engine-thread state

@@ -172,7 +172,7 @@ class StepRunner:
         kv = self.runner.fork_kv(seq, rows)
         fork = Sequence(
             request_id=seq.request_id, key=seq.key, sink=seq.sink.fork(index), sampler=sampler,
-            max_tokens=seq.max_tokens, cache=False, submitted=seq.submitted, parent=seq,
+            max_tokens=seq.max_tokens, cache=False, submitted=seq.submitted, parent=seq, owner=seq.owner,
         )
         fork.start(Prompt(seq.tokens[: seq.n_valid], seq.healing))
         fork.kv, fork.n_valid, fork.t_admit = kv, seq.n_valid, seq.t_admit

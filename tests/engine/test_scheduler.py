@@ -245,3 +245,148 @@ def test_a_request_past_its_deadline_ends_while_it_waits_behind_another(model):
     drain(s)
     assert a.sink.finished[0] == "length"
     s.cache.check_integrity()
+
+
+def _owner_job(sink, key, owner, order):
+    """A job of `owner` whose end is recorded in `order`."""
+    seq = job(sink, key)
+    seq.owner = owner
+    finish = sink.on_finish
+
+    def on_finish(reason, stats, error):
+        order.append(key)
+        finish(reason, stats, error)
+
+    sink.on_finish = on_finish
+    return seq
+
+
+def _flood_then_one(model, owners: tuple[str, str]):
+    """Owner A floods (six requests of distinct documents); once A's first has begun its
+    prefill, owner B sends one. Returns the trace and the order the requests ended in."""
+    s = make(model, step=32)
+    s.trace = trace = []
+    order: list[str] = []
+    for i in range(6):
+        s.submit(_owner_job(Sink(prompt(200, 20 + i), max_tokens=2), f"a{i}", owners[0], order))
+    s.step()  # admits A's six; a0 prefills
+    b = _owner_job(Sink(prompt(100, 40), max_tokens=2), "b", owners[1], order)
+    s.submit(b)
+    drain(s)
+    assert b.sink.finished[0] == "length" and len(order) == 7
+    s.cache.check_integrity()
+    return [(what, key) for what, key, _ in trace if what in ("admit", "prefill")], order
+
+
+def test_a_flood_of_one_owner_does_not_keep_another_owners_request_waiting(model):
+    """Owners (`InfillRequest.owner`, the engine daemon's fronts) take turns: with A's
+    backlog of five more documents queued, B's one request prefills right after its
+    admission — before any of A's backlog — and ends before any of it. Without owners
+    (one owner: the usual order, oldest first) the same request waits for all of A's."""
+    steps, order = _flood_then_one(model, ("front1", "front2"))
+    b_admitted = steps.index(("admit", "b"))
+    prefills = [key for what, key in steps[b_admitted:] if what == "prefill"]
+    assert prefills[0] == "b", prefills  # the very next prefill step is B's
+    first_of_backlog = min(prefills.index(f"a{i}") for i in range(1, 6))
+    assert prefills.index("b") < first_of_backlog
+    assert order.index("b") < min(order.index(f"a{i}") for i in range(1, 6)), order
+
+    steps, order = _flood_then_one(model, ("", ""))
+    prefills = [key for what, key in steps if what == "prefill"]
+    assert all(prefills.index(f"a{i}") < prefills.index("b") for i in range(6)), prefills
+    assert order[-1] == "b", order
+
+
+class _FixedCosts:
+    """Turns charged fixed costs instead of measured seconds (a deterministic order): a
+    prefill step 10, a decode row 1."""
+
+    def __init__(self, turns):
+        self.turns = turns
+
+    def install(self):
+        turns = self.turns
+        charge = turns.charge  # the class's, bound: charge_rows below calls it, not the patched one
+        turns.charge = lambda owner, seconds: charge(owner, 10.0)
+        turns.charge_rows = lambda owners, seconds: [charge(owner, 1.0) for owner in owners]
+
+
+def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_step(model):
+    """Owner A decodes while owner B prefills a long window. Without turns every step held
+    one of B's prefill steps, so each of A's tokens waited for one; with them A takes
+    decode-only steps while it has been charged less than B (here a prefill step costs ten
+    decode rows), and B's prefill still advances between them."""
+    s = make(model, step=32)
+    s.verify_cost = None  # speculation's drafts as long as allowed: no measured timing
+    _FixedCosts(s.turns).install()
+    s.trace = trace = []
+    order: list[str] = []
+    a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
+    b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
+    s.submit(a)
+    while a.n_valid < a.n_prompt:  # a's prompt prefilled: it decodes from now on
+        s.step()
+    s.submit(b)
+    a_steps = 0
+    while a.sink.finished is None:
+        s.step()
+        a_steps += 1
+    b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+    assert len(a.sink.tokens) == 20
+    assert 1 <= b_steps <= a_steps // 5, (b_steps, a_steps)  # B's prefill goes on, in about one step of ten
+    drain(s)
+    assert order == ["a", "b"] and b.sink.finished[0] == "length"
+
+    # The same without owners: one of B's prefill steps with each step of A's decoding.
+    s = make(model, step=32)
+    s.verify_cost = None
+    s.trace = trace = []
+    a = job(Sink(prompt(40, 50), max_tokens=20), "a")
+    b = job(Sink(prompt(900, 51), max_tokens=1), "b")
+    s.submit(a)
+    while a.n_valid < a.n_prompt:
+        s.step()
+    s.submit(b)
+    a_steps = 0
+    while a.sink.finished is None:
+        s.step()
+        a_steps += 1
+    b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+    assert b_steps >= a_steps - 2, (b_steps, a_steps)  # all but the step that admits it and the one that ends a
+    drain(s)
+
+
+def test_turns_serve_the_least_charged_owner_and_newcomers_start_level():
+    from engine.scheduling.fairness import Turns, interleave
+
+    t = Turns()
+    assert t.next([]) is None
+    assert t.next(["A"]) == "A"
+    t.charge("A", 5.0)
+    assert t.next(["A", "B"]) == "B"  # B starts level with A (5.0); a tie goes to the one not served last
+    assert t.charged == {"A": 5.0, "B": 5.0}
+    t.charge("B", 1.0)
+    assert t.next(["A", "B"]) == "A"
+    t.charge("A", 3.0)  # A 8, B 6
+    assert t.next(["B"]) == "B"  # A has nothing to run: it keeps its lead while ahead ...
+    assert t.next(["A", "B"]) == "B"
+    t.charge("B", 10.0)  # B 16
+    assert t.next(["B"]) == "B" and "A" not in t.charged  # ... and is forgotten once behind
+    assert t.next(["A", "B"]) == "A" and t.charged["A"] == 16.0  # back level, not 8 ahead of its turn
+    t.charge_rows(["A", "A", "B"], 3.0)
+    assert t.charged == {"A": 18.0, "B": 17.0}
+    assert t.order(["A", "B", "C"]) == ["C", "B", "A"]  # C, unknown: 0
+    items = [("A", 1), ("A", 2), ("A", 3), ("B", 1), ("C", 1), ("B", 2)]
+    assert interleave(items, lambda x: x[0], ["B"]) == [("B", 1), ("A", 1), ("C", 1), ("B", 2), ("A", 2), ("A", 3)]
+    assert interleave(items[:3], lambda x: x[0]) == items[:3]
+
+    # An owner that ran alone for long owes nothing to one that comes while it is idle:
+    # the newcomer starts at the floor (where the first was), not at 0 — which kept the
+    # first one's next keystroke waiting until the newcomer had run as long (11 s measured).
+    t = Turns()
+    for _ in range(100):
+        assert t.next(["A"]) == "A"
+        t.charge("A", 0.1)  # 10 s alone
+    assert t.next(["B"]) == "B" and t.charged["B"] > 9.8
+    t.charge("B", 0.2)
+    assert t.next(["A", "B"]) == "A"

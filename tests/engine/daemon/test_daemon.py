@@ -197,9 +197,59 @@ def test_two_fronts_share_one_daemon_and_the_second_reuses_the_firsts_kv(rundir,
         a.forget_document("file:///a.py")
         a.wait_idle(30)
         a.check_integrity().result(30)
+        # Per-front counts (efim/stats `engine.daemon.fronts`): a sent 4 requests (one superseded), b 2.
+        def counts():
+            daemon = a.health()["daemon"]
+            return {f["front"]: f for f in daemon.get("fronts", [])}, daemon["front"]
+        def settled():  # health is the last one the daemon sent (a newer one is asked for)
+            fronts, mine = counts()
+            own = fronts.get(mine, {})
+            return own.get("requests") == 4 and own.get("running") == 0 and sum(f["requests"] for f in fronts.values()) == 6
+        _wait(settled, what="the daemon's health with a's 4 requests ended")
+        fronts, mine = counts()
+        own, other = fronts[mine], next(f for n, f in fronts.items() if n != mine)
+        assert own["requests"] == 4 and own["served"] >= 3 and own["errors"] == 0
+        assert own["served"] + own["cancelled"] == 4
+        assert other["requests"] == 2 and other["served"] == 2 and other["cancelled"] == 0
     finally:
         a.close()
         b.close()
+
+
+def test_the_daemon_makes_each_front_an_owner_of_its_requests(tmp_path):
+    """Each front's requests reach the engine under its own key prefix and as its own owner
+    (`InfillRequest.owner`), so the engine's scheduler takes turns across fronts
+    (engine.scheduling.fairness; the ordering itself: tests/engine/test_scheduler.py)."""
+    from engine.daemon.server import EngineDaemon, Front
+
+    submitted = []
+
+    class Handle:
+        def events(self):
+            return iter(())
+
+        def cancel(self):
+            pass
+
+    class Engine:
+        def submit(self, request):
+            submitted.append(request)
+            return Handle()
+
+    class Writer:
+        def is_closing(self):
+            return False
+
+        def write(self, data):
+            pass
+
+    daemon = EngineDaemon(Engine(), tmp_path / "d.sock")
+    one, two = Front(1, 100, Writer()), Front(2, 200, Writer())
+    daemon._submit(one, wire.Submit(1, _request(key="file:///a.py")))
+    daemon._submit(two, wire.Submit(1, _request(key="file:///a.py", owner="spoofed")))
+    daemon._pumps.shutdown(wait=True)
+    assert [(r.key, r.owner) for r in submitted] == [("front1/file:///a.py", "front1"), ("front2/file:///a.py", "front2")]
+    assert one.summary()["requests"] == two.summary()["requests"] == 1
 
 
 def test_cancel_and_close_end_every_handle(rundir, config):
