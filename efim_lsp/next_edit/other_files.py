@@ -10,7 +10,8 @@ name, when B refers to the renamed document's module:
 
 - `from <mod> import old` (also in a parenthesised list): the name in the import line first;
   once the line imports `new` (or still `old`), B's own bare uses of `old`;
-- `import <mod>` / `import <pkg>.<mod> [as m]` / `from <pkg> import <mod> [as m]`: the
+- `import <mod>` / `import <pkg>.<mod> [as m]` / `from <pkg> import <mod> [as m]` (also
+  `from . import <mod>`): the
   attribute uses `<mod>.old`, `<pkg>.<mod>.old`, `m.old`.
 
 The module's names come from its URI (`module_names`): every dotted tail of its path relative
@@ -22,7 +23,8 @@ something else, a keyword argument or a nested `def old`. Where B binds `old` it
 level (a def, class or assignment) only the attribute uses `m.old` are offered (its own `old`
 shadows the import); where B imports an `old` from another module, nothing; silent too where
 nothing matches.
-Not covered: relative imports (`from .a import old`), `from <mod> import *`, a parameter or
+Relative imports count with `relative_names` (`from .a import old`, `from . import a`,
+`from ..pkg import a`). Not covered: `from <mod> import *`, a parameter or
 local named like the function inside B's functions (offered as a use), renames of a
 name at a use site rather than its definition, more than the first use per request.
 """
@@ -96,6 +98,31 @@ def module_names(uri: str, folders: Iterable[str] = ()) -> set[str]:
     return names
 
 
+def relative_names(uri: str, importer: str, levels: int = 3) -> set[str]:
+    """The relative names (`.a`, `..pkg.a`) under which the document `importer` may import the
+    module `uri` (up to `levels` dots)."""
+    path, here = _path_of(uri), _path_of(importer)
+    if path is None or here is None or not path.name.endswith((".py", ".pyi")):
+        return set()
+    names = set()
+    base = here.parent
+    for dots in range(1, levels + 1):
+        try:
+            rel = list(path.relative_to(base).parts)
+        except ValueError:
+            rel = None
+        if rel:
+            rel[-1] = rel[-1].rsplit(".", 1)[0]
+            if rel[-1] == "__init__":
+                rel = rel[:-1]
+            if all(p.isidentifier() for p in rel):
+                names.add("." * dots + ".".join(rel))
+        if base.parent == base:
+            break
+        base = base.parent
+    return names
+
+
 def propose(text: str, renames: Sequence[tuple[Rename | RecentRename, set[str] | None]]) -> NextEdit | None:
     """The next edit in `text` after `renames` (most recent first), each with its module's
     names — None where `text` is the renamed module itself (its own module-level uses of the
@@ -132,7 +159,7 @@ def _propose_one(text: str, literals: Literals, old: str, new: str, modules: set
                     imported |= alias is None
                 elif name == new and alias is None:
                     imported = True
-            elif f"{source}.{name}" in modules:
+            elif (source + name if source.endswith(".") else f"{source}.{name}") in modules:
                 prefixes.append(alias or name)
             elif (alias or name) == old:
                 return None  # `old` comes from another module in B
@@ -263,4 +290,4 @@ def remember(renames: list[RecentRename], uri: str, text: str, change: Change | 
         del renames[:-kept]
 
 
-__all__ = ["RENAMES_KEPT", "RecentRename", "module_names", "propose", "remember", "top_level_rename"]
+__all__ = ["RENAMES_KEPT", "RecentRename", "module_names", "propose", "relative_names", "remember", "top_level_rename"]

@@ -113,7 +113,10 @@ class NextEdits:
             folders = list(self.folders() or ())
         except RuntimeError:  # pygls: no workspace before `initialize`
             folders = []
-        renames = [(r, other_files.module_names(r.uri, folders) if r.uri != uri else None) for r in reversed(self.renames)]
+        renames = [
+            (r, other_files.module_names(r.uri, folders) | other_files.relative_names(r.uri, uri) if r.uri != uri else None)
+            for r in reversed(self.renames)
+        ]
         return other_files.propose(text, renames)
 
     def refused(self) -> None:

@@ -69,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     blank.set_defaults(func=run_blank_lines)
     ne = targets.add_parser("next-edit", help="next-edit suggestions on held-out stdlib modules: exact edit, location, edit similarity, silence on noise")
     ne.add_argument("--files", default=None, help="comma-separated stdlib modules to draw samples from (default: difflib,textwrap,shlex,statistics,fractions,calendar)")
+    ne.add_argument("--packages", default=None, help="comma-separated stdlib packages for the other-file category "
+                    "(default: email,logging,json,urllib,importlib; '' for none)")
     ne.add_argument("--per-category", type=int, default=100, help="samples per category (a seeded subset)")
     ne.add_argument("--seed", type=int, default=0)
     ne.add_argument("--proposer", choices=("baseline",), default="baseline", help="baseline: the server's proposers (rename, call sites, parallel lines), no model")
@@ -207,20 +209,21 @@ def run_blank_lines(args: argparse.Namespace) -> int:
 
 
 def run_next_edit(args: argparse.Namespace) -> int:
-    from efim_tools.evaluation.next_edit import DEFAULT_FILES, evaluate, samples  # noqa: PLC0415
+    from efim_tools.evaluation.next_edit import DEFAULT_FILES, DEFAULT_PACKAGES, evaluate, samples  # noqa: PLC0415
 
     files = [f.strip() for f in args.files.split(",") if f.strip()] if args.files else list(DEFAULT_FILES)
+    packages = [p.strip() for p in args.packages.split(",") if p.strip()] if args.packages is not None else list(DEFAULT_PACKAGES)
     try:
-        cases = samples(files, seed=args.seed, per_category=args.per_category)
+        cases = samples(files, seed=args.seed, per_category=args.per_category, packages=packages)
     except FileNotFoundError as exc:
         raise SystemExit(f"efim eval next-edit: {exc}") from None
     scores, seconds = evaluate(cases, args.proposer)
     if args.json:
-        print(json.dumps({"task": "next-edit", "proposer": args.proposer, "files": files, "seed": args.seed,
+        print(json.dumps({"task": "next-edit", "proposer": args.proposer, "files": files, "packages": packages, "seed": args.seed,
                           "categories": {k: v._asdict() for k, v in scores.items()},
                           "ms_per_sample": round(1000 * seconds / max(1, len(cases)), 3)}))
         return 0
-    print(f"next-edit, proposer {args.proposer}, files {', '.join(files)}, seed {args.seed}")
+    print(f"next-edit, proposer {args.proposer}, files {', '.join(files)}, packages {', '.join(packages) or '-'}, seed {args.seed}")
     print(f"{'category':<14}{'n':>5}{'exact':>8}{'location':>10}{'edit sim':>10}{'silent':>8}")
     for category, s in scores.items():
         print(f"{category:<14}{s.n:>5}{s.exact:>8.3f}{s.location:>10.3f}{s.similarity:>10.3f}{s.silent:>8.3f}")

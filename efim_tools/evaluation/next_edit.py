@@ -15,6 +15,9 @@ make — or none:
                    same change on the next line of the run
     noise          an edit after which nothing is due: a number changed, a new statement
                    typed on a new line, a word inside a string changed
+    other-file     (from `--packages`) a module-level function renamed at its `def`; next:
+                   in another module of the package that imports it, the name in its
+                   import line, else its first `module.name` use (`next_edit_other`)
 
 Scores per category: exact (the proposal leaves the text the expected edit leaves), location
 (the proposal is on the expected line), edit similarity of the line after the proposal
@@ -35,14 +38,19 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from efim_lsp.next_edit import other_files
 from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
+from efim_tools.evaluation.next_edit_other import package_cases
 from efim_tools.evaluation.next_edit_synth import call_site_samples, parallel_samples
 from efim_tools.training.data import stdlib_root
 
-CATEGORIES = ("rename-below", "far", "rename-above", "call-site", "parallel", "noise")
+CATEGORIES = ("rename-below", "far", "rename-above", "call-site", "parallel", "noise", "other-file")
 FAR_LINES = 40
 DEFAULT_FILES = ("difflib", "textwrap", "shlex", "statistics", "fractions", "calendar")
+# Packages looked at while building the other-file proposer (held out: multiprocessing,
+# asyncio, unittest, xml.dom, concurrent.futures, http).
+DEFAULT_PACKAGES = ("email", "logging", "json", "urllib", "importlib")
 
 
 class Expected(NamedTuple):
@@ -56,7 +64,9 @@ class Sample(NamedTuple):
     category: str
     before: str  # the text before the edit
     edit: tuple[int, int, str]  # (start, end, new text) in offsets of `before`
-    expected: Expected | None  # in offsets of the text after the edit
+    expected: Expected | None  # in offsets of the text after the edit (other-file: of `other`)
+    other: str | None = None  # other-file: the importing module's text
+    uris: tuple[str, str, str] | None = None  # other-file: the renamed module's, the importer's, the root's
 
 
 class CategoryScore(NamedTuple):
@@ -75,13 +85,20 @@ def module_path(name: str) -> Path:
     return path
 
 
-def samples(files: list[str], *, seed: int, per_category: int) -> list[Sample]:
+def samples(files: list[str], *, seed: int, per_category: int, packages: list[str] = ()) -> list[Sample]:
     rng = random.Random(seed)
     pool: dict[str, list[Sample]] = defaultdict(list)
     for name in files:
         text = module_path(name).read_text(encoding="utf-8")
         for sample in _file_samples(name, text, random.Random(f"{seed}:{name}")):
             pool[sample.category].append(sample)
+    root = stdlib_root()
+    for package in packages:
+        for c in package_cases(root, package):
+            uris = (c.a_path.as_uri(), c.b_path.as_uri(), root.as_uri())
+            pool["other-file"].append(
+                Sample(package, "other-file", c.a_text, c.edit, Expected(*c.expected), other=c.b_text, uris=uris)
+            )
     out: list[Sample] = []
     for category in CATEGORIES:
         found = pool[category]
@@ -189,7 +206,14 @@ def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str,
     t0 = time.perf_counter()
     for case in cases:
         text, history = _apply_as_keys(case.before, case.edit)
-        got = propose(text, history.last)
+        if case.other is not None:  # other-file: the renamed module's change, the importer asked
+            rename = other_files.top_level_rename(text, history.last)
+            a_uri, b_uri, root_uri = case.uris
+            names = other_files.module_names(a_uri, [root_uri]) | other_files.relative_names(a_uri, b_uri)
+            text = case.other
+            got = other_files.propose(text, [(rename, names)]) if rename is not None else None
+        else:
+            got = propose(text, history.last)
         if case.expected is None:
             hits[case.category].append((got is None, got is None, 1.0 if got is None else 0.0, got is None))
             continue
@@ -221,4 +245,4 @@ def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str,
     return scores, seconds
 
 
-__all__ = ["CATEGORIES", "DEFAULT_FILES", "Sample", "evaluate", "samples"]
+__all__ = ["CATEGORIES", "DEFAULT_FILES", "DEFAULT_PACKAGES", "Sample", "evaluate", "samples"]

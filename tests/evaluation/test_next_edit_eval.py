@@ -60,3 +60,18 @@ def test_call_site_and_parallel_samples_are_real_edits_answered_at_the_expected_
 def test_an_unknown_proposer_is_refused():
     with pytest.raises(ValueError, match="unknown proposer"):
         evaluate([], "model")
+
+
+def test_other_file_samples_come_from_a_package_and_are_answered_in_the_importer():
+    cases = samples([], seed=1, per_category=50, packages=["json", "xml.dom"])
+    assert cases and {c.category for c in cases} == {"other-file"}
+    for case in cases:
+        start, end, new = case.edit
+        old = case.before[start:end]
+        assert new == old + "_new" and case.before[: start].endswith("def ")
+        exp = case.expected
+        assert case.other[exp.start : exp.end] == old and exp.text == new
+    scores, _ = evaluate(cases)
+    assert scores["other-file"].exact >= 0.9
+    with pytest.raises(FileNotFoundError):
+        samples([], seed=1, per_category=5, packages=["no_such_package_here"])

@@ -123,3 +123,14 @@ def test_the_renamed_module_itself_gets_its_module_level_uses():
     assert edit.start == text.index("foo()") and edit.reason.endswith("(use in its module)")
     assert other_files.propose(_apply(text, edit), [own]) is None
     assert other_files.propose("from b import foo\n\ndef bar():\n    pass\nfoo()\n", [own]) is None  # another foo
+
+
+def test_relative_imports_resolve_from_the_importing_document():
+    assert other_files.relative_names(A, "file:///proj/pkg/b.py") >= {".a", "..pkg.a"}
+    assert other_files.relative_names(A, "file:///proj/pkg/sub/c.py") >= {"..a"}
+    rel = (Rename(0, 0, "foo", "bar"), other_files.relative_names(A, "file:///proj/pkg/b.py"))
+    text = "from .a import foo\nfoo()\n"
+    assert other_files.propose(text, [rel]).start == len("from .a import ")
+    text = "from . import a\na.foo()\n"
+    assert other_files.propose(text, [rel]).start == text.index("a.foo") + 2
+    assert other_files.propose("from .b import foo\nfoo()\n", [rel]) is None  # another module's foo
