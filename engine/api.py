@@ -147,7 +147,7 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     fresh_line_guard: float = DEFAULT_FRESH_LINE_GUARD
     # Who the request is for, when several clients share one engine (a tenant: the engine
     # daemon sets one per editor window). Across owners the scheduler shares the engine's
-    # time fairly — the owner charged least so far is served next — so one owner's burst
+    # time fairly — the owner that used it least lately is served next — so one owner's burst
     # does not starve another's requests; one owner's requests keep the usual order, oldest
     # first (engine.scheduling.fairness). "" is an owner like any other (all requests, when
     # nobody names one). It does not scope `key`: callers keep their keys apart.

@@ -3,77 +3,102 @@
 A request may name its owner (`InfillRequest.owner`: a tenant of a shared engine, e.g. one
 editor window of the engine daemon; the engine knows nothing more of it). Requests with the
 same owner — all of them, when nobody names one — keep the engine's usual order (oldest
-first). Across owners the engine shares its time fairly (`Turns`, a virtual clock per owner,
-as a fair-share CPU scheduler does):
+first). Across owners the engine serves the owner that used it least lately (`Turns`, decayed
+usage per owner, as classic fair-share CPU schedulers do):
 
 - every unit of foreground model work is charged to its owner: each prefill step to the
   request's owner, a batched decode step to the owners of its rows (split by rows);
-- each loop step serves the owner with foreground work (prefilling or decoding) that has
-  been charged least: its oldest prefilling request gets the step's prefill (and the decode
-  step runs for everyone decoding, as always); an owner with nothing but decoding rows gets
-  a decode-only step — another owner's long prefill waits for it, instead of every one of
-  its tokens waiting for a prefill step of the other's;
-- the clocks' floor (`Turns.floor`) is the least charge among the owners with work, and
-  it never goes back; an owner new, or back after having nothing to run, starts at the
-  floor (time idle is not banked: it cannot come back and take the engine for as long as it
-  was away; nor does an owner that ran alone for an hour owe that hour to one that comes
-  next); ties go to the owner not served last;
+- the charges decay (time constant `MEMORY`, 3 s): an owner's usage is what it ran lately;
+- each loop step serves the owner with foreground work (prefilling or decoding) of least
+  recent usage: its oldest prefilling request gets the step's prefill (and the decode step
+  runs for everyone decoding, as always); an owner with nothing but decoding rows gets a
+  decode-only step — another owner's long prefill waits for it, instead of every one of its
+  tokens waiting for a prefill step of the other's; ties go to the owner not served last;
+- an owner back from having no foreground work has `WAKE_CREDIT` (1 s) taken off its usage
+  (a sleeper's credit): a window that types is idle between keystrokes, a burst is not;
+- so a light owner (a window typing: a few rows to prefill, a few tokens to decode) is
+  served first whenever it has work, as long as it used the engine less than the other
+  lately (credit included), and two heavy owners alternate; an owner that ran alone for long waits at most
+  about `MEMORY * ln 2` (2.1 s) for a heavy newcomer (which starts with no usage) to catch
+  up with its decaying usage;
 - admitted requests waiting for KV room get it in turns too (`interleave`): each owner's
-  oldest, then each owner's second oldest, owners in the order of their charge;
+  oldest, then each owner's second oldest, owners least recent usage first;
 - a step cannot be interrupted, so while the engine is shared (another owner had work in
   the last `SHARED_WINDOW` seconds, `Turns.shared`) a request's prefill step is sized to
   take about `Scheduler.shared_step_seconds` at the measured prefill rate, and not the
   larger solo step: another owner's keystroke that arrives meanwhile waits for one short
   step (smaller steps run the model less efficiently: that is the price of sharing).
 
-So a window typing (a few rows to prefill, then a few tokens to decode: little engine time)
-is served next whenever it has work, while another window's burst of long prefills gets
-the rest of the engine; one owner alone runs exactly as before.
+One owner alone runs exactly as before.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterable, Sequence as SequenceType, TypeVar
 
 T = TypeVar("T")
 
+# Usage is remembered with this time constant (seconds; half-life MEMORY * ln 2 = 2.1 s): long
+# enough that a burst's owner stays "heavy" between its requests, short enough that an owner
+# which ran alone for long is not held back for more than about MEMORY * ln 2 once another
+# heavy owner arrives (the newcomer, with no usage, goes first until its usage meets the
+# other's decaying one).
+MEMORY = 3.0
+# An owner back from having no foreground work has this many seconds taken off its usage (a
+# sleeper's credit, as fair-share CPU schedulers give a task that wakes): a window that types
+# is idle between keystrokes, so each keystroke's request runs first for up to this much
+# engine time even when the window used about as much lately as a burst that never pauses.
+WAKE_CREDIT = 1.0
 # The engine counts as shared while more than one owner had foreground work within this many seconds.
 SHARED_WINDOW = 2.0
 
 
 class Turns:
-    """Seconds of engine time charged per owner with work (engine thread only)."""
+    """Each owner's recent engine time (seconds, decayed with a half-life of
+    `MEMORY * ln 2`), and which owner a step serves: the one that used the engine least
+    lately. Engine thread only (`clock` is settable for tests)."""
 
-    def __init__(self) -> None:
-        self.charged: dict[str, float] = {}
-        self.floor = 0.0  # the least charge among owners with work, never decreasing
+    def __init__(self, memory: float = MEMORY, clock=time.monotonic) -> None:
+        self.memory = memory
+        self.clock = clock
+        self.usage: dict[str, tuple[float, float]] = {}  # owner -> (decayed seconds, at clock)
         self.last: str | None = None  # the owner served by the last step
         self.seen: dict[str, float] = {}  # owner -> time.monotonic() it last had foreground work
+        self.awake: set[str] = set()  # the owners with foreground work at the last `active` call
+        self.wake_credit = WAKE_CREDIT
+
+    def used(self, owner: str, now: float | None = None) -> float:
+        """`owner`'s recent engine time now (decayed)."""
+        used, at = self.usage.get(owner, (0.0, 0.0))
+        now = self.clock() if now is None else now
+        return used * math.exp(-max(0.0, now - at) / self.memory) if used else 0.0
 
     def active(self, owners: Iterable[str]) -> list[str]:
-        """`owners` (those with foreground work now, in order of their oldest request) with
-        their clocks set: a newcomer (or one back from having nothing to run) starts at the
-        floor, one that is ahead keeps its charge."""
+        """`owners` (those with foreground work now, in order of their oldest request), noted
+        as seen; owners whose usage has decayed away are forgotten."""
         owners = list(dict.fromkeys(owners))
         now = time.monotonic()
+        at = self.clock()
         for owner in owners:
             self.seen[owner] = now
-        known = [self.charged[o] for o in owners if o in self.charged]
-        if known:
-            self.floor = max(self.floor, min(known))
-        for owner in [o for o in self.charged if o not in owners and self.charged[o] <= self.floor]:
-            del self.charged[owner]  # idle and not ahead: it would start at the floor anyway
-        for owner in owners:
-            self.charged[owner] = max(self.charged.get(owner, self.floor), self.floor)
+            if owner not in self.awake and owner in self.usage:  # back from idle: the sleeper's credit
+                self.usage[owner] = (max(0.0, self.used(owner, at) - self.wake_credit), at)
+        self.awake = set(owners)
+        if len(self.usage) > len(owners):
+            for owner in [o for o in self.usage if o not in owners and self.used(o, at) < 1e-4]:
+                del self.usage[owner]
         return owners
 
     def next(self, owners: Iterable[str]) -> str | None:
-        """Which of `owners` (with foreground work, oldest request first) this step serves."""
+        """Which of `owners` (with foreground work, oldest request first) this step serves:
+        the least recent usage; a tie goes to the one not served last."""
         owners = self.active(owners)
         if not owners:
             return None
-        chosen = min(owners, key=lambda o: (self.charged[o], o == self.last))
+        now = self.clock()
+        chosen = min(owners, key=lambda o: (self.used(o, now), o == self.last))
         self.last = chosen
         return chosen
 
@@ -85,8 +110,8 @@ class Turns:
         return len(self.seen) > 1
 
     def charge(self, owner: str, seconds: float) -> None:
-        start = max(self.charged.get(owner, self.floor), self.floor)
-        self.charged[owner] = start + max(0.0, seconds)
+        now = self.clock()
+        self.usage[owner] = (self.used(owner, now) + max(0.0, seconds), now)
 
     def charge_rows(self, owners: SequenceType[str], seconds: float) -> None:
         """A batched step of one row per entry of `owners`: each owner pays its rows' share."""
@@ -96,9 +121,10 @@ class Turns:
                 self.charge(owner, share)
 
     def order(self, owners: Iterable[str]) -> list[str]:
-        """`owners` least-charged first (stable: ties keep their order)."""
+        """`owners` least recent usage first (stable: ties keep their order)."""
         owners = list(dict.fromkeys(owners))
-        return sorted(owners, key=lambda o: self.charged.get(o, 0.0))
+        now = self.clock()
+        return sorted(owners, key=lambda o: self.used(o, now))
 
 
 def interleave(items: SequenceType[T], owner_of, owners_first: SequenceType[str] = ()) -> list[T]:

@@ -11,7 +11,7 @@ The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes
    one batched decode step of every decoding sequence, forks and prompt-lookup speculation
    included (`engine.scheduling.steps` on the `engine.scheduling.model_runner.ModelRunner`).
    With requests of several owners (`InfillRequest.owner`, e.g. the engine daemon's editor
-   windows) the step serves the owner charged least engine time so far: its oldest
+   windows) the step serves the owner that used the engine least lately: its oldest
    prefilling request, or — an owner with only decoding rows — a decode step alone
    (`engine.scheduling.fairness`);
 4. ends sequences as their sinks say (`Finisher.finish`: unpin, keep the KV for the
@@ -385,15 +385,18 @@ class Scheduler:
                 self.finisher.guard(seq, self._admit)
             self.admission.start_waiting()
             foreground = [s for s in self._prefilling if not s.background]
-            prefill = self._turn(foreground)
+            prefill, turn = self._turn(foreground)
             if prefill is not None:
                 t0 = time.perf_counter()
                 self.finisher.guard(prefill, self._prefill)
                 self.turns.charge(prefill.owner, time.perf_counter() - t0)
             if self._decoding:
-                owners = [s.owner for s in self._decoding]
+                # An owner's decode-only turn decodes its rows alone (a lone greedy one verifies a
+                # speculation draft); else every decoding sequence, as always.
+                rows = self._decoding if turn is None else [s for s in self._decoding if s.owner == turn]
+                owners = [s.owner for s in rows]
                 t0 = time.perf_counter()
-                self.steps.decode()
+                self.steps.decode(None if turn is None else rows)
                 self.turns.charge_rows(owners, time.perf_counter() - t0)
             if foreground or self._decoding:
                 self._last_foreground = time.perf_counter()
@@ -408,19 +411,22 @@ class Scheduler:
                 self.check_integrity()
             self._run_idle_work()
 
-    def _turn(self, foreground: list[Sequence]) -> Sequence | None:
-        """The prefilling request this step serves: the oldest of the owner whose turn it is
-        (`Turns.next`, over the owners with foreground work); None when that owner has only
-        decoding rows (the step decodes alone) or nothing prefills. With one owner: the oldest."""
+    def _turn(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
+        """(the prefilling request this step serves, the owner whose decode-only turn it is).
+        The request: the oldest of the owner whose turn it is (`Turns.next`, over the owners
+        with foreground work), and every decoding sequence decodes too (turn None). When that
+        owner has only decoding rows: no request, and the step decodes that owner's rows
+        alone. Nothing prefilling: everyone decodes together. One owner: its oldest."""
         owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
         if not foreground:
-            self.turns.active(owners)  # decoding owners' clocks start level with the others'
-            return None
+            self.turns.active(owners)
+            return None, None
         if len(set(owners)) == 1:
-            self.turns.next(owners)  # keeps its clock level with the others' for when they come
-            return foreground[0]
+            self.turns.next(owners)
+            return foreground[0], None
         owner = self.turns.next(owners)
-        return next((s for s in foreground if s.owner == owner), None)
+        prefill = next((s for s in foreground if s.owner == owner), None)
+        return prefill, (owner if prefill is None else None)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the radix cache, the blend store and the retained KV

@@ -213,10 +213,11 @@ class StepRunner:
             self.decoding.append(seq)
         return True
 
-    def decode(self) -> None:
-        """One decode step of every decoding sequence (or one verify step of a lone greedy one)."""
+    def decode(self, only: list[Sequence] | None = None) -> None:
+        """One decode step of every decoding sequence — or of those in `only` (one owner's
+        turn, `engine.scheduling.fairness`) — or one verify step of a lone greedy one."""
         batch: list[Sequence] = []
-        for seq in list(self.decoding):
+        for seq in list(self.decoding) if only is None else [s for s in only if s in self.decoding]:
             reason = seq.sink.before_step()
             if reason is None and seq.n_valid >= seq.kv.capacity and not self._grow(seq):
                 reason = "length"
