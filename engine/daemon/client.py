@@ -38,6 +38,7 @@ import msgspec
 from engine.api import (
     MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent,
 )
+from engine.fault_reporting import FaultReporting
 from engine.daemon.config import DaemonConfig
 from engine.daemon.launcher import DEFAULT_IDLE_TIMEOUT_S, DaemonRefused, check_in_subprocess, reach
 from engine.daemon.place import Place
@@ -62,7 +63,7 @@ class _CancelOverSocket:
         self._engine._on_loop(self._engine._send_cancel, request_id)
 
 
-class DaemonEngine:
+class DaemonEngine(FaultReporting):
     """An engine hosted by the user's engine daemon. See the module docstring."""
 
     def __init__(self, config: DaemonConfig, *, kv_budget: int | str | None = None,
@@ -80,8 +81,7 @@ class DaemonEngine:
         self._handles: dict[int, RequestHandle[int]] = {}
         self._replies: dict[int, tuple[Future, Callable[[Any], Any] | None]] = {}
         self._canceller = _CancelOverSocket(self)
-        self._on_fault: Callable[[str, str], None] | None = None
-        self._pending_faults: list[tuple[str, str]] = []
+        FaultReporting.__init__(self)
         self._writer: asyncio.StreamWriter | None = None
         self._reconnecting: asyncio.Task | None = None
         self._reader: asyncio.Task | None = None
@@ -282,28 +282,6 @@ class DaemonEngine:
         """A call whose answer nobody waits for (the daemon's reply is dropped)."""
         if not self._closed:
             self._on_loop(self._send_call, next(self._ids), method, args)
-
-    # ------------------------------------------------------------ faults
-    @property
-    def on_fault(self) -> Callable[[str, str], None] | None:
-        return self._on_fault
-
-    @on_fault.setter
-    def on_fault(self, callback: Callable[[str, str], None] | None) -> None:
-        self._on_fault = callback
-        pending, self._pending_faults = self._pending_faults, []
-        for kind, message in pending:
-            self._report(kind, message)
-
-    def _report(self, kind: str, message: str) -> None:
-        callback = self._on_fault
-        if callback is None:
-            self._pending_faults.append((kind, message))
-            return
-        try:
-            callback(kind, message)
-        except Exception:
-            log.exception("reporting an engine daemon fault failed")
 
     # ------------------------------------------------------------ Engine protocol
     def info(self) -> EngineInfo:

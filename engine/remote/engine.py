@@ -49,7 +49,6 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import msgspec
@@ -65,6 +64,7 @@ from engine.api import (
     RequestStats,
     StreamEvent,
 )
+from engine.fault_reporting import FaultReporting
 from engine.handle import RequestHandle
 from engine.prompting import PromptBuilder
 from engine.remote.connection import Link, api_key_from_env, parse_endpoint
@@ -118,7 +118,7 @@ class _StopOnLoop:
         self._engine._on_loop(call.stop, "cancelled")
 
 
-class RemoteEngine:
+class RemoteEngine(FaultReporting):
     """An engine whose forward passes run on an inference server. See the module docstring."""
 
     def __init__(
@@ -148,8 +148,7 @@ class RemoteEngine:
         self._stop_texts = self._sentinel_texts()
         self._context_length = vocab.context_length
         self.facts = ServerFacts()
-        self._pending_faults: list[tuple[str, str]] = []
-        self._on_fault: Callable[[str, str], None] | None = None
+        FaultReporting.__init__(self)
         self.link = Link(self._report)
         self.counters = Ledger()
         self._canceller = _StopOnLoop(self)
@@ -201,29 +200,6 @@ class RemoteEngine:
 
     async def _new_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(**self._client_options)
-
-    # ------------------------------------------------------------ faults
-    @property
-    def on_fault(self) -> Callable[[str, str], None] | None:
-        return self._on_fault
-
-    @on_fault.setter
-    def on_fault(self, callback: Callable[[str, str], None] | None) -> None:
-        """Faults found before anyone listened (at construction) are told on setting it."""
-        self._on_fault = callback
-        pending, self._pending_faults = self._pending_faults, []
-        for kind, message in pending:
-            self._report(kind, message)
-
-    def _report(self, kind: str, message: str) -> None:
-        callback = self._on_fault
-        if callback is None:
-            self._pending_faults.append((kind, message))
-            return
-        try:
-            callback(kind, message)
-        except Exception:
-            log.exception("reporting a backend fault failed")
 
     # ------------------------------------------------------------ discovery and reconnection
     async def _connect(self) -> None:
