@@ -169,17 +169,21 @@ async def warm_ups_settled(client: LanguageClient) -> dict:
     raise AssertionError(f"warm-ups still running after 30 s: {stats['warmup']}")
 
 
-async def test_a_jump_after_a_pause_prefills_almost_nothing(client: LanguageClient):
-    """The cursor notification warms the window where the user landed: the first request
-    there (after a person's pause) finds its prompt computed and prefills a token or two."""
+async def jump_setup(client: LanguageClient, uri: str) -> tuple[int, dict]:
+    """A stdlib function open at `uri` with a first session near its top; the line to jump to
+    (120+ lines below) and `efim/stats` once that session's warm-ups have settled."""
     text, line, col = stdlib_function()
-    uri = "file:///stdlib/jump.py"
     open_doc(client, text, uri)
-    await inline(client, t.Position(line, col), uri)  # a first session near the top
+    await inline(client, t.Position(line, col), uri)
     target = next(i for i, s in enumerate(text.splitlines()) if i > line + 120 and s.startswith("        ") and s.strip())
-    before = await warm_ups_settled(client)  # the first session's own full window (firstWindowTokens) included
-    client.protocol.notify("efim/didMoveCursor", {"textDocument": {"uri": uri}, "position": {"line": target, "character": 8}})
-    for _ in range(400):  # the person reads; the server warms meanwhile
+    return target, await warm_ups_settled(client)  # the first session's own full window (firstWindowTokens) included
+
+
+async def warmed_then_first_key(client: LanguageClient, before: dict, uri: str, target: int) -> dict:
+    """Wait (the person reads) for the one warm-up a signal started to finish; then the
+    first key at (target, 8): asserts it prefilled a token or two of a full window. Returns
+    the warm-up counters after the wait."""
+    for _ in range(400):
         await asyncio.sleep(0.05)
         warm = (await request(client, "efim/stats"))["warmup"]
         if warm["completed"] > before["warmup"]["completed"]:
@@ -192,6 +196,16 @@ async def test_a_jump_after_a_pause_prefills_almost_nothing(client: LanguageClie
     prompt = stats["promptTokens"] - before["promptTokens"]
     prefilled = stats["prefilledTokens"] - before["prefilledTokens"]
     assert prompt > 200 and prefilled <= 4, (prompt, prefilled)
+    return warm
+
+
+async def test_a_jump_after_a_pause_prefills_almost_nothing(client: LanguageClient):
+    """The cursor notification warms the window where the user landed: the first request
+    there (after a person's pause) finds its prompt computed and prefills a token or two."""
+    uri = "file:///stdlib/jump.py"
+    target, before = await jump_setup(client, uri)
+    client.protocol.notify("efim/didMoveCursor", {"textDocument": {"uri": uri}, "position": {"line": target, "character": 8}})
+    await warmed_then_first_key(client, before, uri, target)
     check = await request(client, "efim/debug/checkIntegrity")
     assert check["ok"] and check["engine"] == "ok", check
 
@@ -201,12 +215,8 @@ async def test_a_plain_client_asking_about_the_cursor_warms_the_place_it_asks_ab
     """A client with nothing of ours still asks about the cursor's place as it moves
     (highlights, the light bulb): that warms the window there, so the first key after a
     pause prefills a token or two. The answers are empty; a bad position gets [] too."""
-    text, line, col = stdlib_function()
     uri = f"file:///stdlib/plain-{ask}.py"
-    open_doc(client, text, uri)
-    await inline(client, t.Position(line, col), uri)
-    target = next(i for i, s in enumerate(text.splitlines()) if i > line + 120 and s.startswith("        ") and s.strip())
-    before = await warm_ups_settled(client)
+    target, before = await jump_setup(client, uri)
     doc = t.TextDocumentIdentifier(uri=uri)
     if ask == "documentHighlight":
         answer = await client.text_document_document_highlight_async(t.DocumentHighlightParams(doc, t.Position(target, 8)))
@@ -218,17 +228,5 @@ async def test_a_plain_client_asking_about_the_cursor_warms_the_place_it_asks_ab
         far = t.Range(t.Position(10**6, 0), t.Position(10**6, 0))
         nowhere = await client.text_document_code_action_async(t.CodeActionParams(doc, far, context))
     assert answer is not None and nowhere is not None and len(answer) == len(nowhere) == 0
-    for _ in range(400):  # the person reads; the server warms meanwhile
-        await asyncio.sleep(0.05)
-        warm = (await request(client, "efim/stats"))["warmup"]
-        if warm["completed"] > before["warmup"]["completed"]:
-            break
+    warm = await warmed_then_first_key(client, before, uri, target)
     assert warm["positionSignals"] == before["warmup"]["positionSignals"] + 1
-    assert warm["completed"] == before["warmup"]["completed"] + 1 and warm["prefilledTokens"] > 0
-    before = await request(client, "efim/stats")
-    change(client, 1, target, 8, "x", uri=uri)
-    await inline(client, t.Position(target, 9), uri)
-    stats = await request(client, "efim/stats")
-    prompt = stats["promptTokens"] - before["promptTokens"]
-    prefilled = stats["prefilledTokens"] - before["prefilledTokens"]
-    assert prompt > 200 and prefilled <= 4, (prompt, prefilled)
