@@ -162,20 +162,7 @@ async def typing_case(model: str, daemon: bool, text: str, cursor: int, keys: li
     front = await start_front(model, daemon, env, uri)
     info = await wait_ready(front)
     daemon_pid = info["engine"].get("daemon", {}).get("pid") if daemon else None
-    front.client.text_document_did_open(t.DidOpenTextDocumentParams(
-        t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
-    await front.ask(position(text, cursor))  # the opening request: a full prefill, not counted
-    await front.stats(reset=True)
-    latencies = []
-    for version, key in enumerate(keys, 1):
-        pos = position(text, cursor)
-        front.client.text_document_did_change(t.DidChangeTextDocumentParams(
-            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[t.TextDocumentContentChangePartial(range=t.Range(pos, pos), text=key)]))
-        text = text[:cursor] + key + text[cursor:]
-        cursor += len(key)
-        ms, _ = await front.ask(position(text, cursor))
-        latencies.append(ms)
+    latencies = await type_keys(front, uri, text, cursor, keys, reset_stats=True)
     stats = await front.stats()
     await front.close()
     if daemon_pid:
@@ -235,12 +222,15 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     return out
 
 
-async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[str]) -> list[float]:
-    """Open `uri` with `text`, ask once there (not counted), then type `keys` one at a time,
-    waiting for each answer; the client-measured latencies."""
+async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[str], reset_stats: bool = False) -> list[float]:
+    """Open `uri` with `text`, ask once there (a full prefill, not counted; then the server's
+    counters zeroed with `reset_stats`), then type `keys` one at a time, waiting for each
+    answer; the client-measured latencies."""
     front.client.text_document_did_open(t.DidOpenTextDocumentParams(
         t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
     await front.ask_at(uri, position(text, cursor))
+    if reset_stats:
+        await front.stats(reset=True)
     latencies = []
     for version, key in enumerate(keys, 1):
         pos = position(text, cursor)
