@@ -11,6 +11,7 @@ idle timeout; the wire protocol and the config digest."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -38,6 +39,23 @@ REPO = Path(__file__).resolve().parents[3]
 PREFIX = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n" for i in range(12)) + "def add(a, b):\n    "
 
 
+@contextlib.contextmanager
+def private_rundir():
+    """A private runtime directory (short: socket paths have a 108-byte limit); every daemon
+    started in it is killed afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="efr-"))
+    os.chmod(base, 0o700)
+    try:
+        yield base
+    finally:
+        for pid in _daemon_pids(base):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _daemon_pids(directory: Path) -> list[int]:
     """Daemons serving a socket in `directory` (from /proc: the ones these tests started)."""
     pids = []
@@ -63,18 +81,10 @@ def _wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
 
 @pytest.fixture()
 def rundir(monkeypatch):
-    """A private XDG_RUNTIME_DIR (short: socket paths have a 108-byte limit); every daemon
-    started in it is killed afterwards."""
-    base = Path(tempfile.mkdtemp(prefix="efr-"))
-    os.chmod(base, 0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
-    yield base
-    for pid in _daemon_pids(base):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(base, ignore_errors=True)
+    """A private XDG_RUNTIME_DIR for this process (see `private_rundir`)."""
+    with private_rundir() as base:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(base))
+        yield base
 
 
 @pytest.fixture()

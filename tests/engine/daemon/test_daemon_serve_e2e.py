@@ -6,10 +6,8 @@ daemon; `--no-daemon` (the default) starts none."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lsp"))
 from stdio_client import ServerProcess, inline_params, serve_env  # noqa: E402
 
-from test_daemon import _daemon_pids, _wait  # noqa: E402
+from test_daemon import _daemon_pids, _wait, private_rundir  # noqa: E402
 
 TEXT = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n" for i in range(20)) + "def add(a, b):\n    return \n"
 URI = "file:///work/shared.py"
@@ -30,15 +28,8 @@ pytestmark = pytest.mark.slow  # real servers and daemons: ~5 s a test
 
 @pytest.fixture()
 def rundir():
-    base = Path(tempfile.mkdtemp(prefix="efr-"))
-    os.chmod(base, 0o700)
-    yield base
-    for pid in _daemon_pids(base):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    shutil.rmtree(base, ignore_errors=True)
+    with private_rundir() as base:
+        yield base
 
 
 def _serve(model: Path, rundir: Path, *flags: str) -> ServerProcess:
