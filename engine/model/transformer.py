@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import kernels
 from engine.model.config import ModelConfig
+from engine.model.head_screen import ScreenedHead
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 
 
@@ -418,16 +419,23 @@ class Transformer:
             # (its per-row scale is exactly a per-vocabulary-entry scale), so the table
             # is stored once, at one byte per weight.
             self.embed_weight = None
+            self._embed_rows: Int8Linear | None = self.lm_head
         else:
             self.embed_weight = embed.to(dt)  # [V, hidden]
+            self._embed_rows = None
         self.vocab_size = self.lm_head.out_features
+        if ScreenedHead.worth_it(self.lm_head, dt):
+            # Few-row steps rank the vocabulary on a 4-bit copy and recompute the best
+            # candidates on the int8 rows (engine/model/head_screen.py).
+            self.lm_head = ScreenedHead(self.lm_head)
 
     def weight_bytes(self) -> int:
         """Bytes of parameters a decode step reads (all linear layers incl. lm_head, norms)."""
         n = sum(
             lin.step_nbytes() if isinstance(lin, MixedLinear) else lin.nbytes()
             for layer in self.layers for lin in (layer.qkv, layer.o, layer.up, layer.down)
-        ) + self.lm_head.nbytes()
+        )
+        n += self.lm_head.step_nbytes() if isinstance(self.lm_head, ScreenedHead) else self.lm_head.nbytes()
         return n
 
     def resident_bytes(self) -> int:
@@ -487,7 +495,7 @@ class Transformer:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         if self.embed_weight is not None:
             return self.embed_weight.index_select(0, ids)
-        head: Int8Linear = self.lm_head  # type: ignore[assignment]
+        head = self._embed_rows
         rows = head.weight.index_select(0, ids).to(self.dtype)  # [T, hidden]
         return rows * head.scales.index_select(0, ids).unsqueeze(1)
 

@@ -1,0 +1,81 @@
+"""The output head in two passes (`engine.model.head_screen.ScreenedHead`): a 4-bit screen
+over the whole vocabulary, the best candidates recomputed on the int8 rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.model.head_screen import SCREEN_MAX_ROWS, SCREEN_TOP, ScreenedHead
+from engine.model.quant import Int8Linear
+
+V, K = 8_230, 128  # not a multiple of 64: the screen pads its rows
+
+
+def _head(seed: int = 0) -> Int8Linear:
+    torch.manual_seed(seed)
+    return Int8Linear.quantize(torch.randn(V, K) * 0.05, None, torch.bfloat16)
+
+
+def _rows(head: Int8Linear, m: int, seed: int = 1) -> torch.Tensor:
+    """Hidden states that each point at one vocabulary row (a clear winner, as a trained
+    model's confident steps have), plus noise."""
+    gen = torch.Generator().manual_seed(seed)
+    targets = torch.randint(0, V, (m,), generator=gen)
+    w = head.dequantize().float()
+    x = w[targets] * 20 + torch.randn(m, K, generator=gen) * 0.3
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [1, 3, SCREEN_MAX_ROWS])
+def test_candidates_carry_the_int8_values_and_the_argmax_is_exact(m):
+    head = _head()
+    screened = ScreenedHead(head)
+    x = _rows(head, m)
+    got, want = screened(x).float(), head(x).float()  # [M, V]
+    assert got.shape == want.shape == (m, V)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    # Each row's candidates are exactly the int8 head's values; the rest are 4-bit estimates.
+    same = (got == want).sum(-1)
+    assert bool((same >= SCREEN_TOP).all()), same
+    # The estimates are close to the int8 values, not garbage: the screen is the same matrix in 4 bits.
+    assert (got - want).abs().max() < 0.25 * want.abs().max()
+
+
+def test_padding_rows_are_never_chosen_even_when_every_logit_is_negative():
+    """The screen's zero padding rows give logit 0: if every real logit is below 0, a
+    padded block must still not win (nor be returned)."""
+    torch.manual_seed(2)
+    w = -(torch.rand(V, K) + 0.1)  # every weight negative
+    head = Int8Linear.quantize(w, None, torch.bfloat16)
+    x = torch.rand(2, K).to(torch.bfloat16) + 0.1  # every input positive: every logit < 0
+    got, want = ScreenedHead(head)(x).float(), head(x).float()
+    assert bool((want < 0).all())
+    assert got.shape == (2, V)
+    assert bool(torch.isfinite(got).all())
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_many_rows_and_other_dtypes_run_the_int8_head_itself():
+    head = _head()
+    screened = ScreenedHead(head)
+    x = _rows(head, SCREEN_MAX_ROWS + 1)
+    assert torch.equal(screened(x), head(x))  # a prefill's rows: the exact head
+    assert screened(x[:0]).shape == (0, V)
+
+
+def test_worth_it_only_for_a_large_int8_head_in_bf16():
+    head = _head()
+    assert ScreenedHead.worth_it(head, torch.bfloat16)
+    assert not ScreenedHead.worth_it(head, torch.float32)
+    small = Int8Linear.quantize(torch.randn(512, K), None, torch.bfloat16)
+    assert not ScreenedHead.worth_it(small, torch.bfloat16)
+    odd_k = Int8Linear.quantize(torch.randn(V, 72), None, torch.bfloat16)
+    assert not ScreenedHead.worth_it(odd_k, torch.bfloat16)  # the int4 kernel takes groups of 32
+
+
+def test_step_bytes_are_about_half_of_the_int8_head():
+    head = _head()
+    screened = ScreenedHead(head)
+    assert screened.nbytes() > head.nbytes()  # both forms are resident
+    assert screened.step_nbytes() < 0.7 * head.nbytes()  # a decode step reads the screen + the candidates
