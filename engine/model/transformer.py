@@ -530,6 +530,8 @@ class Transformer:
         kv: SequenceKV,
         start: int,
         logits: str | torch.Tensor = "last",
+        *,
+        exact_head: bool = False,
     ) -> torch.Tensor:
         """Run tokens `ids` [T] at positions start..start+T-1 of the sequence `kv`.
 
@@ -537,7 +539,10 @@ class Transformer:
         `kv`; each token attends to rows 0..its own position (rows < start must already
         hold this sequence's prefix). Returns float32 logits: "last" -> [1, V],
         "all" -> [T, V], "none" -> [0, V] (no lm_head: a non-final prefill step), or a
-        LongTensor of row indices into 0..T-1 -> [n, V].
+        LongTensor of row indices into 0..T-1 -> [n, V]. `exact_head`: every logit from the
+        head's exact rows even when a 4-bit screen would rank them (`ScreenedHead`; for a
+        step that samples with a temperature or inside token healing's set, which read more
+        than the argmax).
         """
         t = ids.shape[0]
         end = start + t
@@ -555,7 +560,7 @@ class Transformer:
                 else:
                     attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
-            return self._select_logits(h, logits)
+            return self._select_logits(h, logits, exact_head)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
             k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
@@ -563,12 +568,14 @@ class Transformer:
             v_cache.narrow(1, start, t).copy_(v)
             attn = attention(q, k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end), None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)
-        return self._select_logits(h, logits)
+        return self._select_logits(h, logits, exact_head)
 
-    def decode_batch(self, ids: torch.Tensor, kvs: list[SequenceKV], starts: list[int]) -> torch.Tensor:  # [B, V]
+    def decode_batch(
+        self, ids: torch.Tensor, kvs: list[SequenceKV], starts: list[int], *, exact_head: bool = False
+    ) -> torch.Tensor:  # [B, V]
         """One token per sequence: ids[b] sits at position starts[b] of kvs[b] (rows
         < starts[b] hold its prefix). Linear layers run once over the batch; attention
-        runs per sequence. Returns float32 logits [B, V]."""
+        runs per sequence. Returns float32 logits [B, V]; `exact_head` as in `forward`."""
         b_count = ids.shape[0]
         if len(kvs) != b_count or len(starts) != b_count:
             raise ValueError("decode_batch: ids, kvs and starts must have the same length")
@@ -576,7 +583,7 @@ class Transformer:
             if s >= kv.capacity:
                 raise ValueError(f"position {s} is outside a KV capacity of {kv.capacity}")
         if b_count == 1:
-            return self.forward(ids, kvs[0], starts[0], "all")
+            return self.forward(ids, kvs[0], starts[0], "all", exact_head=exact_head)
         c = self.config
         cos, sin = self.rope_tables(torch.tensor(starts, device=self.device))  # [B, D/2]
         h = self.embed(ids)  # [B, hidden]
@@ -595,7 +602,7 @@ class Transformer:
                     q[:, b : b + 1], kv.k[i, :, : s + 1], kv.v[i, :, : s + 1], None, None, scale
                 )  # [H, 1, D]
             h = self._finish(layer, h, attn)
-        return self._select_logits(h, "all")
+        return self._select_logits(h, "all", exact_head)
 
     # ------------------------------------------------- layer-level API (CacheBlend)
 
@@ -639,7 +646,7 @@ class Transformer:
         """Final norm + lm_head over every row of h."""
         return self._select_logits(h, "all")
 
-    def _select_logits(self, h: torch.Tensor, logits: str | torch.Tensor) -> torch.Tensor:
+    def _select_logits(self, h: torch.Tensor, logits: str | torch.Tensor, exact_head: bool = False) -> torch.Tensor:
         if isinstance(logits, torch.Tensor):
             h = h.index_select(0, logits.to(h.device))
         elif logits == "last":
@@ -648,7 +655,8 @@ class Transformer:
             return torch.empty(0, self.vocab_size, dtype=torch.float32, device=h.device)
         elif logits != "all":
             raise ValueError(f"logits must be 'last', 'all', 'none' or a LongTensor, not {logits!r}")
-        return self.lm_head(self.norm(h)).float()  # [n, V]
+        head = self.lm_head.exact if exact_head and isinstance(self.lm_head, ScreenedHead) else self.lm_head
+        return head(self.norm(h)).float()  # [n, V]
 
 
 __all__ = ["Transformer", "SequenceKV", "Int8SequenceKV", "KV", "KV_DTYPES", "kv_dtype_name", "quantize_rows", "rope_inv_freq"]

@@ -39,6 +39,14 @@ class PrefillOut(NamedTuple):
     blended: bool  # by a CacheBlend pass (not a plain step: its time says nothing of the prefill rate)
 
 
+def needs_exact_head(seq: Sequence) -> bool:
+    """Whether `seq`'s next token reads more of the logits than their argmax: sampling with a
+    temperature, the fresh-line rule's probabilities, or a choice inside token healing's set.
+    A model whose head ranks the vocabulary on a 4-bit screen (`engine.model.head_screen`)
+    then computes every logit exactly; a greedy step keeps the screen (its argmax is exact)."""
+    return seq.healing is not None or not seq.sampler.greedy
+
+
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -117,7 +125,7 @@ class ModelRunner:
             hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
-            logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none")  # [1, V] or [0, V]
+            logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none", exact_head=needs_exact_head(seq))  # [1, V] or [0, V]
         seq.n_valid = hi
         seq.prefilled += hi - lo
         return PrefillOut(logits, last, hi - lo, blended)
@@ -125,7 +133,8 @@ class ModelRunner:
     def decode(self, batch: list[Sequence]) -> torch.Tensor:
         """One decode step for `batch` together: feed each `pending` token; logits [B, V]."""
         ids = torch.tensor([s.pending for s in batch], dtype=torch.int64)  # [B]
-        logits = self.model.decode_batch(ids, [s.kv for s in batch], [s.n_valid for s in batch])  # [B, V]
+        exact = any(needs_exact_head(s) for s in batch)
+        logits = self.model.decode_batch(ids, [s.kv for s in batch], [s.n_valid for s in batch], exact_head=exact)  # [B, V]
         for seq in batch:
             self.feed_pending(seq)
         return logits

@@ -79,3 +79,53 @@ def test_step_bytes_are_about_half_of_the_int8_head():
     screened = ScreenedHead(head)
     assert screened.nbytes() > head.nbytes()  # both forms are resident
     assert screened.step_nbytes() < 0.7 * head.nbytes()  # a decode step reads the screen + the candidates
+
+
+def _large_vocab_model():
+    """A one-layer bf16 Llama with an 8,256-entry vocabulary and an int8 head: screened."""
+    import transformers  # noqa: PLC0415
+
+    from engine.model import ModelConfig, Transformer  # noqa: PLC0415
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=8_256, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, tie_word_embeddings=True,
+    ).to_dict()
+    torch.manual_seed(3)
+    w = {"model.embed_tokens.weight": torch.randn(8_256, 128) * 0.5, "model.norm.weight": torch.ones(128)}
+    p = "model.layers.0."
+    for name, shape in (("self_attn.q_proj", (128, 128)), ("self_attn.k_proj", (64, 128)), ("self_attn.v_proj", (64, 128)),
+                        ("self_attn.o_proj", (128, 128)), ("mlp.gate_proj", (256, 128)), ("mlp.up_proj", (256, 128)),
+                        ("mlp.down_proj", (128, 256))):
+        w[p + name + ".weight"] = torch.randn(*shape) * 0.05
+    w[p + "input_layernorm.weight"] = torch.ones(128)
+    w[p + "post_attention_layernorm.weight"] = torch.ones(128)
+    return Transformer(ModelConfig.from_hf(cfg), w, dtype=torch.bfloat16, quant="int8")
+
+
+def test_a_model_screens_its_decode_steps_and_computes_every_logit_on_request():
+    model = _large_vocab_model()
+    assert isinstance(model.lm_head, ScreenedHead)
+    ids = torch.tensor([5, 900, 4_000, 8_000, 17])
+    with torch.inference_mode():
+        kv = model.new_kv(16)
+        model.forward(ids[:4], kv, 0, "none")
+        screened = model.forward(ids[4:], kv, 4, "all")  # one decode row: the screen
+        exact = model.forward(ids[4:], kv, 4, "all", exact_head=True)
+        batch = model.decode_batch(ids[4:], [kv], [4], exact_head=True)
+    assert screened.shape == exact.shape == (1, 8_256)
+    assert screened.argmax() == exact.argmax()
+    assert int((screened == exact).sum()) >= SCREEN_TOP
+    assert not torch.equal(screened, exact)  # the rest are 4-bit estimates
+    assert torch.equal(batch, exact)
+
+
+def test_steps_that_read_more_than_the_argmax_ask_for_the_exact_head():
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from engine.scheduling.model_runner import needs_exact_head  # noqa: PLC0415
+    from engine.text.sampler import Sampler  # noqa: PLC0415
+
+    assert not needs_exact_head(SimpleNamespace(healing=None, sampler=Sampler()))
+    assert needs_exact_head(SimpleNamespace(healing=None, sampler=Sampler(temperature=0.7)))
+    assert needs_exact_head(SimpleNamespace(healing=object(), sampler=Sampler()))
