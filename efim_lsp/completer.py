@@ -85,7 +85,8 @@ class Declined(NamedTuple):
 class ContextSource(Protocol):
     """Cross-file context for a request (`efim_lsp.context.source.WorkspaceContext`)."""
 
-    def chunks(self, uri: str, text: str, cursor: int, settings: Settings) -> Sequence[ContextChunk]: ...
+    def chunks(self, uri: str, text: str, cursor: int, settings: Settings, anchor: object = None) -> Sequence[ContextChunk]:
+        """Chunks for a request at `cursor`; the same ones while `anchor` (the edit session) stays."""
 
     def status(self) -> dict[str, object]:
         """Index counters for `efim/stats` ("context")."""
@@ -476,7 +477,7 @@ class Completer:
         # behind it) changes at every keystroke.
         chunks: tuple[ContextChunk, ...] = ()
         if self.context_source is not None and settings.context != "off":
-            chunks = tuple(self.context_source.chunks(uri, doc.text, cursor, settings))[: settings.context_chunks]
+            chunks = tuple(self.context_source.chunks(uri, doc.text, cursor, settings, anchor=segments.session_id))[: settings.context_chunks]
         request = InfillRequest(
             key=uri,
             prefix=segments.prefix,

@@ -108,6 +108,8 @@ class EfimServer(LanguageServer):
             else:
                 self._pending_problems.append(problem)
         self.settings = update.settings
+        if announce and self.context is not None and update.changed:
+            self.context.settings_changed(self.settings)
         if "strict_versions" in update.changed or not announce:
             self._apply_version_policy()
         if announce and update.changed & settings_mod.ENGINE_KEYS:

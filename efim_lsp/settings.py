@@ -80,6 +80,9 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     context: Literal["off", "prefix", "blend"] = "off"
     """Cross-file context: off, plain prefix caching of chunks, or CacheBlend."""
 
+    context_selection: Literal["imports", "bm25"] = "imports"
+    """How context chunks are chosen: imports (the definitions — signatures, class heads with their methods, docstring first lines — of the workspace modules the file imports, then recently edited open files, then BM25) or bm25 (64-line pieces of any file whose identifiers best match the text around the cursor). docs/crossfile.md."""
+
     context_chunks: Annotated[int, msgspec.Meta(ge=0, le=64)] = 4
     """Most context chunks per request."""
 

@@ -7,12 +7,14 @@ document that was closed keeps its chunks) and the serving engine (`set_engine`,
 tokenizer and the chunk KV to drop). Nothing here calls back into the server.
 
 Folders and documents are only noted when they arrive; a `ContextGatherer` is brought up
-to date with them at the next request that wants context, so while `context` is "off"
-nothing is indexed or chunked, and a folder starts indexing at the first request that
-asks for chunks. Nothing here runs on a timer.
+to date with them when the settings turn context on (`settings_changed`: the server calls
+it at `initialized` and at every settings change) and at each request that wants context,
+so while `context` is "off" nothing is indexed or chunked. Nothing here runs on a timer.
 
 File changes reach the engine too: whenever a file's chunks change (editor or disk), the
-engine is told to drop that file's chunk KV (`Engine.forget_context`).
+engine is told to drop that file's chunk KV (`Engine.forget_context`). With `context:
+"blend"` the likely chunks' KV is computed in the background (`prefetch.ChunkPrefetch`:
+the open documents' imports first), again after a change.
 
 Threads: the pushes and `chunks` run on the event loop; `set_engine` may also come from
 the thread that closes the server; invalidations arrive on the event loop (editor changes)
@@ -22,6 +24,7 @@ or the context worker (disk changes) and call `forget_context`, which any thread
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any, Callable, Iterable, Protocol, Sequence
@@ -29,6 +32,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 from engine.api import ContextChunk
 
 from efim_lsp.context.gatherer import ContextGatherer
+from efim_lsp.context.prefetch import MAX_PLANNED, ChunkPrefetch
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,10 @@ class WorkspaceContext:
         self._seen: dict[str, tuple[int, int]] = {}  # uri -> (version, length) handed to the gatherer
         self._roots: tuple[str, ...] | None = None  # folder paths handed to the gatherer
         self._engine: ContextEngine | None = None
+        self._settings: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the server's, seen at a push
         self._lock = threading.Lock()
+        self.prefetch = ChunkPrefetch(self._plan, self._wait_indexed)
 
     # -- what the server pushes ---------------------------------------------------------
     def set_folders(self, uris: Iterable[str]) -> None:
@@ -72,7 +79,33 @@ class WorkspaceContext:
 
     def document_changed(self, uri: str, version: int, text: str) -> None:
         """The server's text of a document just opened or changed (exact while it is in sync)."""
+        opened = uri not in self._open
+        self._note_loop()
         self._open[uri] = (version, text)
+        if opened and self._wants_context():
+            self.prefetch.kick()  # its imports' chunks first
+
+    def settings_changed(self, settings: Any) -> None:
+        """The server's settings (at `initialized` and after each change): with context on,
+        index the workspace now, not at the first request; with blend, compute chunk KV."""
+        self._settings = settings
+        self._note_loop()
+        if self._wants_context():
+            try:
+                self._sync()
+            except Exception:
+                log.exception("context: syncing with the server's state failed")
+        self.prefetch.configure(self._engine, settings)
+
+    def _note_loop(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+
+    def _wants_context(self) -> bool:
+        s = self._settings
+        return s is not None and s.context != "off" and s.context_chunks > 0 and s.context_tokens > 0
 
     def document_closed(self, uri: str) -> None:
         self._open.pop(uri, None)
@@ -85,6 +118,7 @@ class WorkspaceContext:
                 return
             self._engine = engine
         self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
+        self.prefetch.configure(engine, self._settings)  # type: ignore[arg-type]
 
     def on_watch_problem(self, report: Callable[[str], None] | None) -> None:
         """`report(message)`, from the watcher thread, once per workspace folder the watch
@@ -92,7 +126,7 @@ class WorkspaceContext:
         self.gatherer.on_watch_problem(report)
 
     # -- ContextSource ----------------------------------------------------------------
-    def chunks(self, uri: str, text: str, cursor: int, settings: Any) -> Sequence[ContextChunk]:
+    def chunks(self, uri: str, text: str, cursor: int, settings: Any, anchor: object = None) -> Sequence[ContextChunk]:
         if settings.context == "off" or settings.context_chunks <= 0 or settings.context_tokens <= 0:
             return ()
         try:
@@ -100,15 +134,36 @@ class WorkspaceContext:
         except Exception:  # context is an extra: a sync problem must not fail the completion
             log.exception("context: syncing with the server's state failed")
         return self.gatherer.select(
-            uri_to_path(uri), text, cursor, max_chunks=settings.context_chunks, max_tokens=settings.context_tokens
+            uri_to_path(uri), text, cursor, max_chunks=settings.context_chunks, max_tokens=settings.context_tokens,
+            anchor=anchor, strategy=getattr(settings, "context_selection", "bm25"),
         )
 
     def status(self) -> dict[str, object]:
-        """Index counters for `efim/stats` ("context"): folders, files, chunks, indexing."""
-        return self.gatherer.status()
+        """Index counters for `efim/stats` ("context"): folders, files, chunks, indexing, and
+        the chunk KV computed ahead ("kv": queued, computed, failed, running)."""
+        return {**self.gatherer.status(), "kv": self.prefetch.status()}
 
     def close(self) -> None:
+        self.prefetch.close()
         self.gatherer.close()
+
+    # -- chunk KV ahead (prefetch.ChunkPrefetch; these two run off the event loop) ------
+    def _wait_indexed(self, timeout: float) -> bool:
+        return self.gatherer.wait_idle(timeout)
+
+    def _plan(self, settings: Any) -> list[ContextChunk]:
+        """The likely chunks, most likely first: the open documents' imports (last opened
+        first), then the workspace's most imported modules."""
+        if settings is None:
+            return []
+        budget = {"max_chunks": settings.context_chunks, "max_tokens": settings.context_tokens}
+        planned: dict[tuple[str, str], ContextChunk] = {}
+        for uri, (_version, text) in reversed(list(self._open.items())):
+            for chunk in self.gatherer.import_chunks(uri_to_path(uri), text, **budget):
+                planned.setdefault((chunk.path, chunk.text), chunk)
+        for chunk in self.gatherer.popular_chunks(limit=MAX_PLANNED, **budget):
+            planned.setdefault((chunk.path, chunk.text), chunk)
+        return list(planned.values())
 
     # -- syncing the gatherer with what was pushed --------------------------------------
     def _sync(self) -> None:
@@ -135,11 +190,15 @@ class WorkspaceContext:
 
     def _invalidated(self, key: str) -> None:
         engine = self._engine
+        path = self.gatherer.display_path(key)
         if engine is not None:
             try:
-                engine.forget_context(self.gatherer.display_path(key))
+                engine.forget_context(path)
             except Exception:
                 log.exception("context: engine could not drop the chunk KV of %s", key)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.prefetch.forget, path)  # recomputed in the background
 
 
 __all__ = ["WorkspaceContext", "ContextEngine", "uri_to_path"]

@@ -20,19 +20,38 @@ MAX_FILE_BYTES = 1 << 20
 MAX_FILES = 20_000  # a scan stops here: beyond it, a workspace is too big to index whole
 
 
-def read_text_file(path: Path, max_bytes: int = MAX_FILE_BYTES) -> str | None:
-    """The file's text, or None for binary, oversized, non-UTF-8 or unreadable files."""
+def skipped(path: Path | str, reason: str) -> None:
+    """The one log line of a file (or a link) that is not context."""
+    log.info("context: skipped %s (%s)", path, reason)
+
+
+def read_text_file(path: Path, max_bytes: int = MAX_FILE_BYTES, *, quiet: bool = False) -> str | None:
+    """The file's text, or None for binary, oversized, non-UTF-8 or unreadable files and
+    files that changed while being read (each logged once, unless `quiet`)."""
+    say = (lambda reason: None) if quiet else (lambda reason: skipped(path, reason))
     try:
-        if path.stat().st_size > max_bytes:
+        before = path.stat()
+        if before.st_size > max_bytes:
+            say(f"{before.st_size} bytes, over {max_bytes}")
             return None
         data = path.read_bytes()
-    except OSError:
+        after = path.stat()
+    except OSError as exc:
+        say(f"unreadable: {exc.strerror or exc}")
         return None
-    if len(data) > max_bytes or b"\0" in data[:8192]:
+    if len(data) > max_bytes:
+        say(f"{len(data)} bytes, over {max_bytes}")
+        return None
+    if len(data) != after.st_size or (after.st_mtime_ns, after.st_size) != (before.st_mtime_ns, before.st_size):
+        say("changed while being read")  # the watcher reports the change; it is read again then
+        return None
+    if b"\0" in data[:8192]:
+        say("binary")
         return None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
+        say("not UTF-8")
         return None
 
 
@@ -63,8 +82,13 @@ class ContextFolder:
         return None
 
     def _inside(self, path: Path) -> bool:
-        """True if `path` with every symlink resolved is still below the root."""
-        real = path.resolve()
+        """True if `path` with every symlink resolved is still below the root (False for a
+        symlink loop or a link that cannot be resolved)."""
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop (Python < 3.13)
+            skipped(path, f"link not resolvable: {exc}")
+            return False
         return self.real_root in real.parents
 
     def admits(self, path: Path | str) -> bool:
@@ -95,12 +119,17 @@ class ContextFolder:
             base = Path(dirpath)
             rel_dir = base.relative_to(self.root).as_posix()
             prefix = "" if rel_dir == "." else rel_dir + "/"
-            dirnames[:] = sorted(d for d in dirnames if not self.rules.matches(prefix + d, is_dir=True))
+            kept = sorted(d for d in dirnames if not self.rules.matches(prefix + d, is_dir=True))
+            for name in sorted(set(dirnames) - set(kept)):
+                skipped(base / name, "folder ignored: .gitignore or a vendor/build folder")
+            dirnames[:] = kept
             for name in sorted(filenames):
                 if self.rules.matches(prefix + name, is_dir=False):
                     continue
                 path = base / name
                 if path.is_symlink() and not self._inside(path):
+                    if path.exists():  # a loop was logged by _inside
+                        skipped(path, "a link that leaves the workspace folder")
                     continue
                 count += 1
                 if count > limit:
@@ -109,4 +138,4 @@ class ContextFolder:
                 yield path
 
 
-__all__ = ["ContextFolder", "read_text_file", "is_text", "MAX_FILE_BYTES", "MAX_FILES"]
+__all__ = ["ContextFolder", "read_text_file", "skipped", "is_text", "MAX_FILE_BYTES", "MAX_FILES"]

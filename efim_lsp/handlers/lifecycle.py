@@ -45,6 +45,8 @@ def initialize(ls: EfimServer, params: types.InitializeParams) -> None:
 def initialized(ls: EfimServer, params: types.InitializedParams) -> None:
     ls.show_pending_problems()
     ls.start_engine_load()
+    if ls.context is not None:
+        ls.context.settings_changed(ls.settings)  # with context on, index now (not at the first request)
 
 
 def shutdown(ls: EfimServer, params: None) -> None:

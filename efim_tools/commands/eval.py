@@ -84,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cf = targets.add_parser("crossfile", help="repository-level: lines of real packages that need a name defined in another of their files, asked of `efim serve` under each context setting")
     cf.add_argument("--packages", default="email,json,asyncio,importlib",
                     help="comma-separated packages: import names (standard library, installed libraries) or folders")
-    cf.add_argument("--configs", default="off,prefix,blend", help="comma-separated `context` settings, each on a fresh server per package")
+    cf.add_argument("--configs", default="off,prefix,blend", help="comma-separated `context` settings, each on a fresh server per package; prefix/blend may name the selection: blend:imports, blend:bm25")
     cf.add_argument("--chunks", default=None, help="comma-separated contextChunks values: one configuration each (prefix/blend)")
     cf.add_argument("--context-tokens", default=None, help="comma-separated contextTokens values: one configuration each (prefix/blend)")
     cf.add_argument("--limit", type=int, default=50, help="targets per package (a seeded sample)")
@@ -357,7 +357,8 @@ def run_crossfile(args: argparse.Namespace) -> int:
             except (ServerCrashed, ModelFailed, TimeoutError) as exc:
                 raise SystemExit(f"efim eval crossfile: [{config.name} / {package.name}] {exc}") from None
             indexes[f"{config.name}/{package.name}"] = index
-            progress(f"[{config.name} / {package.name}] done in {time.perf_counter() - start:.0f} s")
+            ready = f" (index and chunk KV ready after {index['readyS']} s)" if isinstance(index, dict) and "readyS" in index else ""
+            progress(f"[{config.name} / {package.name}] done in {time.perf_counter() - start:.0f} s{ready}")
             rows.append(cf.summarize(config.name, package.name, got))
             mine += got
         if len(drawn) > 1:

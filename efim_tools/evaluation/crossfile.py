@@ -62,6 +62,7 @@ _BUILTIN_NAMES = frozenset(dir(builtins)) | frozenset(keyword.kwlist) | frozense
 # cursor that carries no context chunks at all (efim_lsp.warm_ahead, efim_lsp.first_window).
 BASE_SETTINGS: dict[str, Any] = {"timeoutMs": 0, "maxTokens": 16, "multiline": "never", "firstWindowTokens": 0}
 WARMUP_URI = "untitled:efim-crossfile-warmup"
+SELECTIONS = ("imports", "bm25")  # the server's `contextSelection`
 
 
 class PackageError(ValueError):
@@ -146,7 +147,7 @@ def resolve_package(spec: str) -> Package:
 
 def _source(package: Package, rel: str) -> tuple[str, ast.Module] | None:
     """A module's text and syntax tree; None if the server would not read it or it does not parse."""
-    text = read_text_file(package.root / rel)
+    text = read_text_file(package.root / rel, quiet=True)
     if text is None or "\r" in text:
         return None
     try:
@@ -291,13 +292,16 @@ def configurations(contexts: list[str], chunks: list[int] | None = None, tokens:
     """One configuration per context mode (`off`, `prefix`, `blend`), crossed with the
     `contextChunks` and `contextTokens` values for the modes that use them."""
     configs = []
-    for mode in contexts:
-        if mode not in ("off", "prefix", "blend"):
-            raise ValueError(f"unknown context configuration {mode!r} (off, prefix, blend)")
+    for spec in contexts:
+        mode, _, selection = spec.partition(":")
+        if mode not in ("off", "prefix", "blend") or (selection and (mode == "off" or selection not in SELECTIONS)):
+            raise ValueError(f"unknown context configuration {spec!r} (off, prefix, blend; prefix/blend may add :imports or :bm25)")
         for c in (chunks or [None]) if mode != "off" else [None]:
             for t in (tokens or [None]) if mode != "off" else [None]:
                 settings = {**BASE_SETTINGS, **(extra or {}), "context": mode}
-                name = mode
+                if selection:
+                    settings["contextSelection"] = selection
+                name = spec
                 if c is not None:
                     settings["contextChunks"], name = c, f"{name}/chunks {c}"
                 if t is not None:
@@ -307,19 +311,24 @@ def configurations(contexts: list[str], chunks: list[int] | None = None, tokens:
 
 
 async def _build_index(client: LspClient, context: str, timeout_s: float, request_timeout_s: float) -> dict[str, Any] | None:
-    """A request on an empty scratch document (the server starts indexing its workspace at
-    the first request that wants context, and takes time to load on its first request);
-    then, with context on, wait until the index is built."""
+    """A request on an empty scratch document (the model takes time to load on its first
+    request; the server indexes its workspace from `initialized` on); then, with context on,
+    wait until the index is built and, with blend, the chunk KV it computes ahead
+    (`context.kv`) is done. The status returned carries `readyS`, the seconds this took."""
     await client.notify("textDocument/didOpen", {"textDocument": {"uri": WARMUP_URI, "languageId": "python", "version": 1, "text": ""}})
     await _answer(client, await client.send_request("textDocument/inlineCompletion", {
         "textDocument": {"uri": WARMUP_URI}, "position": {"line": 0, "character": 0}, "context": {"triggerKind": 2}}), request_timeout_s)
     await client.notify("textDocument/didClose", {"textDocument": {"uri": WARMUP_URI}})
-    deadline = asyncio.get_running_loop().time() + timeout_s
+    started = asyncio.get_running_loop().time()
+    deadline = started + timeout_s
     while True:
         status = (await client.request("efim/stats", None) or {}).get("context")
-        if context == "off" or not isinstance(status, dict) or (status.get("files") and not status.get("indexing")):
-            return status
-        if asyncio.get_running_loop().time() > deadline:
+        kv = (status or {}).get("kv") or {} if isinstance(status, dict) else {}
+        ahead_done = not kv.get("queued") and not kv.get("running")
+        done = isinstance(status, dict) and status.get("files") and not status.get("indexing") and ahead_done
+        if context == "off" or not isinstance(status, dict) or done or asyncio.get_running_loop().time() > deadline:
+            if isinstance(status, dict):
+                status = {**status, "readyS": round(asyncio.get_running_loop().time() - started, 1)}
             return status
         await asyncio.sleep(0.1)
 
