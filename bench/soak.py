@@ -1,6 +1,10 @@
 """`efim bench soak`: load and cancellation soak through the real `efim serve` over stdio.
 
     .venv/bin/efim bench soak [--docs 8] [--rate 10] [--seconds 60] [--model default] [--json]
+    .venv/bin/efim bench soak --daemon --fronts 4 --docs-per-front 2 [--seconds 1800] [--out soak.json]
+
+(`--daemon`: several fronts through one engine daemon, with a settings change and a model
+switch in the middle: `bench.soak_fronts`.)
 
 N documents (CPython stdlib modules read from this machine at run time, never copied into
 the repository) are open at once; each is typed into by its own typist at K keys/s: a
@@ -36,23 +40,13 @@ import random
 import shlex
 import shutil
 import sys
-import sysconfig
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.percentiles import percentile
-
-# Moderately sized pure-Python modules present in every CPython install.
-STDLIB_MODULES = (
-    "textwrap.py", "shlex.py", "heapq.py", "fnmatch.py", "string.py", "copy.py", "bisect.py", "calendar.py",
-    "difflib.py", "csv.py", "pprint.py", "dataclasses.py", "functools.py", "argparse.py", "configparser.py",
-    "ftplib.py",
-)
-REQUEST_CANCELLED = -32800
-
+from bench.soak_typing import REQUEST_CANCELLED, STDLIB_MODULES, Request, SoakResult, Typist, stdlib_documents, summarise  # noqa: F401 - re-exported
 
 @dataclass
 class SoakOptions:
@@ -73,41 +67,6 @@ class SoakOptions:
     ready_timeout_s: float = 600.0
 
 
-@dataclass
-class SoakResult:
-    options: dict[str, Any]
-    ready_s: float = 0.0
-    sent: int = 0
-    answered: int = 0  # with a result
-    with_items: int = 0  # a result holding a suggestion
-    cancelled: int = 0  # answered -32800
-    errors: dict[str, int] = field(default_factory=dict)  # other error codes
-    unanswered: int = 0  # no answer at all, after the drain
-    hangs: int = 0  # no answer within hang_s of being sent
-    cancels_sent: int = 0
-    keys: int = 0
-    full_changes: int = 0
-    reopens: int = 0
-    blocks: int = 0
-    latency_ms: dict[str, float] = field(default_factory=dict)  # answered with a result
-    cancel_latency_ms: dict[str, float] = field(default_factory=dict)  # $/cancelRequest → -32800
-    max_wait_ms: float = 0.0
-    rss_mb: list[tuple[float, float]] = field(default_factory=list)  # (s since typing began, MB)
-    threads: list[tuple[float, float]] = field(default_factory=list)  # (s since typing began, server threads)
-    rss_after_warmup_mb: float = float("nan")
-    rss_end_mb: float = float("nan")
-    integrity: dict[str, Any] = field(default_factory=dict)
-    alive: bool = False
-    exit_code: int | None = None
-    server_stats: dict[str, Any] = field(default_factory=dict)
-    crashed: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return (self.crashed is None and self.alive and self.hangs == 0 and self.unanswered == 0 and not self.errors
-                and self.answered + self.cancelled == self.sent and bool(self.integrity.get("ok")))
-
-
 def rss_mb(pid: int) -> float:
     return _status(pid, "VmRSS:") / 1024
 
@@ -123,147 +82,6 @@ def _status(pid: int, field_name: str) -> float:
     return float("nan")
 
 
-def stdlib_documents(n: int, seed: int) -> list[tuple[str, str]]:
-    """(uri, text) of `n` documents built from stdlib modules at run time (cycled when n is
-    larger than the list; copies get their own URI)."""
-    from efim_tools.trace.synth import read_sources  # noqa: PLC0415
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    names = [m for m in STDLIB_MODULES if (root / m).is_file()]
-    random.Random(seed).shuffle(names)
-    sources = dict((p.name, text) for p, text in read_sources([root / m for m in names[: min(n, len(names))]]))
-    out = []
-    for i in range(n):
-        name = names[i % len(names)]
-        out.append((f"file:///soak/{i:02d}_{name}", sources[name].replace("\r\n", "\n").replace("\r", "\n")))
-    return out
-
-
-def _position(text: str, offset: int) -> dict[str, int]:
-    """LSP position (UTF-16 code units) of a code-point offset."""
-    line = text.count("\n", 0, offset)
-    start = text.rfind("\n", 0, offset) + 1
-    return {"line": line, "character": len(text[start:offset].encode("utf-16-le")) // 2}
-
-
-class _Request:
-    __slots__ = ("pending", "cancelled_at", "outcome", "answered_at")
-
-    def __init__(self, pending) -> None:
-        self.pending = pending
-        self.cancelled_at: float | None = None
-        self.outcome: str | None = None  # "result", "items", "cancelled", "error:<code>", "crash"
-        self.answered_at: float | None = None
-
-
-class _Typist:
-    """One document: cut a block, type it back key by key, one request per key."""
-
-    def __init__(self, client, uri: str, text: str, options: SoakOptions, rng: random.Random, requests: list[_Request], result: SoakResult):
-        self.client, self.uri, self.text, self.options, self.rng = client, uri, text, options, rng
-        self.requests, self.result = requests, result
-        self.version = 0
-        self.cursor = 0
-        self.todo = ""  # what is left to type back
-        self.last: _Request | None = None
-
-    async def open(self) -> None:
-        self.version = 0
-        await self.client.notify("textDocument/didOpen", {"textDocument": {"uri": self.uri, "languageId": "python", "version": 0, "text": self.text}})
-
-    async def _change(self, changes: list[dict]) -> None:
-        self.version += 1
-        await self.client.notify("textDocument/didChange", {"textDocument": {"uri": self.uri, "version": self.version}, "contentChanges": changes})
-
-    async def _cut_block(self) -> None:
-        lo, hi = self.options.block_chars
-        n = len(self.text)
-        start = self.text.find("\n", self.rng.randrange(n // 5, max(n // 5 + 1, 4 * n // 5))) + 1
-        end = self.text.find("\n", min(n, start + self.rng.randrange(lo, hi))) + 1 or n
-        if end <= start:
-            start, end = 0, min(n, hi)
-        self.todo = self.text[start:end]
-        rng_ = {"start": _position(self.text, start), "end": _position(self.text, end)}
-        self.text = self.text[:start] + self.text[end:]
-        self.cursor = start
-        self.result.blocks += 1
-        await self._change([{"range": rng_, "text": ""}])
-
-    async def _cancel_last(self) -> None:
-        last = self.last
-        if last is not None and not last.pending.future.done():
-            last.cancelled_at = time.perf_counter()
-            if await self.client.cancel(last.pending):
-                self.result.cancels_sent += 1
-
-    async def key(self) -> None:
-        if not self.todo:
-            await self._cut_block()
-        ch, self.todo = self.todo[0], self.todo[1:]
-        at = _position(self.text, self.cursor)
-        self.text = self.text[: self.cursor] + ch + self.text[self.cursor :]
-        self.cursor += 1
-        await self._change([{"range": {"start": at, "end": at}, "text": ch}])
-        self.result.keys += 1
-        await self._cancel_last()
-        pending = await self.client.send_request("textDocument/inlineCompletion", {
-            "textDocument": {"uri": self.uri}, "position": _position(self.text, self.cursor), "context": {"triggerKind": 2}})
-        request = _Request(pending)
-        pending.future.add_done_callback(lambda f, r=request: _record(r, f))
-        self.requests.append(request)
-        self.last = request
-        self.result.sent += 1
-
-    async def full_change(self) -> None:
-        self.text += f"# soak edit {self.version + 1}\n"
-        await self._change([{"text": self.text}])
-        self.result.full_changes += 1
-
-    async def reopen(self) -> None:
-        await self._cancel_last()
-        await self.client.notify("textDocument/didClose", {"textDocument": {"uri": self.uri}})
-        await self.open()
-        self.result.reopens += 1
-
-    async def run(self, t0: float, stop_at: float) -> None:
-        period = 1.0 / self.options.rate
-        i = 0
-        while True:
-            due = t0 + i * period
-            now = time.perf_counter()
-            if due >= stop_at:
-                return
-            if due > now:
-                await asyncio.sleep(due - now)
-            elif now - due > period:  # behind (a loaded client): skip keys rather than burst
-                i = int((now - t0) / period) + 1
-                continue
-            i += 1
-            roll = self.rng.random()
-            if roll < 1.0 / self.options.reopen_every:
-                await self.reopen()
-            elif roll < 1.0 / self.options.reopen_every + 1.0 / self.options.full_change_every:
-                await self.full_change()
-            await self.key()
-
-
-def _record(request: _Request, future: asyncio.Future) -> None:
-    request.answered_at = request.pending.received or time.perf_counter()
-    if future.cancelled():
-        request.outcome = "crash"
-        return
-    exc = future.exception()
-    if exc is None:
-        items = (future.result() or {}).get("items") if isinstance(future.result(), dict) else None
-        request.outcome = "items" if items else "result"
-        return
-    code = getattr(exc, "code", None)
-    if code is None:
-        request.outcome = "crash"
-    else:
-        request.outcome = "cancelled" if code == REQUEST_CANCELLED else f"error:{code}"
-
-
 async def run_soak(options: SoakOptions) -> SoakResult:
     from efim_tools.trace.client import LspClient, ServerCrashed, measured_server_env  # noqa: PLC0415
     from efim_tools.trace.replay import ModelFailed, client_capabilities, wait_ready  # noqa: PLC0415
@@ -275,7 +93,7 @@ async def run_soak(options: SoakOptions) -> SoakResult:
     t_start = time.perf_counter()
     await client.start()
     pid = client.proc.pid
-    requests: list[_Request] = []
+    requests: list[Request] = []
     try:
         await client.request("initialize", {
             "processId": os.getpid(), "clientInfo": {"name": "efim bench soak", "version": "1"}, "rootUri": None,
@@ -284,7 +102,7 @@ async def run_soak(options: SoakOptions) -> SoakResult:
         await wait_ready(client, options.ready_timeout_s)
         result.ready_s = time.perf_counter() - t_start
         rng = random.Random(options.seed)
-        typists = [_Typist(client, uri, text, options, random.Random(rng.random()), requests, result)
+        typists = [Typist(client, uri, text, options, random.Random(rng.random()), requests, result)
                    for uri, text in stdlib_documents(options.docs, options.seed)]
         for typist in typists:
             await typist.open()
@@ -327,36 +145,8 @@ async def run_soak(options: SoakOptions) -> SoakResult:
     finally:
         result.exit_code = await client.close()
         shutil.rmtree(kv_dir, ignore_errors=True)
-    _summarise(result, requests, options)
+    summarise(result, requests, options)
     return result
-
-
-def _summarise(result: SoakResult, requests: list[_Request], options: SoakOptions) -> None:
-    latencies, cancel_latencies = [], []
-    for r in requests:
-        sent = r.pending.sent
-        waited = ((r.answered_at if r.outcome is not None else time.perf_counter()) - sent) * 1000
-        result.max_wait_ms = max(result.max_wait_ms, waited)
-        if r.outcome is None or r.outcome == "crash":
-            result.unanswered += 1
-            result.hangs += 1
-            continue
-        if waited > options.hang_s * 1000:
-            result.hangs += 1
-        if r.outcome in ("result", "items"):
-            result.answered += 1
-            result.with_items += r.outcome == "items"
-            latencies.append(waited)
-        elif r.outcome == "cancelled":
-            result.cancelled += 1
-            if r.cancelled_at is not None:
-                cancel_latencies.append((r.answered_at - r.cancelled_at) * 1000)
-        else:
-            result.errors[r.outcome] = result.errors.get(r.outcome, 0) + 1
-    result.max_wait_ms = round(result.max_wait_ms, 1)
-    result.latency_ms = {"p50": round(percentile(latencies, 50), 1), "p99": round(percentile(latencies, 99), 1), "n": len(latencies)}
-    result.cancel_latency_ms = {"p50": round(percentile(cancel_latencies, 50), 1), "p99": round(percentile(cancel_latencies, 99), 1),
-                                "n": len(cancel_latencies)}
 
 
 def table(r: SoakResult) -> str:
@@ -396,19 +186,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--serve-args", default="", help="more `efim serve` flags, one string, e.g. '--no-kv-disk'")
     parser.add_argument("--settings", default=None, help="initializationOptions as JSON, e.g. '{\"maxTokens\": 16}'")
     parser.add_argument("--json", action="store_true", help="print one JSON object (with the RSS curve)")
+    fronts = parser.add_argument_group("several fronts through the engine daemon (bench.soak_fronts)")
+    fronts.add_argument("--daemon", action="store_true",
+                        help="run --fronts `efim serve --daemon` fronts sharing one engine daemon (--docs is then ignored)")
+    fronts.add_argument("--fronts", type=int, default=4, help="with --daemon: fronts (default: 4)")
+    fronts.add_argument("--docs-per-front", type=int, default=2, help="with --daemon: documents each front types into (default: 2)")
+    fronts.add_argument("--sample-s", type=float, default=10.0, help="with --daemon: seconds between memory samples (default: 10)")
+    fronts.add_argument("--settings-change", type=json.loads, default={"maxTokens": 48},
+                        help='with --daemon: settings every front is sent at --settings-change-at (default: {"maxTokens": 48})')
+    fronts.add_argument("--settings-change-at", type=float, default=0.4, help="with --daemon: when, as a fraction of --seconds (0: never)")
+    fronts.add_argument("--switch", type=json.loads, default={"adapter": "none"},
+                        help='with --daemon: the model switch every front is sent at --switch-at (default: {"adapter": "none"})')
+    fronts.add_argument("--switch-at", type=float, default=0.5, help="with --daemon: when, as a fraction of --seconds (0: never)")
+    fronts.add_argument("--daemon-idle-timeout", type=float, default=10.0, help="with --daemon: the daemons' idle timeout (default: 10)")
+    parser.add_argument("--out", type=Path, help="write the result as JSON here and the memory curve next to it (.png; needs the plot extra)")
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    if getattr(args, "daemon", False):
+        return _run_fronts_cli(args)
     options = SoakOptions(
         docs=args.docs, rate=args.rate, seconds=args.seconds, model=args.model, warmup_s=args.warmup, hang_s=args.hang_s,
         seed=args.seed, settings=json.loads(args.settings) if args.settings else {},
         server_args=(*(("--kv-budget", args.kv_budget) if args.kv_budget else ()), *shlex.split(args.serve_args)),
     )
     result = asyncio.run(run_soak(options))
+    if getattr(args, "out", None):
+        from bench.soak_plot import plot_memory  # noqa: PLC0415
+
+        samples = [{"t": t, "rss_mb": mb, "processes": {}} for t, mb in result.rss_mb]
+        plot_memory(samples, [], args.out.with_suffix(".png"), f"efim bench soak: {options.docs} documents × {options.rate:g} keys/s, "
+                    f"{options.model} (the server's RSS)", [(options.warmup_s, options.seconds, result.rss_after_warmup_mb)])
+        args.out.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1))
     if args.json:
         print(json.dumps({**asdict(result), "ok": result.ok}, indent=1))
     else:
         print(table(result))
+    return 0 if result.ok else 1
+
+
+def _run_fronts_cli(args: argparse.Namespace) -> int:
+    from bench import soak_fronts  # noqa: PLC0415
+
+    if args.fronts < 1 or args.docs_per_front < 1 or args.sample_s <= 0:
+        raise SystemExit("--fronts and --docs-per-front must be at least 1, --sample-s above 0")
+    for name in ("settings_change", "switch"):
+        if not isinstance(getattr(args, name), dict):
+            raise SystemExit(f"--{name.replace('_', '-')} must be a JSON object of settings")
+    options = soak_fronts.FrontsSoakOptions(
+        fronts=args.fronts, docs_per_front=args.docs_per_front, rate=args.rate, seconds=args.seconds, model=args.model,
+        warmup_s=args.warmup, sample_s=args.sample_s, settings_change_at=args.settings_change_at, switch_at=args.switch_at,
+        settings_change=args.settings_change, switch=args.switch, idle_timeout_s=args.daemon_idle_timeout, hang_s=args.hang_s,
+        seed=args.seed, settings=json.loads(args.settings) if args.settings else {},
+        server_args=(*(("--kv-budget", args.kv_budget) if args.kv_budget else ()), *shlex.split(args.serve_args)),
+    )
+    result = asyncio.run(soak_fronts.run_fronts_soak(options))
+    if args.out:
+        soak_fronts.write(result, args.out)
+    if args.json:
+        print(json.dumps({**asdict(result), "ok": result.ok}, indent=1, default=str))
+    else:
+        print(soak_fronts.table(result))
     return 0 if result.ok else 1
 
 

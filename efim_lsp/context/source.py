@@ -154,8 +154,8 @@ class WorkspaceContext:
     def _plan(self, settings: Any) -> list[ContextChunk]:
         """The likely chunks, most likely first: the open documents' imports (last opened
         first), then the workspace's most imported modules."""
-        if settings is None:
-            return []
+        if settings is None or getattr(settings, "context_selection", "imports") != "imports":
+            return []  # BM25 chunks depend on the cursor: nothing to compute ahead
         budget = {"max_chunks": settings.context_chunks, "max_tokens": settings.context_tokens}
         planned: dict[tuple[str, str], ContextChunk] = {}
         for uri, (_version, text) in reversed(list(self._open.items())):
