@@ -26,6 +26,8 @@ from typing import Callable, Literal, NamedTuple, Protocol, Sequence
 
 import msgspec
 
+from efim_lsp.answer_ahead import AnswerAhead
+from efim_lsp.answers import Answer, Declined
 from efim_lsp.document_state import UNFINISHED, DocumentState, PendingRequest
 from efim_lsp.documents import ChangeOutcome, DocumentStore
 from efim_lsp.engine_holder import EngineHolder
@@ -63,23 +65,6 @@ STREAM_STALL_SECONDS = 180.0
 # (session limit ~384 chars) and the template's sentinels.
 INCREMENT_RESERVE_TOKENS = 192
 SENTINEL_RESERVE_TOKENS = 16
-
-
-class Answer(NamedTuple):
-    text: str  # what to insert, in the document's line endings
-    start: int  # the range replaced, in code-point offsets (start == end: an insertion)
-    end: int
-    version: int
-    suggestion_id: int
-    source: Literal["engine", "typing-through"]
-    # More suggestions for the same range (setting `alternatives`): distinct, non-empty,
-    # none equal to `text`, in the engine's fork order.
-    alternatives: tuple[str, ...] = ()
-
-
-class Declined(NamedTuple):
-    code: str  # camelCase key of `efim/stats` "declined"
-    reason: str
 
 
 class ContextSource(Protocol):
@@ -139,6 +124,8 @@ class Completer:
         self.context_source = context_source
         self._states: dict[str, DocumentState] = {}
         self.warm_ahead = WarmAhead(documents, holder, stats, settings, self._states, self._request_at)
+        self.answer_ahead = AnswerAhead(self._states, documents, stats, self._run)
+        self.warm_ahead.after_warm = self._answer_ahead_at
         self._streams = ThreadPoolExecutor(max_workers=stream_workers, thread_name_prefix="efim-stream")
         self._ids = itertools.count(1)
         self._drains: set[asyncio.Task] = set()
@@ -257,6 +244,14 @@ class Completer:
             return self._decline("unsupportedDocument", doc.unsupported)
         version = doc.version
         self.warm_ahead.remember_cursor(uri, cursor)
+        self.answer_ahead.cancel_running("a request elsewhere", keep=uri)
+        try:
+            joined = await self.answer_ahead.join(uri, state, cursor, version, arrival)
+        except asyncio.CancelledError:
+            stats.cancelled += 1
+            raise
+        if joined is not None:  # computed here since the cursor settled (efim_lsp.answer_ahead)
+            return joined._replace(source="ahead") if isinstance(joined, Answer) else joined
         if state.pending is not None:
             state.pending.supersede("a newer request")
         if state.warm_timer is not None:  # the request itself is the better warm-up
@@ -296,16 +291,22 @@ class Completer:
             if state.pending is pending:
                 state.pending = None
 
-    async def _run(self, uri, doc, state: DocumentState, pending: PendingRequest, cursor: int, arrival: float) -> Answer | Declined:
+    async def _run(
+        self, uri, doc, state: DocumentState, pending: PendingRequest, cursor: int, arrival: float,
+        stats: ServerStats | None = None,
+    ) -> Answer | Declined:
+        """The engine's answer at `cursor`; counted in `stats` (default: the server's; an answer
+        ahead counts its own, `efim_lsp.answer_ahead`)."""
+        stats = self.stats if stats is None else stats
         settings = self.settings()
         if settings.debounce_ms:
             await asyncio.sleep(settings.debounce_ms / 1000)
             if pending.superseded:
-                self.stats.cancelled += 1
-                return self._decline("superseded", f"superseded: {pending.superseded}")
+                stats.cancelled += 1
+                return self._decline("superseded", f"superseded: {pending.superseded}", stats)
         engine, info = self.holder.engine, self.holder.info
         if engine is None:
-            return self._decline("modelLoading", "model loading")
+            return self._decline("modelLoading", "model loading", stats)
         ctx = CursorContext.at(doc.text, cursor, offside=doc.language_id in OFFSIDE_LANGUAGES)
         mode = choose_mode(ctx, settings.multiline)
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
@@ -326,43 +327,43 @@ class Completer:
             handle = engine.submit(request)
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses
             log.warning("%s: the engine refused the request: %s", uri, exc)
-            return self._decline("engineError", f"engine error: {type(exc).__name__}: {exc}")
+            return self._decline("engineError", f"engine error: {type(exc).__name__}: {exc}", stats)
         pending.handle = handle
         if pending.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
             handle.cancel()
-        streamed = await self._stream(handle, ctx, mode, forks=request.n > 1)
+        streamed = await self._stream(handle, ctx, mode, forks=request.n > 1, stats=stats)
         if streamed.first_token_at is not None:
-            self.stats.ttft.add((streamed.first_token_at - arrival) * 1000)
+            stats.ttft.add((streamed.first_token_at - arrival) * 1000)
 
         if pending.superseded:
-            self.stats.cancelled += 1
-            return self._decline("superseded", f"superseded: {pending.superseded}")
+            stats.cancelled += 1
+            return self._decline("superseded", f"superseded: {pending.superseded}", stats)
         if self.documents.get(uri) is not doc or doc.version != pending.version:
-            return self._decline("stale", "the document changed while generating")
+            return self._decline("stale", "the document changed while generating", stats)
         if streamed.error:
             log.warning("%s: engine error: %s", uri, streamed.error)
-            return self._decline("engineError", f"engine error: {streamed.error}")
+            return self._decline("engineError", f"engine error: {streamed.error}", stats)
         elapsed_ms = (time.monotonic() - arrival) * 1000
-        self.stats.latency.add(elapsed_ms)
-        self.stats.engine_latency.add(elapsed_ms)
+        stats.latency.add(elapsed_ms)
+        stats.engine_latency.add(elapsed_ms)
         done = streamed.completion
         if small is None and done is not None and done.finish_reason not in UNFINISHED:
             state.computed.add(full_prompt)  # its whole prompt was computed: the next one starts from it
         elif small is not None:
-            self.stats.first_window_answers += 1
+            stats.first_window_answers += 1
         # An answer the token limit or the deadline ended is cut by one rule: its last line is
         # unfinished, so it shows up to its last line break or its last whole word.
         cut_by = done.finish_reason if done is not None and done.finish_reason in ("length", "deadline") else None
         if cut_by == "deadline":
-            self.stats.deadline_cuts += 1
+            stats.deadline_cuts += 1
         text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_by is not None).text
         if not text:
             if cut_by == "length" and shape(streamed.text, ctx, mode, done=True).text:
-                return self._decline("length", f"only part of a word generated within maxTokens ({request.max_tokens} tokens)")
+                return self._decline("length", f"only part of a word generated within maxTokens ({request.max_tokens} tokens)", stats)
             if cut_by == "deadline":
                 what = "only part of a word" if streamed.text.strip() else "nothing"
-                return self._decline("deadline", f"{what} generated within timeoutMs ({settings.timeout_ms} ms)")
-            return self._decline("empty", "empty suggestion")
+                return self._decline("deadline", f"{what} generated within timeoutMs ({settings.timeout_ms} ms)", stats)
+            return self._decline("empty", "empty suggestion", stats)
         alternatives: tuple[str, ...] = ()
         if done is not None and done.alternatives:
             ended = [(t, why == "length") for t, why in zip(done.alternatives, done.alternatives_finish) if why != "error"]
@@ -372,14 +373,17 @@ class Completer:
             text = text.replace("\n", eol)
             alternatives = tuple(alt.replace("\n", eol) for alt in alternatives)
         state.typed.remember(cursor, text)
-        self.stats.served += 1
+        stats.served += 1
         return Answer(text, cursor, cursor, pending.version, next(self._ids), "engine", alternatives)
 
-    async def _stream(self, handle: CompletionHandle, ctx: CursorContext, mode: Mode, *, forks: bool = False) -> _Streamed:
+    async def _stream(
+        self, handle: CompletionHandle, ctx: CursorContext, mode: Mode, *, forks: bool = False, stats: ServerStats | None = None
+    ) -> _Streamed:
         """Stream fork 0's text until the suggestion is complete (then cancel the handle) or
         the terminal event. With `forks` (alternatives), a complete suggestion still waits
         for the terminal event — the cancel ends every fork before its next decode step —
-        since only that event carries the forks' texts."""
+        since only that event carries the forks' texts. The engine's counts go to `stats`."""
+        stats = self.stats if stats is None else stats
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[float, StreamEvent | None]] = asyncio.Queue()
 
@@ -413,7 +417,7 @@ class Completer:
                 timer.cancel()
                 if event is stalled:
                     handle.cancel()
-                    self._drain(queue)
+                    self._drain(queue, stats)
                     return _Streamed(text, first, None, stalled.error)
                 timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
                 if event is None:
@@ -429,12 +433,12 @@ class Completer:
                         if forks:
                             complete = text
                             continue
-                        self._drain(queue)
+                        self._drain(queue, stats)
                         return _Streamed(text, first, None, None)
                     continue
                 completion = event.completion
                 if completion is not None:
-                    self.stats.add_engine_request(completion.stats)
+                    stats.add_engine_request(completion.stats)
                 if complete is not None:
                     return _Streamed(complete, first, completion, None)
                 if completion is not None and completion.finish_reason != "cancelled":
@@ -445,12 +449,12 @@ class Completer:
                 return _Streamed(text, first, completion, error)
         except asyncio.CancelledError:
             handle.cancel()
-            self._drain(queue)
+            self._drain(queue, stats)
             raise
         finally:
             timer.cancel()
 
-    def _drain(self, queue: asyncio.Queue) -> None:
+    def _drain(self, queue: asyncio.Queue, stats: ServerStats) -> None:
         """Read a stopped stream to its terminal event in the background (for its stats)."""
 
         async def drain() -> None:
@@ -458,7 +462,7 @@ class Completer:
                 _, event = await queue.get()
                 if event is None or event.kind != "token":
                     if event is not None and event.completion is not None:
-                        self.stats.add_engine_request(event.completion.stats)
+                        stats.add_engine_request(event.completion.stats)
                     return
 
         task = asyncio.get_running_loop().create_task(drain())
@@ -505,6 +509,14 @@ class Completer:
         """An editor's own request named `cursor` (see `WarmAhead.position_asked`)."""
         return self.warm_ahead.position_asked(uri, cursor)
 
+    def _answer_ahead_at(self, uri: str, cursor: int) -> bool:
+        """After a settled cursor signal's warm-up: the answer a request at `cursor` would
+        get, computed now (`efim_lsp.answer_ahead`), where the settings allow speculative work."""
+        settings = self.settings()
+        if not (settings.answer_ahead and settings.warm_ahead and settings.cache) or not self.holder.ready:
+            return False
+        return self.answer_ahead.start(uri, cursor)
+
     def warm(self, uri: str, cursor: int) -> bool:
         """Submit the warm-up for `cursor` now (see `WarmAhead.warm`)."""
         return self.warm_ahead.warm(uri, cursor)
@@ -512,8 +524,8 @@ class Completer:
     def keep_document_pieces(self, uri: str, cursor: int) -> None:
         self.warm_ahead.keep_document_pieces(uri, cursor)
 
-    def _decline(self, code: str, reason: str) -> Declined:
-        self.stats.declined[code] += 1
+    def _decline(self, code: str, reason: str, stats: ServerStats | None = None) -> Declined:
+        (self.stats if stats is None else stats).declined[code] += 1
         log.debug("completion declined: %s", reason)
         return Declined(code, reason)
 

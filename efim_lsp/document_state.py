@@ -15,10 +15,11 @@ from engine.api import CompletionHandle
 class PendingRequest:
     """The engine request a document is waiting for."""
 
-    __slots__ = ("version", "handle", "superseded")
+    __slots__ = ("version", "handle", "superseded", "ahead")
 
-    def __init__(self, version: int):
+    def __init__(self, version: int, *, ahead: bool = False):
         self.version = version
+        self.ahead = ahead  # an answer computed ahead of any request (efim_lsp.answer_ahead)
         self.handle: CompletionHandle | None = None
         self.superseded: str | None = None
 
@@ -51,6 +52,7 @@ class DocumentState:
         self.warming_prompt: str | None = None  # the prompt the warm-up in flight computes
         self.computed = ComputedPrompts()
         self.small: SmallWindow | None = None
+        self.ahead = None  # the answer ahead computed (or being computed) here (efim_lsp.answer_ahead.Ahead)
 
     def stop_warming(self) -> None:
         if self.warm_timer is not None:

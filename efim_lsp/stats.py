@@ -51,7 +51,7 @@ _REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_an
                    *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
 _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens", "warm_position_signals",
-                "warm_left")  # under "warmup"
+                "warm_left", "warm_answers", "warm_answer_hits", "warm_answer_tokens")  # under "warmup"
 _NEXT_EDIT_COUNTS = (
     "next_edit_requests", "next_edit_offered", "next_edit_empty", "next_edit_shown", "next_edit_accepted",
     "next_edit_stale_accepts",
@@ -102,6 +102,11 @@ class ServerStats:
     warm_position_signals: int = 0
     # Warm-ups ended because a cursor signal put the person in another document.
     warm_left: int = 0
+    # Answers computed ahead at settled cursor signals (efim_lsp.answer_ahead): those that gave
+    # a suggestion, the requests answered from one, the tokens they generated.
+    warm_answers: int = 0
+    warm_answer_hits: int = 0
+    warm_answer_tokens: int = 0
     warm_compute_ms: float = 0.0
 
     def reset(self) -> None:

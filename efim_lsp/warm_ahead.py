@@ -70,6 +70,8 @@ class WarmAhead:
         # across close and re-open (least recently used dropped past LAST_CURSORS_KEPT).
         self._last: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._drains: set[asyncio.Task] = set()
+        # Called after a settled signal's warm-up with (uri, cursor): the completer's answer ahead.
+        self.after_warm: Callable[[str, int], bool] | None = None
 
     def last_cursor(self, uri: str) -> int | None:
         return self._last.get(uri)
@@ -120,6 +122,8 @@ class WarmAhead:
             return
         try:
             self.warm(uri, cursor)
+            if self.after_warm is not None:
+                self.after_warm(uri, cursor)
         except Exception:  # a warm-up is an optimisation: never let it hurt the server
             log.exception("warm-up at %s:%d failed", uri, cursor)
 
@@ -143,7 +147,7 @@ class WarmAhead:
             return False
         if settings.document_kv:
             document_pass(engine, uri, doc.text, cursor)
-        if not settings.warm_ahead or state.pending is not None:
+        if not settings.warm_ahead or (state.pending is not None and not state.pending.ahead):
             return False
         if state.session.alive and state.session.cursor == cursor and state.served_at == cursor:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
