@@ -169,6 +169,17 @@ def test_configurations_cross_the_context_budgets():
         configurations(["full"])
 
 
+def test_configurations_may_name_the_selection():
+    configs = configurations(["off", "blend:bm25", "prefix:imports", "blend"])
+    assert [c.name for c in configs] == ["off", "blend:bm25", "prefix:imports", "blend"]
+    assert configs[1].settings["contextSelection"] == "bm25" and configs[1].settings["context"] == "blend"
+    assert configs[2].settings["contextSelection"] == "imports" and configs[2].settings["context"] == "prefix"
+    assert "contextSelection" not in configs[3].settings  # the server's default
+    for bad in ("off:imports", "blend:magic"):
+        with pytest.raises(ValueError, match="unknown context configuration"):
+            configurations([bad])
+
+
 def _eval(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "efim_tools.cli", "eval", "crossfile", *args],
                           check=False, capture_output=True, text=True, timeout=timeout, cwd=REPO)
