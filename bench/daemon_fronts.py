@@ -169,7 +169,7 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     """`fronts` fronts on one daemon, each with the file open and one suggestion shown; the
     daemon SIGKILLed: seconds until each front's engine is running again (a new daemon), and
     until its next suggestion arrives; the documents' text afterwards; messages shown."""
-    env, _ = environment("kill")
+    env, run = environment("kill")
     uri = f"file:///bench/{MODULE}"
     group = await asyncio.gather(*(start_front(model, True, env, uri) for _ in range(fronts)))
     infos = await asyncio.gather(*(wait_ready(f) for f in group))
@@ -178,6 +178,13 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
         front.client.text_document_did_open(t.DidOpenTextDocumentParams(
             t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
         await front.ask(position(text, cursor))
+    standby = env.get("EFIM_DAEMON_STANDBY") == "1"
+    if standby:  # the kill is of a daemon whose standby has its model loaded
+        end = time.monotonic() + 600
+        while not any("ready: waiting for the serving daemon" in p.read_text(errors="replace") for p in (run / "efim").glob("*.log")):
+            if time.monotonic() > end:
+                raise SystemExit("the standby daemon did not get ready within 600 s")
+            await asyncio.sleep(0.2)
     os.kill(old, signal.SIGKILL)
     killed = time.monotonic()
 
@@ -200,8 +207,13 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     times = await asyncio.gather(*(back(f) for f in group))
     texts = [plain(await f.client.protocol.send_request_async("efim/documentText", {"textDocument": {"uri": uri}}))
              for f in group]
-    new = (await group[0].stats())["engine"]["daemon"]["pid"]
-    out = {"fronts": fronts, "running_again_s": [round(a, 2) for a, _ in times],
+    daemons = [(await f.stats())["engine"]["daemon"] for f in group]
+    new = daemons[0]["pid"]
+    out = {"fronts": fronts, "standby": standby, "running_again_s": [round(a, 2) for a, _ in times],
+           # Where the seconds went: the new daemon's start-up phases (exec → main, imports with torch,
+           # the model load, binding) and each front's own loss → serving again.
+           "new_daemon_startup_s": daemons[0].get("startup"),
+           "front_outage_s": [d.get("lastOutageS") for d in daemons],
            "next_suggestion_s": [round(b, 2) for _, b in times],
            "answered": [f.answered for f in group],
            "documents_intact": all(d["text"] == text[:cursor] + "x" + text[cursor:] for d in texts),
@@ -321,6 +333,8 @@ def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int
 
 
 async def run(args: argparse.Namespace) -> dict:
+    if args.standby:
+        os.environ["EFIM_DAEMON_STANDBY"] = "1"  # the fronts' environment (bench.daemon_fronts.environment copies it)
     text, cursor, body = blank_function(MODULE, FUNCTION)
     keys = key_presses(body)[: args.keys]
     results: dict = {"model": args.model, "module": MODULE, "function": FUNCTION, "memory": [], "typing": []}
@@ -357,6 +371,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fair", type=float, default=0, metavar="RATE",
                         help="also: a front types --keys keys alone, then while another front asks RATE times a second")
     parser.add_argument("--kill", type=int, default=0, metavar="N", help="also: N fronts, the daemon SIGKILLed, time until each serves again")
+    parser.add_argument("--standby", action="store_true",
+                        help="the fronts' daemons keep a standby (EFIM_DAEMON_STANDBY=1); --kill waits for it to be ready")
     parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")
     parser.add_argument("--modes", default=[False, True], type=lambda s: [m == "daemon" for m in s.split(",")],
                         help="in-process,daemon (default: both)")

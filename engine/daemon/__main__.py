@@ -9,9 +9,23 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import msgspec
+
+MAIN_AT = time.monotonic()
+
+
+def _interpreter_seconds() -> float | None:
+    """Seconds from this process's exec to `main` (Python's start and the imports above),
+    from /proc/self/stat's start time (Linux; None elsewhere)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time, ticks since boot
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - (time.monotonic() - MAIN_AT) - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,15 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-budget", help="ceiling for all KV (default: the engine's default)")
     parser.add_argument("--idle-timeout", type=float, default=60.0, help="seconds to stay up once the last front has gone")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--keep-standby", action="store_true",
+                        help="keep a standby daemon with the model loaded that takes over when this one dies (engine.daemon.standby)")
+    parser.add_argument("--standby", action="store_true", help="be that standby (started by a serving daemon; stdin its pipe)")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
     log = logging.getLogger("engine.daemon")
 
+    interpreter_s = _interpreter_seconds()
     from engine.api import EngineError
     from engine.daemon.config import DaemonConfig
     from engine.daemon.server import EngineDaemon
-    from engine.local import load_engine
+    from engine.local import load_engine  # torch
+    imported_at = time.monotonic()
 
     config = msgspec.json.decode(args.config.encode(), type=DaemonConfig)
     if args.check:
@@ -52,7 +71,26 @@ def main(argv: list[str] | None = None) -> int:
     except (EngineError, OSError, ValueError) as exc:
         log.error("the model failed to load: %s: %s", type(exc).__name__, exc)
         return 2
+    loaded_at = time.monotonic()
+    held = None
+    if args.standby:
+        from engine.daemon.standby import stand_by
+
+        held = stand_by(args.socket, args.socket.with_suffix(".lock"))
+        if held is None:
+            engine.close()
+            return 0
     daemon = EngineDaemon(engine, args.socket, idle_timeout=args.idle_timeout, kv_budget=engine.kv_budget_bytes)
+    # Where a (re)start's seconds go (docs/daemon.md "Restart"); the fronts wait for all of it.
+    daemon.startup = {"interpreterS": None if interpreter_s is None else round(interpreter_s, 3),
+                      "importsS": round(imported_at - MAIN_AT, 3), "modelS": round(loaded_at - imported_at, 3),
+                      "standby": args.standby}
+    if held is not None:
+        daemon.after_bind.append(lambda: held.__exit__(None, None, None))  # the fronts waiting for the lock connect
+    if args.keep_standby:
+        from engine.daemon.standby import StandbyProcess, standby_command
+
+        daemon.standby = StandbyProcess(standby_command(sys.argv[1:] if argv is None else argv), args.socket.with_suffix(".log"))
     try:
         asyncio.run(daemon.serve())
     finally:

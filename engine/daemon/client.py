@@ -89,6 +89,8 @@ class DaemonEngine(FaultReporting):
         self.state = "connecting"  # "running" | "reconnecting" | "failed" | "closed"
         self.reconnects = 0
         self.last_fault: str | None = None
+        self._lost_at: float | None = None
+        self.last_outage_s: float | None = None  # the daemon lost → serving again, the last time
         self._last_stats = EngineStats()
         self._last_health: dict = {}
         sock, hello = reach(self.place, config, self.kv_budget, idle_timeout=idle_timeout)
@@ -190,6 +192,7 @@ class DaemonEngine(FaultReporting):
     def _lost(self, why: str) -> None:
         """The daemon is gone: end every request and call, tell the server once, reach it again."""
         self._writer = None
+        self._lost_at = time.monotonic()
         failed = self._fail_all(f"the engine daemon (pid {self.daemon_pid}) went away ({why})")
         if self._closed:
             return
@@ -238,6 +241,9 @@ class DaemonEngine(FaultReporting):
                 return
             await self._attach(sock, hello)
             self.reconnects += 1
+            if self._lost_at is not None:
+                self.last_outage_s = round(time.monotonic() - self._lost_at, 3)
+                log.info("serving again %.2f s after the engine daemon was lost (now pid %d)", self.last_outage_s, hello.pid)
             self._refresh_health()
             return
 
@@ -352,7 +358,7 @@ class DaemonEngine(FaultReporting):
         out = dict(self._last_health)
         daemon = dict(out.get("daemon") or {})
         daemon.update(pid=getattr(self, "daemon_pid", None), socket=str(self.place.socket), connection=self.state,
-                      reconnects=self.reconnects, lastFault=self.last_fault)
+                      reconnects=self.reconnects, lastFault=self.last_fault, lastOutageS=self.last_outage_s)
         out["daemon"] = daemon
         if self.state != "running":
             out["state"] = "closed" if self.state == "closed" else "failed" if self.state == "failed" else "reconnecting"

@@ -34,6 +34,11 @@ HELLO_TIMEOUT_S = 10.0
 # The longest a front waits for a daemon it started (the model load) or for the spawn lock.
 START_TIMEOUT_S = 300.0
 DEFAULT_IDLE_TIMEOUT_S = 60.0
+# A daemon killed by a signal while it loads (not a model that cannot load: exit code 2) is
+# started again this many times within one `reach`.
+SIGNAL_RESPAWNS = 2
+# A front's environment with this set to 1 starts daemons that keep a standby (engine.daemon.standby).
+STANDBY_ENV = "EFIM_DAEMON_STANDBY"
 
 
 class DaemonRefused(EngineError):
@@ -115,21 +120,32 @@ class SpawnLock:
 
 
 def daemon_command(place: Place, config: DaemonConfig, kv_budget: int | None, idle_timeout: float) -> list[str]:
+    """The daemon's command line; with `--keep-standby` when this front's environment asks
+    for a standby (`EFIM_DAEMON_STANDBY=1`, engine.daemon.standby)."""
     import msgspec  # noqa: PLC0415
 
     command = [sys.executable, "-m", "engine.daemon", "--socket", str(place.socket),
                "--config", msgspec.json.encode(config).decode(), "--idle-timeout", str(idle_timeout)]
     if kv_budget is not None:
         command += ["--kv-budget", str(kv_budget)]
+    if os.environ.get(STANDBY_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        command.append("--keep-standby")
     return command
+
+
+def daemon_environment() -> dict[str, str]:
+    """A daemon's environment: this process's, with the folder holding `engine` first on
+    PYTHONPATH (a front run from a checkout starts the same code)."""
+    env = dict(os.environ)
+    source_root = str(Path(__file__).resolve().parents[2])  # the folder holding `engine`
+    env["PYTHONPATH"] = source_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 def spawn(place: Place, config: DaemonConfig, kv_budget: int | None, idle_timeout: float) -> subprocess.Popen:
     """Start the daemon detached: a session of its own (a terminal's hangup or the front's
     death does not reach it), stdin closed, stdout and stderr appended to the 0600 log."""
-    env = dict(os.environ)
-    source_root = str(Path(__file__).resolve().parents[2])  # the folder holding `engine`
-    env["PYTHONPATH"] = source_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = daemon_environment()
     log_fd = place.open_log()
     try:
         proc = subprocess.Popen(
@@ -150,9 +166,7 @@ def check_in_subprocess(config: DaemonConfig, timeout: float = 120.0) -> None:
     EngineError with the check's message when the model cannot load."""
     import msgspec  # noqa: PLC0415
 
-    env = dict(os.environ)
-    source_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = source_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = daemon_environment()
     done = subprocess.run([sys.executable, "-m", "engine.daemon", "--check", "--config", msgspec.json.encode(config).decode()],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
@@ -162,7 +176,9 @@ def check_in_subprocess(config: DaemonConfig, timeout: float = 120.0) -> None:
 
 def reach(place: Place, config: DaemonConfig, kv_budget: int | None, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S,
           start_timeout: float = START_TIMEOUT_S) -> tuple[socket.socket, Hello]:
-    """Connect to the configuration's daemon, starting it (under the spawn lock) when none answers."""
+    """Connect to the configuration's daemon, starting it (under the spawn lock) when none
+    answers. A daemon that exits while starting fails it with the log's last lines — unless a signal ended it (killed mid-load): then another is started, at
+    most `SIGNAL_RESPAWNS` times."""
     got = connect(place, kv_budget)
     if got is not None:
         return got
@@ -170,22 +186,29 @@ def reach(place: Place, config: DaemonConfig, kv_budget: int | None, *, idle_tim
         got = connect(place, kv_budget)
         if got is not None:
             return got
-        proc = spawn(place, config, kv_budget, idle_timeout)
         end = time.monotonic() + start_timeout
-        delay = 0.02
-        while True:
-            got = connect(place, kv_budget)
-            if got is not None:
-                return got
-            code = proc.returncode  # set by the reaper thread once it exited
-            if code is not None:
+        for attempt in range(1 + SIGNAL_RESPAWNS):
+            proc = spawn(place, config, kv_budget, idle_timeout)
+            delay = 0.02
+            while True:
+                got = connect(place, kv_budget)
+                if got is not None:
+                    return got
+                code = proc.returncode  # set by the reaper thread once it exited
+                if code is not None:
+                    break
+                if time.monotonic() > end:
+                    raise EngineError(f"the engine daemon (pid {proc.pid}) did not answer within {start_timeout:.0f} s "
+                                      f"(log: {place.log})")
+                time.sleep(delay)
+                delay = min(0.1, delay * 1.5)
+            if code >= 0 or attempt == SIGNAL_RESPAWNS:
                 raise EngineError(f"the engine daemon exited with code {code} while starting: {place.log_tail()} "
                                   f"(log: {place.log})")
-            if time.monotonic() > end:
-                raise EngineError(f"the engine daemon (pid {proc.pid}) did not answer within {start_timeout:.0f} s "
-                                  f"(log: {place.log})")
-            time.sleep(delay)
-            delay = min(0.1, delay * 1.5)
+            # Killed by a signal while loading (SIGKILL, the OOM killer): not the model's fault.
+            log.warning("the engine daemon (pid %d) was killed by signal %d while starting; starting another",
+                        proc.pid, -code)
+        raise AssertionError("unreachable")
 
 
 __all__ = ["DaemonRefused", "connect", "reach", "spawn", "SpawnLock", "check_in_subprocess", "DEFAULT_IDLE_TIMEOUT_S"]

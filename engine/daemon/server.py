@@ -26,6 +26,7 @@ close the engine (its disk tier writes what it kept) and exit.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -99,6 +100,9 @@ class EngineDaemon:
         self._inode: int | None = None
         self._pumps = ThreadPoolExecutor(MAX_PUMPS, thread_name_prefix="efim-daemon-pump")
         self.started = time.monotonic()
+        self.startup: dict[str, float | None] = {}  # seconds per start-up phase (`python -m engine.daemon` sets it)
+        self.after_bind: list = []  # callables run once the socket is bound (a standby releases the spawn lock)
+        self.standby = None  # engine.daemon.standby.StandbyProcess: started once serving, stopped before exiting
 
     # ------------------------------------------------------------ lifecycle
     async def serve(self) -> None:
@@ -121,12 +125,19 @@ class EngineDaemon:
             os.umask(umask)
         os.chmod(self.socket_path, 0o600)
         self._inode = os.stat(self.socket_path).st_ino
-        log.info("engine daemon %d serving %s on %s (idle timeout %.0f s)", os.getpid(), self.engine.info().model,
-                 self.socket_path, self.idle_timeout)
+        self.startup["bindS"] = round(time.monotonic() - self.started, 3)
+        log.info("engine daemon %d serving %s on %s (idle timeout %.0f s); startup %s", os.getpid(),
+                 self.engine.info().model, self.socket_path, self.idle_timeout, json.dumps(self.startup))
+        for hook in self.after_bind:
+            hook()
+        if self.standby is not None:
+            self.standby.start()
         self._arm_idle_timer()
         try:
             await self._stop.wait()
         finally:
+            if self.standby is not None:  # first: it must not take over from a daemon exiting on purpose
+                await self._loop.run_in_executor(None, self.standby.stop)
             self._remove_socket()
             server.close()
             for front in list(self.fronts):
@@ -317,6 +328,7 @@ class EngineDaemon:
 
     def health(self, asking: Front | None = None) -> dict:
         return {"pid": os.getpid(), "socket": str(self.socket_path), "uptimeS": round(time.monotonic() - self.started, 1),
+                "startup": self.startup,
                 "kvBudget": self.kv_budget, "front": asking.number if asking else None,
                 "fronts": [f.summary() for f in sorted(self.fronts, key=lambda f: f.number)]}
 

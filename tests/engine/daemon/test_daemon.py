@@ -474,12 +474,16 @@ def test_a_killed_front_has_its_requests_cancelled(rundir, config):
         assert int(proc.stdout.readline()) == watcher.daemon_pid
         assert proc.stdout.readline().strip() == "running"
         before = watcher.stats()
+        assert before.working_kv_bytes > 0  # the killed front's requests hold KV of the shared budget
         proc.kill()
         proc.wait()
         watcher.wait_idle(5)  # the killed front's four 600-token requests stopped
         after = watcher.stats()
         assert after.cancelled - before.cancelled >= 1
         assert after.completed + after.cancelled >= before.requests
+        # ... and their KV reservations went back to the budget: nothing runs, nothing is charged.
+        assert after.working_kv_bytes == 0, after
+        assert after.cache_bytes_free + after.cache_bytes_used == after.cache_bytes_total
         _wait(lambda: len(watcher.health()["daemon"].get("fronts", [])) == 1, what="the killed front released")
         assert watcher.health()["daemon"]["fronts"][0]["pid"] == os.getpid()
         watcher.check_integrity().result(30)
