@@ -39,7 +39,7 @@ from pygls.lsp.client import LanguageClient
 
 from bench.lsp_typing import blank_function, plain, position
 from bench.percentiles import percentile
-from bench.process_memory import memory_mb
+from bench.process_memory import daemon_pids, memory_mb
 from efim_tools.trace.keys import key_presses
 
 MODULE, FUNCTION = "heapq.py", "_siftup"
@@ -112,7 +112,7 @@ def environment(tag: str) -> tuple[dict, Path]:
 
 
 async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: int, options: dict | None = None) -> dict:
-    env, _ = environment(f"mem{fronts}{'d' if daemon else 'p'}")
+    env, run = environment(f"mem{fronts}{'d' if daemon else 'p'}")
     uri = f"file:///bench/{MODULE}"
     started = time.monotonic()
     # The whole window at once (no first window of 128 tokens): the later fronts' reuse is of the full prompt.
@@ -129,14 +129,18 @@ async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: 
         ms, _ = await front.ask(position(text, cursor))
         s = await front.stats()
         shares.append({"ms": round(ms, 1), "prompt": s["promptTokens"], "prefilled": s["prefilledTokens"]})
+    if daemon and env.get("EFIM_DAEMON_STANDBY") == "1":
+        await standby_ready(run)
     await asyncio.sleep(3.0)
-    pids = [f.pid for f in group] + ([daemon_pid] if daemon_pid else [])
+    standbys = [pid for pid in daemon_pids(run) if pid != daemon_pid]  # a standby (--standby) counts too
+    pids = [f.pid for f in group] + ([daemon_pid] if daemon_pid else []) + standbys
     per = {pid: memory_mb(pid) for pid in pids}
     out = {
         "mode": "daemon" if daemon else "in-process", "fronts": fronts, "ready_s": round(ready_s, 1),
         "rss_mb": round(sum(r for r, _ in per.values())), "pss_mb": round(sum(p for _, p in per.values())),
         "front_rss_mb": [round(per[f.pid][0]) for f in group],
         "daemon_rss_mb": round(per[daemon_pid][0]) if daemon_pid else None,
+        "standby_rss_mb": [round(per[pid][0]) for pid in standbys],
         "first_suggestion": shares,
     }
     await asyncio.gather(*(f.close() for f in group))
@@ -165,6 +169,15 @@ async def typing_case(model: str, daemon: bool, text: str, cursor: int, keys: li
     }
 
 
+async def standby_ready(run: Path, timeout: float = 600) -> None:
+    """Wait until a standby daemon of this run has its model loaded (its log says so)."""
+    end = time.monotonic() + timeout
+    while not any("ready: waiting for the serving daemon" in p.read_text(errors="replace") for p in (run / "efim").glob("*.log")):
+        if time.monotonic() > end:
+            raise SystemExit(f"the standby daemon did not get ready within {timeout:.0f} s")
+        await asyncio.sleep(0.2)
+
+
 async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     """`fronts` fronts on one daemon, each with the file open and one suggestion shown; the
     daemon SIGKILLed: seconds until each front's engine is running again (a new daemon), and
@@ -180,11 +193,7 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
         await front.ask(position(text, cursor))
     standby = env.get("EFIM_DAEMON_STANDBY") == "1"
     if standby:  # the kill is of a daemon whose standby has its model loaded
-        end = time.monotonic() + 600
-        while not any("ready: waiting for the serving daemon" in p.read_text(errors="replace") for p in (run / "efim").glob("*.log")):
-            if time.monotonic() > end:
-                raise SystemExit("the standby daemon did not get ready within 600 s")
-            await asyncio.sleep(0.2)
+        await standby_ready(run)
     os.kill(old, signal.SIGKILL)
     killed = time.monotonic()
 

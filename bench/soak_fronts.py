@@ -96,6 +96,7 @@ class FrontsSoakResult(SoakResult):
     messages: list[list[str]] = field(default_factory=list)  # window/showMessage per front
     daemon_died: int = 0  # "went away" messages: a daemon lost while serving
     daemons_left: list[int] = field(default_factory=list)  # daemons still running idle_timeout + 10 s after the fronts exited
+    declined: dict[str, int] = field(default_factory=dict)  # the fronts' efim/stats "declined", summed
     log_tails: dict[str, str] = field(default_factory=dict)  # when something failed: the daemons' logs
     png: str | None = None
 
@@ -103,6 +104,7 @@ class FrontsSoakResult(SoakResult):
     def ok(self) -> bool:
         phases = self.memory.get("phases", [])
         return (super().ok and self.documents_intact and all(self.fronts_alive) and self.daemon_died == 0
+                and not self.declined.get("engineError")
                 and all(code == 0 for code in self.exit_codes) and not self.daemons_left
                 and all(p.get("stable") for p in phases))
 
@@ -238,8 +240,11 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
             if not isinstance(got, dict) or got.get("text") != typist.text:
                 result.document_mismatches.append(typist.uri)
         result.documents_intact = not result.document_mismatches
-        stats = await _stats(clients[0])
-        result.server_stats = {k: v for k, v in (stats or {}).items() if k != "documents"}
+        every = [await _stats(c) for c in clients]
+        for stats in every:
+            for reason, n in (stats.get("declined") or {}).items():
+                result.declined[reason] = result.declined.get(reason, 0) + n
+        result.server_stats = {k: v for k, v in (every[0] or {}).items() if k != "documents"}
         result.fronts_alive = [c.proc.returncode is None for c in clients]
         result.alive = all(result.fronts_alive)
     except (ServerCrashed, ModelFailed, TimeoutError, asyncio.TimeoutError) as exc:
@@ -317,6 +322,8 @@ def table(r: FrontsSoakResult) -> str:
         (f"hangs (no answer within {o['hang_s']:g} s)", f"{r.hangs} (longest wait {r.max_wait_ms:.0f} ms)"),
         ("latency of answered, p50 / p99", f"{r.latency_ms.get('p50', math.nan):.1f} / {r.latency_ms.get('p99', math.nan):.1f} ms"),
         ("$/cancelRequest → -32800, p50 / p99", f"{r.cancel_latency_ms.get('p50', math.nan):.1f} / {r.cancel_latency_ms.get('p99', math.nan):.1f} ms"),
+        ("declined by the fronts (engineError: the engine failed a request)",
+         ", ".join(f"{k} {v}" for k, v in sorted(r.declined.items())) or "none"),
     ]
     for p in r.memory.get("phases", []):
         if p.get("samples"):
@@ -343,6 +350,7 @@ def table(r: FrontsSoakResult) -> str:
 def write(result: FrontsSoakResult, out: Path, plot: bool = True) -> None:
     """`out` (JSON) and, next to it, the memory curve as `out` with the suffix .png."""
     out = Path(out)
+    out.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1, default=str))  # first: a long run's numbers
     if plot:
         from bench.soak_plot import plot_memory  # noqa: PLC0415
 
@@ -350,8 +358,12 @@ def write(result: FrontsSoakResult, out: Path, plot: bool = True) -> None:
         o = result.options
         title = (f"efim bench soak --daemon: {o['fronts']} fronts × {o['docs_per_front']} documents × {o['rate']:g} keys/s, "
                  f"{o['model']} (band: reference ±10 %)")
-        result.png = str(plot_memory(result.samples, result.events, out.with_suffix(".png"), title, bands))
-    out.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1, default=str))
+        try:
+            result.png = str(plot_memory(result.samples, result.events, out.with_suffix(".png"), title, bands))
+        except RuntimeError as exc:  # no matplotlib: the JSON stands
+            print(f"no plot: {exc}", file=sys.stderr)
+            return
+        out.write_text(json.dumps({**asdict(result), "ok": result.ok}, indent=1, default=str))
 
 
 __all__ = ["FrontsSoakOptions", "FrontsSoakResult", "run_fronts_soak", "memory_phases", "table", "write"]
