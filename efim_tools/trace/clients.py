@@ -227,6 +227,8 @@ def table(summaries: dict[str, ClientSummary]) -> str:
             f"{int(w.get('cancelled', 0))} cancelled), {_n(w.get('prefilledTokens'), 0)} tokens, {_n(w.get('computeMs'), 0)} ms"
             if w else "warm-ups not reported"
         )
+        if w and "answerHits" in w:  # efim_lsp.answer_ahead
+            warm += f"; answers ahead {int(w.get('answers', 0))} with a suggestion, {int(w['answerHits'])} requests answered from one"
         line = f"{name}: {s.requests} requests, {s.answered} answered, {s.errors} errors; {warm}; replay {s.wall_s:.1f} s"
         if not s.per_request:
             line += "; no per-request server numbers (server columns empty)"

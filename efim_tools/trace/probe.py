@@ -32,7 +32,7 @@ SUMMED = (
     "requests", "served", "typingThroughHits", "cancelled", "promptTokens", "reusedTokens",
     "prefilledTokens", "generatedTokens", "shown", "accepted", "partiallyAccepted", "acceptedChars",
 )
-WARMUP_SUMMED = ("submitted", "completed", "cancelled", "prefilledTokens", "computeMs")
+WARMUP_SUMMED = ("submitted", "completed", "cancelled", "prefilledTokens", "computeMs", "answers", "answerHits")
 POLL_S = 0.02
 SETTLE_S = 2.0
 _MOVING = ("promptTokens", "prefilledTokens", "reusedTokens", "cancelled")
