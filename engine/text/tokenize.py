@@ -157,12 +157,15 @@ class VocabIndex:
         its bytes start with `text` (`allowed(text)`), or — when `text` is spaces and tabs
         only — are a first part of it (a run of blanks is spelled in pieces of the model's
         choosing; anything else is covered in one token, as single-token healing does: a
-        lone "\n" before a healed "\n\n" is a split the model answers with a blank line)."""
+        lone "\n" before a healed "\n\n" is a split the model answers with a blank line).
+        Text that no token covers (several healed tokens of blanks and line breaks the
+        vocabulary has no single token for) is spelled in first parts too: never an empty set,
+        which left the sampler nothing to choose from (an `argmax()` IndexError in the soak)."""
         return _remembered(self._consistent_cache, text, self._agreeing_with)
 
     def _agreeing_with(self, text: bytes) -> torch.Tensor:  # [n] int64
         ids = self.allowed(text)
-        if text.strip(b" \t"):
+        if text.strip(b" \t") and len(ids):
             return ids
         parts = [self._exactly(text[:k]) for k in range(1, len(text))]  # the first parts that are tokens
         return torch.cat([*parts, ids])

@@ -56,10 +56,23 @@ def test_roundtrip_bytes_of_vocab(seg_tok, source):
 
 
 def _consistent_brute_force(vocab, text: bytes) -> set[int]:
-    """Tokens that cover `text`, or spell a first part of it when it is spaces and tabs only."""
-    blanks = not text.strip(b" \t")
-    return {i for i, b in enumerate(vocab.token_bytes)
-            if b and (b.startswith(text) or (blanks and text.startswith(b) and b != text))}
+    """Tokens that cover `text`, or spell a first part of it when it is spaces and tabs only
+    (or when no token covers it)."""
+    cover = {i for i, b in enumerate(vocab.token_bytes) if b and b.startswith(text)}
+    if text.strip(b" \t") and cover:
+        return cover
+    return cover | {i for i, b in enumerate(vocab.token_bytes) if b and text.startswith(b) and b != text}
+
+
+def test_text_no_token_covers_is_spelled_in_first_parts_never_an_empty_set(seg_tok):
+    """The soak's IndexError: healed blanks and line breaks the vocabulary has no single token
+    for gave an empty allowed set, and the sampler an empty argmax."""
+    vocab = seg_tok.vocab
+    text = b"\n" * 40 + b"  \t"
+    assert not any(b.startswith(text) for b in vocab.token_bytes if b)
+    allowed = set(vocab.consistent(text).tolist())
+    assert allowed and allowed == _consistent_brute_force(vocab, text)
+    assert all(text.startswith(vocab.token_bytes[i]) for i in allowed)
 
 
 def test_healing_drops_last_token_and_constrains_to_what_agrees_with_it(seg_tok):
