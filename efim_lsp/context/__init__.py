@@ -1,9 +1,12 @@
 """Cross-file context for completions (no torch, no token ids).
 
 Map: `workspace.py` (which files qualify) → `ignore.py` (.gitignore + vendor folders) →
-`chunking.py` (64-line chunks and their identifiers) → `ranking.py` (BM25 index) →
-`gatherer.py` (`ContextGatherer`: open documents + watched workspace folders, stable
-selection for a cursor) ← `watcher.py` (watchfiles thread).
+`chunking.py` (64-line chunks and their identifiers) → `ranking.py` (BM25 index);
+`imports.py` (a file's imports) → `modules.py` (the indexed files they name) → `outline.py`
+(a module's definitions as one chunk) → `gatherer.py` (`ContextGatherer`: open documents +
+watched workspace folders, stable selection for a cursor: imports, recent files, BM25) ←
+`watcher.py` (watchfiles thread); `source.py` (the completer's source, fed by the server) →
+`prefetch.py` (chunk KV computed ahead in the background).
 """
 
 from efim_lsp.context.chunking import CHUNK_LINES, Chunk, identifiers, split_chunks
