@@ -97,6 +97,7 @@ class FrontsSoakResult(SoakResult):
     daemon_died: int = 0  # "went away" messages: a daemon lost while serving
     daemons_left: list[int] = field(default_factory=list)  # daemons still running idle_timeout + 10 s after the fronts exited
     declined: dict[str, int] = field(default_factory=dict)  # the fronts' efim/stats "declined", summed
+    daemon_errors: list[str] = field(default_factory=list)  # the daemons' logged ERROR lines (the logs go with the run)
     log_tails: dict[str, str] = field(default_factory=dict)  # when something failed: the daemons' logs
     png: str | None = None
 
@@ -104,7 +105,7 @@ class FrontsSoakResult(SoakResult):
     def ok(self) -> bool:
         phases = self.memory.get("phases", [])
         return (super().ok and self.documents_intact and all(self.fronts_alive) and self.daemon_died == 0
-                and not self.declined.get("engineError")
+                and not self.declined.get("engineError") and not self.daemon_errors
                 and all(code == 0 for code in self.exit_codes) and not self.daemons_left
                 and all(p.get("stable") for p in phases))
 
@@ -256,6 +257,10 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
         result.exit_code = next((code for code in result.exit_codes if code != 0), 0)
         result.daemons_left = await _wait_daemons_exit(rundir, options.idle_timeout_s + 10)
         result.daemon_died = sum("went away" in m for shown in result.messages for m in shown)
+        for log_path in sorted((rundir / "efim").glob("*.log")):
+            for line in log_path.read_text(errors="replace").splitlines():
+                if " ERROR " in line and len(result.daemon_errors) < 50:
+                    result.daemon_errors.append(line[:300])
         if result.crashed or result.daemon_died or result.daemons_left:
             result.log_tails = {p.name: p.read_text(errors="replace")[-3000:] for p in (rundir / "efim").glob("*.log")}
         for pid in daemon_pids(rundir):  # only what this run started
@@ -324,6 +329,7 @@ def table(r: FrontsSoakResult) -> str:
         ("$/cancelRequest → -32800, p50 / p99", f"{r.cancel_latency_ms.get('p50', math.nan):.1f} / {r.cancel_latency_ms.get('p99', math.nan):.1f} ms"),
         ("declined by the fronts (engineError: the engine failed a request)",
          ", ".join(f"{k} {v}" for k, v in sorted(r.declined.items())) or "none"),
+        ("ERROR lines in the daemons' logs", f"{len(r.daemon_errors)}" + (f" (first: {r.daemon_errors[0][:160]})" if r.daemon_errors else "")),
     ]
     for p in r.memory.get("phases", []):
         if p.get("samples"):

@@ -43,6 +43,7 @@ def test_fronts_soak_through_the_daemon_survives_a_settings_change_and_a_model_s
     assert result.full_changes > 0 and result.reopens > 0
     assert result.errors == {} and result.unanswered == 0 and result.hangs == 0, (result.errors, result.max_wait_ms)
     assert not result.declined.get("engineError"), result.declined  # no request failed in the engine
+    assert result.daemon_errors == [], result.daemon_errors
     assert result.answered + result.cancelled == result.sent
     assert [what for _, what in result.events] == ["settings change", "model switch", "switch settled"], result.events
     assert len(result.daemons) == 2, result.daemons  # the first configuration's daemon, then the switched-to one
