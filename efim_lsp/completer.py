@@ -515,7 +515,8 @@ class Completer:
         settings = self.settings()
         if not (settings.answer_ahead and settings.warm_ahead and settings.cache) or not self.holder.ready:
             return False
-        return self.answer_ahead.start(uri, cursor)
+        state = self._states.get(uri)
+        return self.answer_ahead.start(uri, cursor, after=state.warming_small if state is not None else None)
 
     def warm(self, uri: str, cursor: int) -> bool:
         """Submit the warm-up for `cursor` now (see `WarmAhead.warm`)."""
