@@ -16,9 +16,8 @@ client asking at that cursor, while the person reads or pauses:
   superseded request: the rows it computed stay cached, so the next request starts from them.
 
 It runs as a foreground engine request (the engine's background work only prefills), so it
-is started only at a settled signal, after the signal's small-window warm-up has run (the
-warm-up where the person is comes first; a key typed at once ends that warm-up and no answer
-ahead starts), one at a time across documents, and gives way to every request and edit. Its engine tokens are counted with the warm-ups' (`efim/stats` "warmup":
+is started only at a settled signal, one at a time across documents, and gives way to every
+request and edit. Its engine tokens are counted with the warm-ups' (`efim/stats` "warmup":
 `answers`, `answerHits`). `answerAhead: false` (or `warmAhead: false`) turns it off.
 """
 
@@ -33,7 +32,7 @@ from typing import Awaitable, Callable, NamedTuple
 from efim_lsp.answers import Answer, Declined
 from efim_lsp.document_state import DocumentState, PendingRequest
 from efim_lsp.stats import ServerStats
-from engine.api import CompletionHandle, RequestStats
+from engine.api import RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -79,24 +78,12 @@ class AnswerAhead:
         self._run = run
         self._running: Ahead | None = None
         self._uri: str | None = None
-        self._waiters: set[asyncio.Task] = set()
 
-    async def _start_after(self, uri: str, state: DocumentState, wanted: tuple[int, int], warmup: CompletionHandle) -> None:
-        await warmup.wait()
-        doc = self.documents.get(uri)
-        if self._states.get(uri) is not state or state.ahead_wanted != wanted or doc is None or doc.version != wanted[1]:
-            return  # a newer signal, an edit or a close since
-        state.ahead_wanted = None
-        if state.pending is None:
-            self.start(uri, wanted[0])
-
-    def start(self, uri: str, cursor: int, after: CompletionHandle | None = None) -> bool:
-        """Run the request a client asking at `cursor` would make — now, or once the warm-up
-        `after` has ended. False when there is nothing to do: a request in flight there, an
-        answer here already (computed ahead or shown), a document out of sync."""
+    def start(self, uri: str, cursor: int) -> bool:
+        """Run the request a client asking at `cursor` would make, now. False when there is
+        nothing to do: a request in flight there, an answer here already (computed ahead
+        or shown), a document out of sync."""
         state, doc = self._states.get(uri), self.documents.get(uri)
-        if state is not None:
-            state.ahead_wanted = None  # a newer signal replaces one waiting for its warm-up
         if state is None or doc is None or not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text):
             return False
         if state.pending is not None and not state.pending.ahead:
@@ -109,13 +96,6 @@ class AnswerAhead:
         if state.typed.remainder(doc.text, cursor) is not None:
             return False  # the suggestion shown here still stands
         self.cancel_running("a newer cursor signal")
-        if after is not None and not after.done:
-            wanted = (cursor, doc.version)
-            state.ahead_wanted = wanted
-            waiter = asyncio.get_running_loop().create_task(self._start_after(uri, state, wanted, after))
-            self._waiters.add(waiter)
-            waiter.add_done_callback(self._waiters.discard)
-            return True
         pending = PendingRequest(doc.version, ahead=True)
         state.pending = pending
         loop = asyncio.get_running_loop()

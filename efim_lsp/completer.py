@@ -515,8 +515,7 @@ class Completer:
         settings = self.settings()
         if not (settings.answer_ahead and settings.warm_ahead and settings.cache) or not self.holder.ready:
             return False
-        state = self._states.get(uri)
-        return self.answer_ahead.start(uri, cursor, after=state.warming_small if state is not None else None)
+        return self.answer_ahead.start(uri, cursor)
 
     def warm(self, uri: str, cursor: int) -> bool:
         """Submit the warm-up for `cursor` now (see `WarmAhead.warm`)."""

@@ -53,7 +53,6 @@ class DocumentState:
         self.computed = ComputedPrompts()
         self.small: SmallWindow | None = None
         self.ahead = None  # the answer ahead computed (or being computed) here (efim_lsp.answer_ahead.Ahead)
-        self.ahead_wanted: tuple[int, int] | None = None  # (cursor, version) of one waiting for its warm-up
 
     def stop_warming(self) -> None:
         if self.warm_timer is not None:

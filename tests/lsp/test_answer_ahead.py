@@ -113,39 +113,3 @@ async def test_settings_turn_it_off_and_a_shown_suggestion_is_not_recomputed():
     rig.completer.cursor_moved(URI, cursor)
     await asyncio.sleep(SETTLE)
     assert len(_foreground(rig.engine)) == 1  # the signal at the same place computes nothing new
-
-
-async def test_it_waits_for_the_signals_small_window_warm_up_and_a_key_typed_meanwhile_ends_it():
-    """The warm-up where the person is comes first: at a cold place the answer ahead starts
-    once the small window's warm-up has run; a key typed before that needs no answer ahead."""
-    import threading  # noqa: PLC0415
-
-    from test_first_window import JUMP, LONG, SMALL  # noqa: PLC0415
-
-    engine = FakeEngine(lambda r: "pass\n")
-    engine.background_gate = threading.Event()  # warm-ups wait until it opens
-    rig = await Rig(engine, firstWindowTokens=SMALL).start(LONG)
-    cursor = JUMP + len("def f300(x):\n    ")
-    rig.completer.cursor_moved(URI, cursor)
-    await asyncio.sleep(SETTLE)
-    assert any(r.background for r in engine.requests)  # the small window's warm-up (and the full one's)
-    assert not [r for r in engine.requests if not r.background and r.key.startswith(URI)]  # no answer ahead while it runs
-    engine.background_gate.set()
-    await asyncio.sleep(SETTLE)
-    ahead = rig.completer._states[URI].ahead
-    assert ahead is not None and ahead.cursor == cursor
-    await ahead.task
-    assert len([r for r in engine.requests if not r.background and r.key.startswith(URI)]) == 1
-
-    typed = FakeEngine(lambda r: "pass\n")
-    typed.background_gate = threading.Event()
-    rig2 = await Rig(typed, firstWindowTokens=SMALL).start(LONG)
-    rig2.completer.cursor_moved(URI, cursor)
-    await asyncio.sleep(SETTLE)
-    rig2.edit(cursor, cursor, "z")  # typed at once, before the warm-up ran
-    typed.background_gate.set()
-    answer = await rig2.complete(cursor + 1)
-    await asyncio.sleep(SETTLE)
-    assert isinstance(answer, Answer) and answer.source == "engine"
-    own = [r for r in typed.requests if not r.background and r.key.startswith(URI)]
-    assert rig2.completer._states[URI].ahead is None and len(own) == 1  # the key's own request only (its small window)
