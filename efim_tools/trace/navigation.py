@@ -36,7 +36,7 @@ NAVIGATION_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("document-kv", {"warmAhead": False, "documentKv": True}),
     ("all", {"warmAhead": True, "documentKv": True}),
 )
-WARMUP_KEYS = ("submitted", "completed", "cancelled", "prefilledTokens", "computeMs")
+WARMUP_KEYS = ("submitted", "completed", "cancelled", "prefilledTokens", "computeMs", "answers", "answerHits")
 
 
 class Distribution(msgspec.Struct, kw_only=True):
