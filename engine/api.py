@@ -211,6 +211,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str
     quant: str | None = None
     kv_dtype: str | None = None  # the KV cache's format: "model" (the compute dtype) or "int8"; None: not the local engine's
+    # The output head's form: "int8, 4-bit screen" (decode steps rank on a 4-bit copy, then the
+    # best candidates exactly: engine/model/head_screen.py), "int8", "int4", "dense"; None: not the local engine's.
+    head: str | None = None
     # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
     # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
     suffix_first: bool = False

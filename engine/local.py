@@ -30,6 +30,7 @@ from engine.kv.budget import default_budget_bytes, parse_bytes
 from engine.kv.radix import RadixCache
 from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends
 from engine.kv.disk_tier import DiskTier, attach_disk_tier
+from engine.model.head_screen import head_form
 from engine.cacheblend.document_kv import DocumentPass
 from engine.handle import RequestHandle
 from engine.runtime.loading import load_model_for_engine
@@ -280,6 +281,7 @@ class LocalEngine:
             quant=self.quant,
             kv_dtype=self.kv_dtype,
             suffix_first=self.template.suffix_first,
+            head=head_form(self.model.lm_head),
         )
 
     def submit(self, request: InfillRequest) -> RequestHandle[Sequence]:

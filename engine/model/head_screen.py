@@ -99,4 +99,11 @@ class ScreenedHead:
         return self.screen.nbytes() + self.top * (self.in_features + self.exact.scales.element_size())
 
 
-__all__ = ["ScreenedHead", "SCREEN_TOP", "SCREEN_MAX_ROWS", "SCREEN_MIN_VOCAB"]
+def head_form(head: object) -> str:
+    """How a model's lm_head is kept, for `EngineInfo.head` (`efim/stats` model.info)."""
+    if isinstance(head, ScreenedHead):
+        return "int8, 4-bit screen"
+    return {"Int8Linear": "int8", "Int4Linear": "int4"}.get(type(head).__name__, "dense")
+
+
+__all__ = ["ScreenedHead", "SCREEN_TOP", "SCREEN_MAX_ROWS", "SCREEN_MIN_VOCAB", "head_form"]

@@ -129,3 +129,12 @@ def test_steps_that_read_more_than_the_argmax_ask_for_the_exact_head():
     assert not needs_exact_head(SimpleNamespace(healing=None, sampler=Sampler()))
     assert needs_exact_head(SimpleNamespace(healing=None, sampler=Sampler(temperature=0.7)))
     assert needs_exact_head(SimpleNamespace(healing=object(), sampler=Sampler()))
+
+
+def test_the_head_form_is_named_for_model_info():
+    from engine.model.head_screen import head_form  # noqa: PLC0415
+
+    head = _head()
+    assert head_form(ScreenedHead(head)) == "int8, 4-bit screen"
+    assert head_form(head) == "int8"
+    assert head_form(object()) == "dense"
