@@ -50,7 +50,9 @@ def alive(pid: int) -> bool:
 
 def daemon_pids(directory: Path) -> list[int]:
     """Live `python -m engine.daemon` processes whose command line names `directory` (their
-    socket lives there), lowest pid first."""
+    socket lives there), lowest pid first. Not zombies (a daemon killed or exited stays in
+    /proc until its front's reaper thread waits for it) and not `--check` preflights (they
+    load no weights and serve nothing). The daemon tests count their daemons with it too."""
     needle = str(directory).encode()
     pids = []
     for entry in Path("/proc").iterdir():

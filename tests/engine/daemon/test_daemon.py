@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from bench.process_memory import daemon_pids
 from engine.api import EngineError, EngineStats, InfillRequest, StreamEvent
 from engine.daemon import wire
 from engine.daemon.client import DaemonEngine
@@ -48,28 +49,12 @@ def private_rundir():
     try:
         yield base
     finally:
-        for pid in _daemon_pids(base):
+        for pid in daemon_pids(base):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _daemon_pids(directory: Path) -> list[int]:
-    """Daemons serving a socket in `directory` (from /proc: the ones these tests started)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"engine.daemon" in cmdline and any(str(directory).encode() in part for part in cmdline) and state != "Z":
-            pids.append(int(entry.name))
-    return pids
 
 
 def _wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
@@ -169,7 +154,7 @@ def test_two_fronts_share_one_daemon_and_the_second_reuses_the_firsts_kv(rundir,
     a = _front(config)
     b = _front(config)
     try:
-        assert a.daemon_pid == b.daemon_pid and _daemon_pids(rundir) == [a.daemon_pid]
+        assert a.daemon_pid == b.daemon_pid and daemon_pids(rundir) == [a.daemon_pid]
         place = Place(rundir / "efim", config.digest())
         assert stat.S_IMODE(os.stat(place.socket).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(place.log).st_mode) == 0o600
@@ -314,7 +299,7 @@ def test_fronts_starting_together_start_one_daemon(rundir, config):
             proc.stdin.write("\n")
             proc.stdin.flush()
         pids = {int(proc.stdout.readline()) for proc in fronts}
-        assert len(pids) == 1 and _daemon_pids(rundir) == list(pids)
+        assert len(pids) == 1 and daemon_pids(rundir) == list(pids)
     finally:
         for proc in fronts:
             proc.kill()
@@ -369,7 +354,7 @@ def test_an_older_or_foreign_peer_on_the_socket_is_refused(rundir, config, case)
         peer.thread.join(3)
         hello = wire.decode_hello(peer.received[4:])  # all it was sent: our hello, no request
         assert hello.uid == os.getuid() and len(peer.received) == 4 + int.from_bytes(peer.received[:4], "big")
-        assert _daemon_pids(rundir) == []  # and no daemon was started over it
+        assert daemon_pids(rundir) == []  # and no daemon was started over it
     finally:
         peer.close()
 
@@ -436,7 +421,7 @@ def test_daemon_killed_mid_request_errors_within_a_second_reports_and_a_new_daem
             assert kind == "engine-crash" and str(old_pid) in message and when - killed < 1.0
         # Reconnected: one new daemon for both fronts (they raced to start it).
         _wait(lambda: front.state == "running" and other.state == "running", timeout=60, what="reconnection")
-        assert front.daemon_pid == other.daemon_pid != old_pid and _daemon_pids(rundir) == [front.daemon_pid]
+        assert front.daemon_pid == other.daemon_pid != old_pid and daemon_pids(rundir) == [front.daemon_pid]
         again = front.submit(_request()).result(60)
         assert again.finish_reason in ("length", "eos", "stop") and again.text
         assert other.health()["daemon"]["reconnects"] == 1
@@ -498,8 +483,8 @@ def test_the_daemon_exits_after_its_idle_timeout_and_the_next_front_starts_anoth
     assert front.submit(_request()).result(60).finish_reason in ("length", "eos", "stop")
     front.close()
     time.sleep(0.5)
-    assert pid in _daemon_pids(rundir)  # not before the timeout
-    _wait(lambda: pid not in _daemon_pids(rundir), timeout=10, what="idle exit")
+    assert pid in daemon_pids(rundir)  # not before the timeout
+    _wait(lambda: pid not in daemon_pids(rundir), timeout=10, what="idle exit")
     assert not place.socket.exists()
     again = _front(config, idle_timeout=1.0)
     try:
@@ -549,12 +534,12 @@ def test_serve_without_unix_sockets_runs_the_engine_in_process_and_says_so(tiny_
     try:
         assert isinstance(in_process, LocalEngine)
         assert any("no Unix sockets" in r.getMessage() for r in caplog.records)
-        assert _daemon_pids(rundir) == []
+        assert daemon_pids(rundir) == []
     finally:
         in_process.close()
     monkeypatch.setattr(engine.daemon, "supported", lambda: True)
     front = engine_factory(args)(str(tiny_model_factory("llama")), kv_disk=False)
     try:
-        assert isinstance(front, DaemonEngine) and _daemon_pids(rundir) == [front.daemon_pid]
+        assert isinstance(front, DaemonEngine) and daemon_pids(rundir) == [front.daemon_pid]
     finally:
         front.close()

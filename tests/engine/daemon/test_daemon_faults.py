@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.process_memory import daemon_pids
 from engine.daemon.config import DaemonConfig
 from engine.daemon.launcher import daemon_command
 from engine.daemon.place import Place
 from engine.kv.disk_format import list_files, read_header
 
-from test_daemon import REPO, _daemon_pids, _front, _request, _wait, config, rundir  # noqa: F401 - fixtures
+from test_daemon import REPO, _front, _request, _wait, config, rundir  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow  # daemons started and killed: ~10 s a test
 
@@ -53,7 +54,7 @@ class _KillFirstNewDaemon:
 
     def _run(self) -> None:
         while not self._stop.is_set() and self.killed is None:
-            for pid in _daemon_pids(self.rundir):
+            for pid in daemon_pids(self.rundir):
                 if pid != self.spare:
                     os.kill(pid, signal.SIGKILL)
                     self.killed = pid
@@ -80,7 +81,7 @@ def test_a_daemon_killed_while_loading_on_the_first_start_is_started_again(rundi
     try:
         assert killer.killed is not None and front.daemon_pid != killer.killed
         assert _never_served(Place.for_digest(config.digest()), killer.killed)
-        assert _daemon_pids(rundir) == [front.daemon_pid]
+        assert daemon_pids(rundir) == [front.daemon_pid]
         assert _served(front)
         assert front.on_fault.seen == []  # nothing was lost: the front had not served yet
     finally:
@@ -100,7 +101,7 @@ def test_a_daemon_killed_while_loading_during_a_reconnection_is_started_again_an
         finally:
             killer.stop()
         assert killer.killed is not None and _never_served(Place.for_digest(config.digest()), killer.killed)
-        assert front.daemon_pid == other.daemon_pid and _daemon_pids(rundir) == [front.daemon_pid]
+        assert front.daemon_pid == other.daemon_pid and daemon_pids(rundir) == [front.daemon_pid]
         for engine in (front, other):
             assert [kind for kind, _, _ in engine.on_fault.seen] == ["engine-crash"]  # one report for the outage
             assert engine.on_fault.seen[0][2] - killed < 1.0  # noticed within a second
@@ -206,8 +207,8 @@ def test_a_standby_daemon_takes_over_when_the_serving_one_is_killed_and_leaves_w
     front = _front(config, idle_timeout=1.0)
     try:
         active = front.daemon_pid
-        _wait(lambda: len(_daemon_pids(rundir)) == 2, timeout=30, what="the standby started")
-        (standby,) = [pid for pid in _daemon_pids(rundir) if pid != active]
+        _wait(lambda: len(daemon_pids(rundir)) == 2, timeout=30, what="the standby started")
+        (standby,) = [pid for pid in daemon_pids(rundir) if pid != active]
         _wait(lambda: _standby_ready(place, standby), timeout=60, what="the standby's model loaded")
         assert _served(front)
         os.kill(active, signal.SIGKILL)
@@ -217,9 +218,9 @@ def test_a_standby_daemon_takes_over_when_the_serving_one_is_killed_and_leaves_w
         assert _served(front)
         assert front.health()["daemon"]["startup"]["standby"] is True
         # The new serving daemon keeps a standby of its own.
-        _wait(lambda: len(_daemon_pids(rundir)) == 2, timeout=30, what="the next standby started")
+        _wait(lambda: len(daemon_pids(rundir)) == 2, timeout=30, what="the next standby started")
     finally:
         front.close()
     # The last front gone: the serving daemon leaves on its idle timeout and stops its standby first.
-    _wait(lambda: _daemon_pids(rundir) == [], timeout=30, what="both daemons gone")
+    _wait(lambda: daemon_pids(rundir) == [], timeout=30, what="both daemons gone")
     assert not place.socket.exists()

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.process_memory import daemon_pids
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lsp"))
 from stdio_client import ServerProcess, inline_params, serve_env  # noqa: E402
 
-from test_daemon import _daemon_pids, _wait, private_rundir  # noqa: E402
+from test_daemon import _wait, private_rundir  # noqa: E402
 
 TEXT = "".join(f"def f{i}(a, b):\n    return a * {i} + b\n\n" for i in range(20)) + "def add(a, b):\n    return \n"
 URI = "file:///work/shared.py"
@@ -52,7 +54,7 @@ def test_two_serve_fronts_share_one_daemon_and_survive_its_death(tiny_model_dir,
         stats = [server.wait_model() for server in (one, two)]
         assert [s["model"]["state"] for s in stats] == ["ready", "ready"], [one.stderr()[-2000:], two.stderr()[-2000:]]
         pid = stats[0]["engine"]["daemon"]["pid"]
-        assert stats[1]["engine"]["daemon"]["pid"] == pid and _daemon_pids(rundir) == [pid]
+        assert stats[1]["engine"]["daemon"]["pid"] == pid and daemon_pids(rundir) == [pid]
         for server in (one, two):
             server.open(URI, TEXT)
             server.result("efim/stats", {"reset": True})
@@ -78,7 +80,7 @@ def test_two_serve_fronts_share_one_daemon_and_survive_its_death(tiny_model_dir,
         _wait(lambda: serving(one) and serving(two), timeout=60, what="both fronts serving again")
         back = time.monotonic() - killed
         new_pid = _engine_stats(one)["engine"]["daemon"]["pid"]
-        assert _engine_stats(two)["engine"]["daemon"]["pid"] == new_pid and _daemon_pids(rundir) == [new_pid]
+        assert _engine_stats(two)["engine"]["daemon"]["pid"] == new_pid and daemon_pids(rundir) == [new_pid]
         for server in (one, two):
             before = _engine_stats(server)["served"]
             assert _complete(server)["items"]  # (the answer may differ: the session restarted on a cold cache)
@@ -98,7 +100,7 @@ def test_without_the_flag_no_daemon_starts(tiny_model_dir, rundir):
         assert stats["model"]["state"] == "ready" and "daemon" not in stats["engine"]
         server.open(URI, TEXT)
         assert _complete(server)["items"]
-        assert _daemon_pids(rundir) == [] and not (rundir / "efim").exists()
+        assert daemon_pids(rundir) == [] and not (rundir / "efim").exists()
         assert server.shutdown_and_exit() == 0
 
 
