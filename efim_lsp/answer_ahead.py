@@ -32,6 +32,7 @@ from typing import Awaitable, Callable, NamedTuple
 from efim_lsp.answers import Answer, Declined
 from efim_lsp.document_state import DocumentState, PendingRequest
 from efim_lsp.stats import ServerStats
+from efim_lsp.warm_ahead import workable_at
 from engine.api import RequestStats
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class AnswerAhead:
         nothing to do: a request in flight there, an answer here already (computed ahead
         or shown), a document out of sync."""
         state, doc = self._states.get(uri), self.documents.get(uri)
-        if state is None or doc is None or not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text):
+        if state is None or doc is None or not workable_at(doc, cursor):
             return False
         if state.pending is not None and not state.pending.ahead:
             return False  # a request of the client's own is running

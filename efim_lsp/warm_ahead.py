@@ -20,7 +20,7 @@ from typing import Callable
 import msgspec
 
 from efim_lsp.document_state import UNFINISHED, DocumentState
-from efim_lsp.documents import DocumentStore
+from efim_lsp.documents import Document, DocumentStore
 from efim_lsp.engine_holder import EngineHolder
 from efim_lsp.first_window import first_window_key, is_cold, prompt_text, small_window
 from efim_lsp.session import Segments
@@ -38,6 +38,14 @@ LAST_CURSORS_KEPT = 256
 
 # (uri, document, state, cursor, settings, engine info) -> (the request, its segments)
 RequestAt = Callable[[str, object, DocumentState, int, Settings, "EngineInfo | None"], "tuple[InfillRequest, Segments]"]
+
+
+def workable_at(doc: Document, cursor: int) -> bool:
+    """Whether work ahead of a request (a warm-up, an answer ahead) may be done at `cursor`:
+    the server's copy of the document is exact, completion is on for it (a request would
+    decline otherwise), and `cursor` still lies in its text (a signal's cursor is kept
+    while it settles and across a re-open, and the text may have shrunk since)."""
+    return doc.in_sync and not doc.unsupported and 0 <= cursor <= len(doc.text)
 
 
 def document_pass(engine: Engine, uri: str, text: str, cursor: int) -> None:
@@ -143,7 +151,7 @@ class WarmAhead:
         doc, state = self.documents.get(uri), self._states.get(uri)
         if engine is None or doc is None or state is None or not self.holder.ready:
             return False
-        if not doc.in_sync or doc.unsupported or not 0 <= cursor <= len(doc.text) or not settings.cache:
+        if not workable_at(doc, cursor) or not settings.cache:
             return False
         if settings.document_kv:
             document_pass(engine, uri, doc.text, cursor)
