@@ -277,6 +277,34 @@ def test_an_adapter_runs_beside_kept_int4_groups(tiny_model_factory, tmp_path, c
     torch.testing.assert_close(qkv(rows), rows @ qkv.dequantize().T, atol=1e-4, rtol=1e-4)
 
 
+def test_a_bf16_step_adds_the_low_rank_term_in_c_as_torch_would(cache_dir, monkeypatch):
+    """bf16 int4 weights with an adapter beside them: few rows take the C term
+    (kernels/cpu/low_rank.py) and give what the torch term gives, up to bf16's last bit;
+    many rows and `EFIM_C_KERNELS=0` keep torch's."""
+    from kernels.cpu import build
+    from engine.model.quant import LowRank
+
+    if build.compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    torch.manual_seed(3)
+    groups = quantize_groups(torch.randn(192, 64) * 0.05, torch.bfloat16)
+    lora = LowRank(torch.randn(8, 64).bfloat16().float() * 0.05, torch.randn(192, 8).bfloat16().float() * 0.05)
+    lin = Int4Linear.from_groups(groups, None, torch.bfloat16, lora)
+    assert lin.lora_c is not None and lin.step_nbytes() < lin.nbytes()
+    x = torch.randn(4, 64).bfloat16()
+    with_c = lin(x)
+    term, lin.lora_c = lin.lora_c, None
+    without = lin(x)
+    assert (with_c.float() - without.float()).abs().max().item() <= without.float().abs().max().item() * 2**-7
+    lin.lora_c = term
+    many = torch.randn(64, 64).bfloat16()
+    torch.testing.assert_close(lin(many).float(), many.float() @ lin.dequantize().float().T, atol=3e-2, rtol=2e-2)
+    build.library.cache_clear()
+    monkeypatch.setenv("EFIM_C_KERNELS", "0")
+    assert Int4Linear.from_groups(groups, None, torch.bfloat16, lora).lora_c is None
+    build.library.cache_clear()
+
+
 # ---------------------------------------------------------------- mixed: int4 decode, bf16 prefill
 
 
