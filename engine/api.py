@@ -214,6 +214,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The output head's form: "int8, 4-bit screen" (decode steps rank on a 4-bit copy, then the
     # best candidates exactly: engine/model/head_screen.py), "int8", "int4", "dense"; None: not the local engine's.
     head: str | None = None
+    # The CPU kernels in C the model runs (kernels/cpu: "decode_attention", "low_rank"); () where
+    # none could be built (no C compiler: torch runs them, decode is slower); None: not the local engine's.
+    c_kernels: tuple[str, ...] | None = None
     # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
     # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
     suffix_first: bool = False

@@ -282,6 +282,7 @@ class LocalEngine:
             kv_dtype=self.kv_dtype,
             suffix_first=self.template.suffix_first,
             head=head_form(self.model.lm_head),
+            c_kernels=self.model.c_kernels(),
         )
 
     def submit(self, request: InfillRequest) -> RequestHandle[Sequence]:

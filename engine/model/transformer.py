@@ -29,6 +29,7 @@ import kernels
 from engine.model.config import ModelConfig
 from engine.model.head_screen import ScreenedHead
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
+from engine.paths import cache_root
 
 
 KV_DTYPES = ("auto", "model", "bf16", "fp16", "fp32", "int8")
@@ -341,6 +342,13 @@ class Transformer:
         self._grow_rope(min(config.max_position, 4096))
         probe = self.inv_freq
         self._attention = kernels.resolve("attention", probe)
+        # A decode step's attention (one query row) in one C call where the model is bf16 on the
+        # CPU: 2.3-3.3x torch's flash kernel per layer (kernels/cpu/decode_attention.py); None: SDPA.
+        self._decode_attention = None
+        if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
+            from kernels.cpu.decode_attention import DecodeAttention  # noqa: PLC0415
+
+            self._decode_attention = DecodeAttention.load(cache_root() / "kernels")
         self._rope_apply = kernels.resolve("rope_apply", probe)
         self.kv_dtype = "model"
         self.set_kv_dtype(kv_dtype)
@@ -428,6 +436,14 @@ class Transformer:
             # Few-row steps rank the vocabulary on a 4-bit copy and recompute the best
             # candidates on the int8 rows (engine/model/head_screen.py).
             self.lm_head = ScreenedHead(self.lm_head)
+
+    def c_kernels(self) -> tuple[str, ...]:
+        """The CPU kernels in C this model runs (kernels/cpu), for `EngineInfo.c_kernels`."""
+        names = ["decode_attention"] if self._decode_attention is not None else []
+        linears = (getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down"))
+        if any(getattr(getattr(lin, "packed", lin), "lora_c", None) is not None for lin in linears):
+            names.append("low_rank")
+        return tuple(names)
 
     def weight_bytes(self) -> int:
         """Bytes of parameters a decode step reads (all linear layers incl. lm_head, norms)."""
@@ -561,12 +577,16 @@ class Transformer:
                     attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
             return self._select_logits(h, logits, exact_head)
+        decode = self._decode_attention if t == 1 else None
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
             k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
             k_cache.narrow(1, start, t).copy_(k)
             v_cache.narrow(1, start, t).copy_(v)
-            attn = attention(q, k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end), None, None, scale)  # [H, T, D]
+            keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
+            attn = None if decode is None else decode.attend(q, keys, values, scale)  # [H, 1, D]
+            if attn is None:
+                attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)
         return self._select_logits(h, logits, exact_head)
 
@@ -598,9 +618,9 @@ class Transformer:
                     continue
                 kv.k[i, :, s].copy_(k[:, b])
                 kv.v[i, :, s].copy_(v[:, b])
-                attn[:, b : b + 1] = attention(
-                    q[:, b : b + 1], kv.k[i, :, : s + 1], kv.v[i, :, : s + 1], None, None, scale
-                )  # [H, 1, D]
+                qb, keys, values = q[:, b : b + 1], kv.k[i, :, : s + 1], kv.v[i, :, : s + 1]
+                one = None if self._decode_attention is None else self._decode_attention.attend(qb, keys, values, scale)
+                attn[:, b : b + 1] = attention(qb, keys, values, None, None, scale) if one is None else one  # [H, 1, D]
             h = self._finish(layer, h, attn)
         return self._select_logits(h, "all", exact_head)
 

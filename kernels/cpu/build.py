@@ -67,11 +67,11 @@ def _private_dir(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _build(cc: str, source: Path, out: Path) -> str | None:
+def _build(cc: str, source: Path, out: Path, native: bool) -> str | None:
     """Compile `source` to `out` (atomically); None on success, else the compiler's complaint."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     last = ""
-    for flags in ((*_FLAGS, _NATIVE), _FLAGS):
+    for flags in ((*_FLAGS, _NATIVE), _FLAGS) if native else (_FLAGS,):
         cmd = [cc, *flags, "-o", str(tmp), str(source)]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
@@ -87,10 +87,11 @@ def _build(cc: str, source: Path, out: Path) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def library(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
+def library(name: str, cache_dir: Path | None = None, *, native: bool = True) -> ctypes.CDLL | None:
     """`kernels/cpu/<name>.c` as a loaded library, built into `cache_dir` (kept between runs)
     when that folder is private, else into a temporary folder; None when C kernels are off or
-    cannot be built (logged once per name)."""
+    cannot be built (logged once per name). `native=False` builds for the architecture's
+    baseline (no -march=native: the portable loops, which the tests run on an AVX-512 machine)."""
     if not enabled():
         log.info("C kernels off (EFIM_C_KERNELS=0): %s runs on torch", name)
         return None
@@ -104,13 +105,15 @@ def library(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     key = hashlib.sha256(
-        b"\0".join(s.encode() for s in (source.read_text(encoding="utf-8"), cc, version, " ".join(_FLAGS), _NATIVE, _cpu_flags()))
+        b"\0".join(
+            s.encode() for s in (source.read_text(encoding="utf-8"), cc, version, " ".join(_FLAGS), _NATIVE if native else "", _cpu_flags())
+        )
     ).hexdigest()[:16]
     folder = cache_dir if cache_dir is not None and _private_dir(cache_dir) else Path(tempfile.mkdtemp(prefix="efim-kernels-"))
     out = folder / f"{name}-{key}.so"
     if not out.is_file():
         started = time.perf_counter()
-        problem = _build(cc, source, out)
+        problem = _build(cc, source, out, native)
         if problem is not None:
             log.warning("C kernel %s failed to build with %s (%s): it runs on torch, decode is slower", name, cc, problem)
             return None

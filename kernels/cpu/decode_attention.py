@@ -1,0 +1,74 @@
+"""Attention of a decode step (one query row per head) over a bf16 KV cache in one C call.
+
+torch's CPU flash kernel is built for many query rows: for the one row of a decode step it
+opens a parallel region per call and runs its blocked loop over 3 KV heads on 2 threads. On
+the embedded model (9 query heads on 3 KV heads of 64 dims) it took 105 µs per layer at 1,024
+keys and 19 µs at 64, 2.3-3.3x what this single-threaded loop takes (AVX-512 where the CPU has
+it, portable C otherwise): each key and value row is read once for the G query heads that share
+it, scores and softmax in float32, e^x by a polynomial. A decode step of the served model at
+~1K tokens of context went 15.0 -> 12.8 ms (docs/model.md "Decode attention in C").
+
+Kernels know no engine: this takes the query rows and the cache's key and value views.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import library
+
+MAX_HEAD_DIM = 256  # EFIM_MAX_HEAD_DIM in decode_attention.c
+MAX_GROUP = 64  # EFIM_MAX_GROUP
+
+_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+
+
+class DecodeAttention:
+    """`attend(q, k, v, scale)`: q [H, 1, D], k and v [H_kv, S, D] (rows of D contiguous, one
+    head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
+    None where the call is not one it takes (the caller runs its own attention)."""
+
+    def __init__(self, fn) -> None:
+        self._fn = fn
+        self._scratch = threading.local()  # float32 scores, G x S, grown as needed (one per thread)
+
+    @classmethod
+    def load(cls, cache_dir: Path | None = None, *, native: bool = True) -> "DecodeAttention | None":
+        lib = library("decode_attention", cache_dir, native=native)
+        if lib is None:
+            return None
+        fn = lib.efim_decode_attention
+        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+        return cls(fn)
+
+    def _scores(self, n: int) -> torch.Tensor:
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or buf.numel() < n:
+            buf = self._scratch.buf = torch.empty(max(n, 4096), dtype=torch.float32)
+        return buf
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
+        h, t, d = q.shape
+        h_kv, s = k.shape[0], k.shape[1]
+        if (
+            t != 1 or s == 0 or q.is_cuda or k.is_cuda
+            or q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16
+            or d > MAX_HEAD_DIM or h % h_kv or h // h_kv > MAX_GROUP
+            or v.shape != k.shape or k.shape[2] != d
+            or q.stride(2) != 1 or k.stride(2) != 1 or k.stride(1) != d
+            or v.stride() != k.stride()
+        ):
+            return None
+        out = torch.empty(h, 1, d, dtype=torch.bfloat16)
+        scores = self._scores((h // h_kv) * s)
+        rc = self._fn(h, h_kv, d, s, scale, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0),
+                      out.data_ptr(), d, scores.data_ptr())
+        return out if rc == 0 else None
+
+
+__all__ = ["DecodeAttention", "MAX_HEAD_DIM", "MAX_GROUP"]
