@@ -24,7 +24,9 @@ from bench import model_shapes, speed_probes
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("bf16", "int8", "int4", "mixed")
+FORMATS = ("bf16", "int8", "int4", "mixed", "served")
+# "served": the embedded model as `efim serve` runs it — mixed, with the shipped FIM adapter's
+# low-rank term beside the int4 groups (135M only; llama.cpp runs the file without it).
 
 
 class DecodeRow(NamedTuple):
@@ -46,7 +48,7 @@ class DecodeRow(NamedTuple):
 def _quant(fmt: str) -> str | None:
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}")
-    return None if fmt == "bf16" else fmt
+    return None if fmt == "bf16" else "mixed" if fmt == "served" else fmt
 
 
 @torch.inference_mode()
@@ -71,9 +73,12 @@ def measure_shape(
     for fmt in formats:
         if timed:  # the first format has the probe above
             probes.append(speed_probes.memory_bandwidth_gbs())
+        if fmt == "served" and shape != "135m":
+            timed.append((fmt, "n/a (the shipped adapter is the embedded 135M model's)"))
+            continue
         t0 = time.perf_counter()
         try:
-            bm = model_shapes.build(shape, _quant(fmt), weights=weights)
+            bm = model_shapes.build(shape, _quant(fmt), weights=weights, adapter=fmt == "served")
         except model_shapes.FormatUnavailable as exc:
             timed.append((fmt, f"n/a (not available: {exc})"))
             continue

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # Mirrors of bench.model_shapes.SHAPES / bench.decode_formats.FORMATS: the argument parser
 # is built by `efim --help`, which must not import torch.
 SHAPES = ("135m", "0.5b", "1.5b")
-FORMATS = ("bf16", "int8", "int4", "mixed")
+FORMATS = ("bf16", "int8", "int4", "mixed", "served")
 
 _SOURCE = "argparse.py"  # long, ordinary Python: classes, methods, docstrings
 
@@ -230,7 +230,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     llama, llama_shapes = None, {}
     if not args.no_llama_cpp:
         reps = 2 if quick else 3
-        llama = llama_cpp_figures.measure(default_model_path(), threads=threads, reps=reps)
+        llama = llama_cpp_figures.measure(default_model_path(), threads=threads, reps=reps, depth=args.decode_context)
         for shape in _csv(args.llama_cpp_shapes, SHAPES, "model shape"):
             if shape != "135m" and not quick:
                 llama_shapes[shape] = llama_cpp_figures.measure_random_shape(shape, args.qwen_vocab, threads=threads,
@@ -318,8 +318,10 @@ def render_table(out: dict[str, Any]) -> str:
         if fig["pp_tok_s"] is None:
             rows.append(f"  llama.cpp, {shape}: {fig['note']}")
         else:
-            rows.append(f"  llama.cpp llama-bench -t {d['threads']} -p 512 -n 64 on {Path(fig['gguf']).name}: pp512 "
-                        f"{fig['pp_tok_s']:.1f} tok/s, tg64 {fig['tg_tok_s']:.1f} tok/s ({fig['tg_ms']:.2f} ms/token)")
+            depth = fig.get("depth") or 0
+            rows.append(f"  llama.cpp llama-bench -t {d['threads']} -p 512 -n 64{f' -d {depth}' if depth else ''} on "
+                        f"{Path(fig['gguf']).name}: pp512 {fig['pp_tok_s']:.1f} tok/s, tg64 {fig['tg_tok_s']:.1f} tok/s "
+                        f"({fig['tg_ms']:.2f} ms/token)")
     pf, dc = r["prefill_tok_s"], r["decode_ms"]
     rows += [
         "",

@@ -29,6 +29,7 @@ class LlamaFigures(NamedTuple):
     pp_tok_s: float | None
     tg_tok_s: float | None
     note: str = ""
+    depth: int = 0  # tokens of context before the timed prompt and generation (llama-bench -d)
 
     @property
     def tg_ms(self) -> float | None:
@@ -46,19 +47,19 @@ def figures_from_records(records: list[dict], prompt: int, gen: int) -> tuple[fl
     return pp, tg
 
 
-def measure(gguf: str | Path, *, threads: int = 2, prompt: int = 512, gen: int = 64, reps: int = 3) -> LlamaFigures:
+def measure(gguf: str | Path, *, threads: int = 2, prompt: int = 512, gen: int = 64, reps: int = 3, depth: int = 0) -> LlamaFigures:
     from efim_tools.peers.llama_cpp import SETUP_SCRIPT, llama_bench, llama_cpp_bin  # noqa: PLC0415
 
     gguf = str(gguf)
     if llama_cpp_bin() is None:
         return LlamaFigures(gguf, None, None, f"n/a (llama.cpp not built: bash {SETUP_SCRIPT})")
     try:
-        records = llama_bench(gguf, threads=threads, prompt=prompt, gen=gen, reps=reps)
+        records = llama_bench(gguf, threads=threads, prompt=prompt, gen=gen, reps=reps, depth=depth)
     except (RuntimeError, OSError, ValueError) as exc:
         log.warning("llama-bench failed on %s: %s", gguf, exc)
         return LlamaFigures(gguf, None, None, f"n/a (llama-bench failed: {str(exc)[:200]})")
     pp, tg = figures_from_records(records, prompt, gen)
-    return LlamaFigures(gguf, pp, tg)
+    return LlamaFigures(gguf, pp, tg, depth=depth)
 
 
 # bench.model_shapes' names -> efim_tools.peers.random_gguf's

@@ -78,18 +78,22 @@ def random_weights(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Ten
     return w
 
 
-def build(shape: str, quant: str | None, dtype: str = "bf16", weights: dict[str, torch.Tensor] | None = None) -> BenchModel:
+def build(
+    shape: str, quant: str | None, dtype: str = "bf16", weights: dict[str, torch.Tensor] | None = None, adapter: bool = False
+) -> BenchModel:
     """The model of `shape` in weight format `quant` (None = dense `dtype`). Raises
     `FormatUnavailable` when the engine does not know `quant`. `weights`: the random
     weights of a Qwen2 shape made once by `random_weights` and shared by its formats
     (the model reads them and never writes them; generating 1.5B values takes longer
-    than timing them)."""
+    than timing them). `adapter`: the embedded model with its shipped FIM adapter (as served)."""
     from engine.api import EngineError  # noqa: PLC0415
     from engine.model import load_model  # noqa: PLC0415
 
     try:
         if shape == "135m":
-            loaded = load_model("default", dtype=dtype, quant=quant)
+            from engine.adapters import SHIPPED_ADAPTER  # noqa: PLC0415
+
+            loaded = load_model("default", dtype=dtype, quant=quant, adapter=SHIPPED_ADAPTER if adapter else None)
             return BenchModel(shape, quant, loaded.model, loaded.path)
         return BenchModel(shape, quant, random_model(qwen2_config(shape), quant, dtype, weights=weights), None)
     except (ValueError, EngineError) as exc:

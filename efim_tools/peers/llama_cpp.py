@@ -158,13 +158,16 @@ class LlamaServer:
         self.stop()
 
 
-def llama_bench(model: str | Path, *, threads: int = 2, prompt: int = 512, gen: int = 64, reps: int = 3) -> list[dict]:
-    """`llama-bench -t THREADS -p PROMPT -n GEN -o json` on MODEL: its records (one per test,
-    with `avg_ts` tokens/s and `n_prompt`/`n_gen`)."""
+def llama_bench(
+    model: str | Path, *, threads: int = 2, prompt: int = 512, gen: int = 64, reps: int = 3, depth: int = 0
+) -> list[dict]:
+    """`llama-bench -t THREADS -p PROMPT -n GEN [-d DEPTH] -o json` on MODEL: its records (one
+    per test, with `avg_ts` tokens/s and `n_prompt`/`n_gen`); DEPTH tokens of context come
+    before each timed test."""
     folder = require_bin()
     out = subprocess.run(
         [str(folder / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", str(prompt), "-n", str(gen),
-         "-r", str(reps), "-o", "json"],
+         "-r", str(reps), *(("-d", str(depth)) if depth else ()), "-o", "json"],
         capture_output=True, text=True, env=_env(folder), check=False,
     )
     if out.returncode != 0:
