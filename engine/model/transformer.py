@@ -255,20 +255,34 @@ class _Norm:
     three cheap calls instead of nine. Larger inputs, and any non-reference (Triton)
     `kernels.rms_norm`, which is fused already, go through `kernels.rms_norm`."""
 
-    __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm", "small_rows")
+    __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm", "small_rows", "row_ops")
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, eps: float, rms: bool, rms_norm) -> None:
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None, eps: float, rms: bool, rms_norm, row_ops=None) -> None:
         self.w, self.b, self.eps, self.rms, self.rms_norm = w, b, eps, rms, rms_norm
         self.w2 = torch.cat((w, w)) if rms else None  # [2 hidden]
         self.small_rows = _SMALL_ROWS if rms_norm is kernels.reference.rms_norm else 0
+        # RMSNorm of a decode step's rows in one C call (kernels/cpu/row_ops.py); None: torch.
+        self.row_ops = row_ops if rms else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         d = x.shape[-1]
         if not self.rms:
             return F.layer_norm(x, (d,), self.w, self.b, self.eps)
         if x.shape[0] <= self.small_rows:
+            out = None if self.row_ops is None else self.row_ops.rms_norm(x, self.w, self.eps)
+            if out is not None:
+                return out
             return F.layer_norm(torch.cat((x, x.neg()), -1), (2 * d,), self.w2, None, self.eps)[:, :d]
         return self.rms_norm(x, self.w, self.eps)
+
+    def add_then_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """h += residual (in place), then this norm of h: one C call for a decode step's rows."""
+        if self.row_ops is not None and h.shape[0] <= self.small_rows:
+            out = self.row_ops.rms_norm(h, self.w, self.eps, residual)
+            if out is not None:
+                return out
+        h.add_(residual)
+        return self(h)
 
 
 class _Layer:
@@ -336,6 +350,13 @@ class Transformer:
         self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
         self._rms_norm = kernels.resolve("rms_norm", self.inv_freq)
         self.gated = config.mlp == "gated_silu"
+        # A decode step's norms and SiLU * up in one C call each, where the model is bf16 on the
+        # CPU (kernels/cpu/row_ops.py); None: torch's ops.
+        self._row_ops = None
+        if dtype == torch.bfloat16 and self.device.type == "cpu" and self._rms_norm is kernels.reference.rms_norm:
+            from kernels.cpu.row_ops import RowOps  # noqa: PLC0415
+
+            self._row_ops = RowOps.load(cache_root() / "kernels")
         self._build(weights)
         self._cos = torch.empty(0, config.head_dim // 2, dtype=dtype, device=self.device)
         self._sin = self._cos
@@ -383,7 +404,7 @@ class Transformer:
         def norm(prefix: str) -> _Norm:
             rms = c.norm == "rms"
             bias = None if rms else param(prefix + ".bias")
-            return _Norm(param(prefix + ".weight"), bias, c.norm_eps, rms, self._rms_norm)
+            return _Norm(param(prefix + ".weight"), bias, c.norm_eps, rms, self._rms_norm, self._row_ops)
 
         layers = []
         for i in range(c.n_layers):
@@ -440,6 +461,8 @@ class Transformer:
     def c_kernels(self) -> tuple[str, ...]:
         """The CPU kernels in C this model runs (kernels/cpu), for `EngineInfo.c_kernels`."""
         names = ["decode_attention"] if self._decode_attention is not None else []
+        if self._row_ops is not None:
+            names.append("row_ops")
         linears = (getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down"))
         if any(getattr(getattr(lin, "packed", lin), "lora_c", None) is not None for lin in linears):
             names.append("low_rank")
@@ -517,10 +540,13 @@ class Transformer:
 
     def _qkv(self, layer: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed projections with RoPE applied: (q [H, T, D], k [H_kv, T, D], v [H_kv, T, D])."""
+        return self._split_qkv(layer.qkv(layer.norm1(h)), cos, sin)
+
+    def _split_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The fused projection's rows [T, (H + 2 H_kv) D] as rotated q, k and v (see `_qkv`)."""
         c = self.config
-        t = h.shape[0]
-        qkv = layer.qkv(layer.norm1(h)).view(t, c.n_heads + 2 * c.n_kv_heads, c.head_dim)  # [T, H + 2 H_kv, D]
-        qkv = qkv.transpose(0, 1)  # [H + 2 H_kv, T, D]
+        t = qkv.shape[0]
+        qkv = qkv.view(t, c.n_heads + 2 * c.n_kv_heads, c.head_dim).transpose(0, 1)  # [H + 2 H_kv, T, D]
         n_qk = c.n_heads + c.n_kv_heads
         qk = self._rope_apply(qkv[:n_qk], cos, sin, c.rope_style)  # [H + H_kv, T, D]
         return qk[: c.n_heads], qk[c.n_heads :], qkv[n_qk:]
@@ -528,11 +554,13 @@ class Transformer:
     def _finish(self, layer: _Layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Output projection + MLP, residuals added into h in place. attn: [H, T, D]."""
         t = h.shape[0]
-        h.add_(layer.o(attn.transpose(0, 1).reshape(t, self.config.q_size)))  # [T, hidden]
-        up = layer.up(layer.norm2(h))  # [T, 2I] or [T, I]
+        o = layer.o(attn.transpose(0, 1).reshape(t, self.config.q_size))  # [T, hidden]
+        up = layer.up(layer.norm2.add_then_norm(h, o))  # h += o; [T, 2I] or [T, I]
         if self.gated:
-            i = self.config.intermediate_size
-            act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]
+            act = None if self._row_ops is None or t > _SMALL_ROWS else self._row_ops.silu_mul(up)  # [T, I]
+            if act is None:
+                i = self.config.intermediate_size
+                act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]
         else:
             act = F.gelu(up, approximate="tanh")  # [T, I]
         h.add_(layer.down(act))
@@ -577,9 +605,21 @@ class Transformer:
                     attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
             return self._select_logits(h, logits, exact_head)
+        # A decode step's attention half — RoPE, the KV row written, attention — in one C call
+        # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below.
         decode = self._decode_attention if t == 1 else None
+        fused = decode if decode is not None and self.config.rope_style == "neox" else None
+        n_heads = self.config.n_heads
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
+            if fused is not None:
+                qkv = layer.qkv(layer.norm1(h))  # [1, (H + 2 H_kv) D]
+                attn = fused.rope_attend(qkv, cos, sin, kv.k[i], kv.v[i], start, scale, n_heads)  # [H, 1, D]
+                if attn is not None:
+                    h = self._finish(layer, h, attn)
+                    continue
+                q, k, v = self._split_qkv(qkv, cos, sin)
+            else:
+                q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
             k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
             k_cache.narrow(1, start, t).copy_(k)
             v_cache.narrow(1, start, t).copy_(v)

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 _SOURCE_DIR = Path(__file__).resolve().parent
 _FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 _NATIVE = "-march=native"
+_LIBS = ("-lm",)
 _COMPILE_TIMEOUT_S = 120
 
 
@@ -72,7 +73,7 @@ def _build(cc: str, source: Path, out: Path, native: bool) -> str | None:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     last = ""
     for flags in ((*_FLAGS, _NATIVE), _FLAGS) if native else (_FLAGS,):
-        cmd = [cc, *flags, "-o", str(tmp), str(source)]
+        cmd = [cc, *flags, "-o", str(tmp), str(source), *_LIBS]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -106,7 +107,7 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True) ->
         version = ""
     key = hashlib.sha256(
         b"\0".join(
-            s.encode() for s in (source.read_text(encoding="utf-8"), cc, version, " ".join(_FLAGS), _NATIVE if native else "", _cpu_flags())
+            s.encode() for s in (source.read_text(encoding="utf-8"), cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", _cpu_flags())
         )
     ).hexdigest()[:16]
     folder = cache_dir if cache_dir is not None and _private_dir(cache_dir) else Path(tempfile.mkdtemp(prefix="efim-kernels-"))

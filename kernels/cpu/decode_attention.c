@@ -7,7 +7,9 @@
  *
  * q: [H, D] rows at stride ldq; k, v: [H_kv] heads at stride head_stride, rows of D at
  * stride D; out: [H, D] rows at stride ldo, bf16. scores: caller's float32 scratch of G * n.
- * Returns 0, or -1 on sizes this loop does not take (D > 256, H not a multiple of H_kv). */
+ * Both entry points return 0, or -1 on sizes they do not take (D > 256, H not a multiple of
+ * H_kv); `efim_decode_rope_attention` also rotates the token's q and k and writes its k and v
+ * into the cache first (the whole attention half of a decode step in one call). */
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX512F__)
@@ -102,109 +104,159 @@ static void softmax_row_avx512(float *sg, int n) {
 }
 #endif
 
+/* One KV head's G query rows (float32, already scaled) over its first n key and value rows:
+ * out rows g = 0..G-1 at stride ldo. acc: G * D floats of scratch. */
+static void attend_group(int G, int D, int n, const float *qf, const uint16_t *kh, const uint16_t *vh,
+                         uint16_t *out, long ldo, float *scores, float *acc) {
+  /* pass 1: scores[g * n + s] = q_g . k_s */
+#if defined(__AVX512F__)
+  if (D == 64 && G <= 8) { /* the common head size: whole rows in four vectors */
+    __m512 qv[8][4];
+    for (int g = 0; g < G; g++)
+      for (int j = 0; j < 4; j++) qv[g][j] = _mm512_loadu_ps(qf + g * D + 16 * j);
+    for (int s = 0; s < n; s++) {
+      const uint16_t *ks = kh + (long)s * D;
+      __m512 kv[4];
+      for (int j = 0; j < 4; j++)
+        kv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ks + 16 * j))), 16));
+      for (int g = 0; g < G; g++) {
+        __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
+        a = _mm512_fmadd_ps(qv[g][1], kv[1], a);
+        a = _mm512_fmadd_ps(qv[g][2], kv[2], a);
+        a = _mm512_fmadd_ps(qv[g][3], kv[3], a);
+        scores[(long)g * n + s] = _mm512_reduce_add_ps(a);
+      }
+    }
+  } else
+#endif
+  for (int s = 0; s < n; s++) {
+    const uint16_t *ks = kh + (long)s * D;
+    float kf[EFIM_MAX_HEAD_DIM];
+    for (int d = 0; d < D; d++) kf[d] = bf16_to_f32(ks[d]);
+    for (int g = 0; g < G; g++) scores[(long)g * n + s] = dot_lanes(qf + g * D, kf, D);
+  }
+  /* softmax per query row; max, exp and sum as elementwise loops over LANES partials */
+  for (int g = 0; g < G; g++) {
+#if defined(__AVX512F__)
+    softmax_row_avx512(scores + (long)g * n, n);
+    continue;
+#endif
+    float *sg = scores + (long)g * n;
+    float mxl[LANES], suml[LANES];
+    for (int j = 0; j < LANES; j++) mxl[j] = sg[0], suml[j] = 0.f;
+    int s = 0;
+    for (; s + LANES <= n; s += LANES)
+      for (int j = 0; j < LANES; j++) mxl[j] = sg[s + j] > mxl[j] ? sg[s + j] : mxl[j];
+    float mx = mxl[0];
+    for (int j = 1; j < LANES; j++) mx = mxl[j] > mx ? mxl[j] : mx;
+    for (; s < n; s++) mx = sg[s] > mx ? sg[s] : mx;
+    for (s = 0; s < n; s++) sg[s] = exp_nonpositive(sg[s] - mx);
+    for (s = 0; s + LANES <= n; s += LANES)
+      for (int j = 0; j < LANES; j++) suml[j] += sg[s + j];
+    float sum = 0.f;
+    for (int j = 0; j < LANES; j++) sum += suml[j];
+    for (; s < n; s++) sum += sg[s];
+    const float inv = 1.0f / sum;
+    for (s = 0; s < n; s++) sg[s] *= inv;
+  }
+  /* pass 2: out_g = sum_s p_gs v_s */
+#if defined(__AVX512F__)
+  if (D == 64 && G <= 8) { /* accumulators in registers, each value row read once */
+    __m512 av[8][4];
+    for (int g = 0; g < G; g++)
+      for (int j = 0; j < 4; j++) av[g][j] = _mm512_setzero_ps();
+    for (int s = 0; s < n; s++) {
+      const uint16_t *vs = vh + (long)s * D;
+      __m512 vv[4];
+      for (int j = 0; j < 4; j++)
+        vv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vs + 16 * j))), 16));
+      for (int g = 0; g < G; g++) {
+        const __m512 p = _mm512_set1_ps(scores[(long)g * n + s]);
+        for (int j = 0; j < 4; j++) av[g][j] = _mm512_fmadd_ps(p, vv[j], av[g][j]);
+      }
+    }
+    for (int g = 0; g < G; g++)
+      for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc + g * D + 16 * j, av[g][j]);
+  } else
+#endif
+  {
+  for (int i = 0; i < G * D; i++) acc[i] = 0.f;
+  for (int s = 0; s < n; s++) {
+    const uint16_t *vs = vh + (long)s * D;
+    float vf[EFIM_MAX_HEAD_DIM];
+    for (int d = 0; d < D; d++) vf[d] = bf16_to_f32(vs[d]);
+    for (int g = 0; g < G; g++) {
+      const float p = scores[(long)g * n + s];
+      float *ag = acc + g * D;
+      for (int d = 0; d < D; d++) ag[d] += p * vf[d];
+    }
+  }
+  }
+  for (int g = 0; g < G; g++) {
+    uint16_t *o = out + (long)g * ldo;
+    for (int d = 0; d < D; d++) o[d] = f32_to_bf16(acc[g * D + d]);
+  }
+}
+
+static int sizes_ok(int H, int H_kv, int D, int n) {
+  return D <= EFIM_MAX_HEAD_DIM && D > 0 && H_kv > 0 && H % H_kv == 0 && H / H_kv <= EFIM_MAX_GROUP && n > 0;
+}
+
 int efim_decode_attention(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq,
                           const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
                           long ldo, float *scores) {
-  if (D > EFIM_MAX_HEAD_DIM || H_kv <= 0 || H % H_kv != 0 || H / H_kv > EFIM_MAX_GROUP || n <= 0) return -1;
+  if (!sizes_ok(H, H_kv, D, n)) return -1;
   const int G = H / H_kv;
   float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
   float acc[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
   for (int hk = 0; hk < H_kv; hk++) {
-    const uint16_t *kh = k + hk * head_stride, *vh = v + hk * head_stride;
     for (int g = 0; g < G; g++) {
       const uint16_t *qr = q + (long)(hk * G + g) * ldq;
       for (int d = 0; d < D; d++) qf[g * D + d] = bf16_to_f32(qr[d]) * scale;
     }
-    /* pass 1: scores[g * n + s] = q_g . k_s */
-#if defined(__AVX512F__)
-    if (D == 64 && G <= 8) { /* the common head size: whole rows in four vectors */
-      __m512 qv[8][4];
-      for (int g = 0; g < G; g++)
-        for (int j = 0; j < 4; j++) qv[g][j] = _mm512_loadu_ps(qf + g * D + 16 * j);
-      for (int s = 0; s < n; s++) {
-        const uint16_t *ks = kh + (long)s * D;
-        __m512 kv[4];
-        for (int j = 0; j < 4; j++)
-          kv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ks + 16 * j))), 16));
-        for (int g = 0; g < G; g++) {
-          __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
-          a = _mm512_fmadd_ps(qv[g][1], kv[1], a);
-          a = _mm512_fmadd_ps(qv[g][2], kv[2], a);
-          a = _mm512_fmadd_ps(qv[g][3], kv[3], a);
-          scores[(long)g * n + s] = _mm512_reduce_add_ps(a);
-        }
-      }
-    } else
-#endif
-    for (int s = 0; s < n; s++) {
-      const uint16_t *ks = kh + (long)s * D;
-      float kf[EFIM_MAX_HEAD_DIM];
-      for (int d = 0; d < D; d++) kf[d] = bf16_to_f32(ks[d]);
-      for (int g = 0; g < G; g++) scores[(long)g * n + s] = dot_lanes(qf + g * D, kf, D);
-    }
-    /* softmax per query row; max, exp and sum as elementwise loops over LANES partials */
+    attend_group(G, D, n, qf, k + hk * head_stride, v + hk * head_stride, out + (long)hk * G * ldo, ldo, scores, acc);
+  }
+  return 0;
+}
+
+/* x rotated by RoPE's neox rule (pairs i and i + D/2) at one position, in float32. */
+static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, int D, float *outf) {
+  const int half = D / 2;
+  for (int i = 0; i < half; i++) {
+    const float x1 = bf16_to_f32(x[i]), x2 = bf16_to_f32(x[i + half]);
+    const float c = bf16_to_f32(cos[i]), s = bf16_to_f32(sin[i]);
+    outf[i] = x1 * c - x2 * s;
+    outf[i + half] = x2 * c + x1 * s;
+  }
+}
+
+/* The whole attention half of a decode step for one token at position pos: qkv is the fused
+ * projection's row ([H + 2 H_kv] heads of D: q, then k, then v); q and k are rotated (neox
+ * RoPE, cos/sin rows of D/2), k and v written to cache row pos of each KV head, and the query
+ * heads attend over rows 0..pos. out: [H, D] rows at stride ldo. */
+int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, const uint16_t *qkv,
+                               const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v,
+                               long head_stride, uint16_t *out, long ldo, float *scores) {
+  if (!sizes_ok(H, H_kv, D, pos + 1) || D % 2 != 0) return -1;
+  const int G = H / H_kv;
+  float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
+  float acc[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
+  for (int hk = 0; hk < H_kv; hk++) {
+    float kf[EFIM_MAX_HEAD_DIM];
+    rope_neox(qkv + (long)(H + hk) * D, cos, sin, D, kf);
+    uint16_t *krow = k + hk * head_stride + (long)pos * D, *vrow = v + hk * head_stride + (long)pos * D;
+    for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
+    memcpy(vrow, qkv + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
+  }
+  for (int hk = 0; hk < H_kv; hk++) {
     for (int g = 0; g < G; g++) {
-#if defined(__AVX512F__)
-      softmax_row_avx512(scores + (long)g * n, n);
-      continue;
-#endif
-      float *sg = scores + (long)g * n;
-      float mxl[LANES], suml[LANES];
-      for (int j = 0; j < LANES; j++) mxl[j] = sg[0], suml[j] = 0.f;
-      int s = 0;
-      for (; s + LANES <= n; s += LANES)
-        for (int j = 0; j < LANES; j++) mxl[j] = sg[s + j] > mxl[j] ? sg[s + j] : mxl[j];
-      float mx = mxl[0];
-      for (int j = 1; j < LANES; j++) mx = mxl[j] > mx ? mxl[j] : mx;
-      for (; s < n; s++) mx = sg[s] > mx ? sg[s] : mx;
-      for (s = 0; s < n; s++) sg[s] = exp_nonpositive(sg[s] - mx);
-      for (s = 0; s + LANES <= n; s += LANES)
-        for (int j = 0; j < LANES; j++) suml[j] += sg[s + j];
-      float sum = 0.f;
-      for (int j = 0; j < LANES; j++) sum += suml[j];
-      for (; s < n; s++) sum += sg[s];
-      const float inv = 1.0f / sum;
-      for (s = 0; s < n; s++) sg[s] *= inv;
+      float *qg = qf + g * D;
+      rope_neox(qkv + (long)(hk * G + g) * D, cos, sin, D, qg);
+      for (int d = 0; d < D; d++) qg[d] *= scale;
     }
-    /* pass 2: out_g = sum_s p_gs v_s */
-#if defined(__AVX512F__)
-    if (D == 64 && G <= 8) { /* accumulators in registers, each value row read once */
-      __m512 av[8][4];
-      for (int g = 0; g < G; g++)
-        for (int j = 0; j < 4; j++) av[g][j] = _mm512_setzero_ps();
-      for (int s = 0; s < n; s++) {
-        const uint16_t *vs = vh + (long)s * D;
-        __m512 vv[4];
-        for (int j = 0; j < 4; j++)
-          vv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vs + 16 * j))), 16));
-        for (int g = 0; g < G; g++) {
-          const __m512 p = _mm512_set1_ps(scores[(long)g * n + s]);
-          for (int j = 0; j < 4; j++) av[g][j] = _mm512_fmadd_ps(p, vv[j], av[g][j]);
-        }
-      }
-      for (int g = 0; g < G; g++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc + g * D + 16 * j, av[g][j]);
-    } else
-#endif
-    {
-    for (int i = 0; i < G * D; i++) acc[i] = 0.f;
-    for (int s = 0; s < n; s++) {
-      const uint16_t *vs = vh + (long)s * D;
-      float vf[EFIM_MAX_HEAD_DIM];
-      for (int d = 0; d < D; d++) vf[d] = bf16_to_f32(vs[d]);
-      for (int g = 0; g < G; g++) {
-        const float p = scores[(long)g * n + s];
-        float *ag = acc + g * D;
-        for (int d = 0; d < D; d++) ag[d] += p * vf[d];
-      }
-    }
-    }
-    for (int g = 0; g < G; g++) {
-      uint16_t *o = out + (long)(hk * G + g) * ldo;
-      for (int d = 0; d < D; d++) o[d] = f32_to_bf16(acc[g * D + d]);
-    }
+    attend_group(G, D, pos + 1, qf, k + hk * head_stride, v + hk * head_stride, out + (long)hk * G * ldo, ldo, scores, acc);
   }
   return 0;
 }

@@ -26,6 +26,8 @@ MAX_GROUP = 64  # EFIM_MAX_GROUP
 
 _ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+_STEP_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 5
+_STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
 
 
 class DecodeAttention:
@@ -33,8 +35,9 @@ class DecodeAttention:
     head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
     None where the call is not one it takes (the caller runs its own attention)."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, step) -> None:
         self._fn = fn
+        self._step = step
         self._scratch = threading.local()  # float32 scores, G x S, grown as needed (one per thread)
 
     @classmethod
@@ -44,7 +47,9 @@ class DecodeAttention:
             return None
         fn = lib.efim_decode_attention
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-        return cls(fn)
+        step = lib.efim_decode_rope_attention
+        step.argtypes, step.restype = _STEP_ARGTYPES, ctypes.c_int
+        return cls(fn, step)
 
     def _scores(self, n: int) -> torch.Tensor:
         buf = getattr(self._scratch, "buf", None)
@@ -68,6 +73,39 @@ class DecodeAttention:
         scores = self._scores((h // h_kv) * s)
         rc = self._fn(h, h_kv, d, s, scale, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0),
                       out.data_ptr(), d, scores.data_ptr())
+        return out if rc == 0 else None
+
+
+    def rope_attend(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        pos: int,
+        scale: float,
+        n_heads: int,
+    ) -> torch.Tensor | None:
+        """The attention half of one token's decode step in one call: `qkv` [1, (H + 2 H_kv) D]
+        (the fused projection's row: q heads, k heads, v heads), `cos`/`sin` [1, D/2] (its
+        position's RoPE row, neox pairing), `k_cache`/`v_cache` [H_kv, capacity, D] (one layer):
+        q and k rotated, k and v written to cache row `pos`, then attention over rows 0..pos ->
+        [H, 1, D] bf16. None (nothing written) where the call is not one it takes."""
+        h_kv, capacity, d = k_cache.shape
+        if (
+            qkv.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16 or v_cache.dtype != torch.bfloat16
+            or cos.dtype != torch.bfloat16 or sin.dtype != torch.bfloat16 or qkv.is_cuda or k_cache.is_cuda
+            or qkv.shape != (1, (n_heads + 2 * h_kv) * d) or not qkv.is_contiguous()
+            or cos.shape != (1, d // 2) or sin.shape != (1, d // 2) or not cos.is_contiguous() or not sin.is_contiguous()
+            or not k_cache.is_contiguous() or not v_cache.is_contiguous() or v_cache.shape != k_cache.shape
+            or not 0 <= pos < capacity or d % 2 or d > MAX_HEAD_DIM or n_heads % h_kv or n_heads // h_kv > MAX_GROUP
+        ):
+            return None
+        out = torch.empty(n_heads, 1, d, dtype=torch.bfloat16)
+        scores = self._scores((n_heads // h_kv) * (pos + 1))
+        rc = self._step(n_heads, h_kv, d, pos, scale, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                        v_cache.data_ptr(), capacity * d, out.data_ptr(), d, scores.data_ptr())
         return out if rc == 0 else None
 
 

@@ -91,18 +91,76 @@ def test_off_gives_no_kernel(kernel_cache, monkeypatch):
     assert DecodeAttention.load(kernel_cache) is None
 
 
-def test_a_bf16_models_decode_step_uses_it_and_agrees_with_sdpa(tiny_model_dir, kernel_cache, monkeypatch):
+def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tiny_model_dir, kernel_cache, monkeypatch):
+    """The same tiny bf16 model loaded with the C kernels and with EFIM_C_KERNELS=0: ten greedy
+    decode steps after one prefill give the same tokens and logits up to bf16 rounding."""
     from engine.model import load_model
 
     monkeypatch.setenv("EFIM_CACHE_DIR", str(kernel_cache.parent))
-    model = load_model(tiny_model_dir, dtype="bf16", quant="none").model
-    assert model._decode_attention is not None and model.c_kernels() == ("decode_attention",)
-    ids = torch.arange(5, 45)
-    kv = model.new_kv(64)
+    with_c = load_model(tiny_model_dir, dtype="bf16", quant="none").model
+    assert with_c.c_kernels() == ("decode_attention", "row_ops")
+    build.library.cache_clear()
+    monkeypatch.setenv("EFIM_C_KERNELS", "0")
+    plain = load_model(tiny_model_dir, dtype="bf16", quant="none").model
+    assert plain.c_kernels() == ()
+    prompt = torch.arange(5, 45)
+    runs = []
     with torch.inference_mode():
-        model.forward(ids[:-1], kv, 0, "none")
-        with_c = model.forward(ids[-1:], kv, len(ids) - 1, "all")
-        model._decode_attention = None
-        with_sdpa = model.forward(ids[-1:], kv, len(ids) - 1, "all")
-    torch.testing.assert_close(with_c, with_sdpa, atol=0.05, rtol=0.05)
-    assert with_c.argmax() == with_sdpa.argmax()
+        for model in (with_c, plain):
+            kv = model.new_kv(64)
+            logits = model.forward(prompt, kv, 0, "last")
+            out = [logits]
+            ids = [int(logits.argmax())]
+            for pos in range(len(prompt), len(prompt) + 10):
+                logits = model.forward(torch.tensor(ids[-1:]), kv, pos, "all")
+                out.append(logits)
+                ids.append(int(logits.argmax()))
+            runs.append((ids, torch.cat(out)))
+    assert runs[0][0] == runs[1][0]
+    torch.testing.assert_close(runs[0][1], runs[1][1], atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize(("h", "h_kv", "d", "pos"), [(9, 3, 64, 0), (9, 3, 64, 700), (4, 2, 32, 33)])
+def test_rope_attend_is_rope_then_the_kv_write_then_attention(kernel_cache, native, h, h_kv, d, pos):
+    """The fused step against torch's three: the written K row is the rotated k (bf16), the V
+    row the projection's v, and the output attention over rows 0..pos with the rotated q."""
+    from kernels.reference import rope_apply, rope_cos_sin
+
+    attend = DecodeAttention.load(kernel_cache, native=native)
+    g = torch.Generator().manual_seed(pos + d)
+    capacity = pos + 9
+    k_cache = torch.randn(h_kv, capacity, d, generator=g).bfloat16()
+    v_cache = torch.randn(h_kv, capacity, d, generator=g).bfloat16()
+    qkv = torch.randn(1, (h + 2 * h_kv) * d, generator=g).bfloat16()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    cos, sin = rope_cos_sin(torch.tensor([pos]), inv_freq, torch.bfloat16)  # [1, D/2]
+    heads = qkv.view(h + 2 * h_kv, 1, d)
+    q = rope_apply(heads[:h].float(), cos.float(), sin.float())  # [H, 1, D]
+    k = rope_apply(heads[h : h + h_kv].float(), cos.float(), sin.float())
+    v = heads[h + h_kv :]
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    want_k[:, pos] = k[:, 0].bfloat16()
+    want_v[:, pos] = v[:, 0]
+    scale = d**-0.5
+    got = attend.rope_attend(qkv, cos, sin, k_cache, v_cache, pos, scale, h)
+    assert got is not None
+    torch.testing.assert_close(k_cache.float(), want_k.float(), atol=0.02, rtol=0.01)
+    assert torch.equal(v_cache, want_v)
+    assert torch.equal(k_cache[:, :pos], want_k[:, :pos]) and torch.equal(k_cache[:, pos + 1 :], want_k[:, pos + 1 :])
+    want = exact(q.double(), want_k[:, : pos + 1], want_v[:, : pos + 1], scale)
+    torch.testing.assert_close(got.double(), want, atol=4e-3, rtol=1e-2)
+
+
+def test_rope_attend_declines_without_writing(kernel_cache):
+    attend = DecodeAttention.load(kernel_cache)
+    k_cache, v_cache = torch.zeros(2, 8, 64).bfloat16(), torch.zeros(2, 8, 64).bfloat16()
+    cos, sin = torch.ones(1, 32).bfloat16(), torch.zeros(1, 32).bfloat16()
+    qkv = torch.randn(1, 8 * 64).bfloat16()
+    assert attend.rope_attend(qkv, cos, sin, k_cache, v_cache, 8, 0.1, 4) is None  # past the capacity
+    assert attend.rope_attend(qkv, cos, sin, k_cache, v_cache, 3, 0.1, 3) is None  # 3 heads on 2 KV heads
+    assert attend.rope_attend(qkv.float(), cos, sin, k_cache, v_cache, 3, 0.1, 4) is None  # float32
+    assert attend.rope_attend(qkv, cos[:, :16], sin[:, :16], k_cache, v_cache, 3, 0.1, 4) is None  # partial RoPE
+    assert not k_cache.any() and not v_cache.any()
+    assert attend.rope_attend(qkv, cos, sin, k_cache, v_cache, 3, 0.1, 4) is not None
+    assert k_cache[:, 3].any() and not k_cache[:, 4:].any()

@@ -1,0 +1,116 @@
+/* The small row operations of a decode step, one call each instead of torch's 3-5
+ * (kernels/cpu/row_ops.py says why): RMSNorm (optionally after adding a residual in place)
+ * and SiLU(gate) * up. bf16 in and out, float32 inside; rows at a stride. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+static inline float bf16_to_f32(uint16_t v) {
+  union { uint32_t u; float f; } x = {(uint32_t)v << 16};
+  return x.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  union { float f; uint32_t u; } x = {f};
+  return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);
+}
+
+#define LANES 16
+
+/* h[m] += delta[m] (rounded to bf16, as torch's add_), when delta is not NULL; then
+ * out[m] = h[m] / sqrt(mean(h[m]^2) + eps) * w. Returns -1 for K <= 0. */
+int efim_add_rms_norm(int M, int K, uint16_t *h, long ldh, const uint16_t *delta, long ldd,
+                      const uint16_t *w, float eps, uint16_t *out, long ldo) {
+  if (K <= 0) return -1;
+  for (int m = 0; m < M; m++) {
+    uint16_t *hm = h + (long)m * ldh;
+    if (delta != NULL) {
+      const uint16_t *dm = delta + (long)m * ldd;
+      for (int k = 0; k < K; k++) hm[k] = f32_to_bf16(bf16_to_f32(hm[k]) + bf16_to_f32(dm[k]));
+    }
+    float part[LANES] = {0};
+    int k = 0;
+    for (; k + LANES <= K; k += LANES)
+      for (int j = 0; j < LANES; j++) {
+        const float v = bf16_to_f32(hm[k + j]);
+        part[j] += v * v;
+      }
+    float ss = 0.f;
+    for (int j = 0; j < LANES; j++) ss += part[j];
+    for (; k < K; k++) ss += bf16_to_f32(hm[k]) * bf16_to_f32(hm[k]);
+    const float inv = 1.0f / sqrtf(ss / (float)K + eps);
+    uint16_t *om = out + (long)m * ldo;
+    for (k = 0; k < K; k++) om[k] = f32_to_bf16(bf16_to_f32(hm[k]) * inv * bf16_to_f32(w[k]));
+  }
+  return 0;
+}
+
+#if defined(__AVX512F__)
+/* 16 bf16 values (in the low 16 bits of each 32-bit lane) as float32. */
+static inline __m512 load_bf16x16(const uint16_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* float32 -> bf16, round to nearest even (finite values), 16 at a time. */
+static inline __m256i to_bf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+/* x rounded to bf16's precision (nearest even), kept in float32 lanes. */
+static inline __m512 round_bf16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+
+/* e^y for y in [-87, 88] (clamped): an integer power of two (scalef) times 2^f, f in
+ * [-0.5, 0.5], by a degree-6 polynomial (relative error ~2e-7). */
+static inline __m512 exp_clamped(__m512 y) {
+  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* out[m, i] = silu(gu[m, i]) * gu[m, I + i]: the gated MLP's activation on its fused
+ * gate-up row (gate first). silu(x) = x / (1 + e^-x) in float32, rounded to bf16 before the
+ * product as torch's two ops round it. */
+int efim_silu_mul(int M, int I, const uint16_t *gu, long ldg, uint16_t *out, long ldo) {
+  if (I <= 0) return -1;
+  for (int m = 0; m < M; m++) {
+    const uint16_t *g = gu + (long)m * ldg, *u = g + I;
+    uint16_t *om = out + (long)m * ldo;
+    int i = 0;
+#if defined(__AVX512F__)
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= I; i += 16) {
+      const __m512 x = load_bf16x16(g + i);
+      const __m512 silu = _mm512_div_ps(x, _mm512_add_ps(one, exp_clamped(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+      const __m512 s = round_bf16(silu);
+      _mm256_storeu_si256((__m256i *)(om + i), to_bf16x16(_mm512_mul_ps(s, load_bf16x16(u + i))));
+    }
+#endif
+    for (; i < I; i++) {
+      const float x = bf16_to_f32(g[i]);
+      const float s = bf16_to_f32(f32_to_bf16(x / (1.0f + expf(-x))));
+      om[i] = f32_to_bf16(s * bf16_to_f32(u[i]));
+    }
+  }
+  return 0;
+}
