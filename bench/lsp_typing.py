@@ -2,7 +2,7 @@
 one function body blanked and typed back one request per keystroke — EFIM against FIM.
 
     .venv/bin/python bench/lsp_typing.py [--model default] [--module heapq.py] [--function _siftdown]
-                                         [--formats efim,fim] [--limit N] [--json]
+                                         [--formats efim,fim,served,served-torch] [--limit N] [--json]
 
 Each prompt format runs on a fresh server with the same keystrokes: settings
 `{"promptFormat": F, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": 16}`
@@ -17,7 +17,9 @@ generated token, measured in the server) over the typed keystrokes only (the ope
 a full prefill, is reported apart); the time to the whole single-line suggestion, both for the
 requests the engine computed (server-measured) and for all requests (client-measured,
 typing-through hits included). The last line compares EFIM's p50s with FIM's as ratios
-(measured side by side, on the same keystrokes).
+(measured side by side, on the same keystrokes). `served` runs the server's defaults (the
+shipped adapter, its template, the C kernels) and `served-torch` the same with
+`EFIM_C_KERNELS=0`: what a user waits for, with and without the C decode kernels.
 """
 
 from __future__ import annotations
@@ -70,14 +72,29 @@ def position(text: str, offset: int) -> t.Position:
     return t.Position(line, len(text[col_start:offset].encode("utf-16-le")) // 2)
 
 
+# "served": the default configuration, as `efim serve` runs for a user (the shipped adapter and
+# its template, the C kernels where they build); "served-torch": the same with EFIM_C_KERNELS=0.
+SERVED = ("served", "served-torch")
+
+
 async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str], kv_dir: str) -> dict:
     client = LanguageClient("lsp-typing-bench", "1")
     for method in (t.WINDOW_LOG_MESSAGE, t.WINDOW_SHOW_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
-    cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
-    await client.start_io(*cmd, env=measured_server_env(None, kv_dir))
+    cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", args.server_log_level]
+    if args.server_log:
+        cmd += ["--log-file", f"{args.server_log}.{fmt}"]
+    env = measured_server_env(None, kv_dir)
+    if fmt == "served-torch":
+        env = {**env, "EFIM_C_KERNELS": "0"}
+    await client.start_io(*cmd, env=env)
     uri = f"file:///bench/{args.module}"
-    options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never", "maxTokens": args.max_tokens}
+    if fmt in SERVED:  # the server's own defaults (the shipped adapter, its template), maxTokens aside
+        options = {"model": args.model, "maxTokens": args.max_tokens}
+    else:
+        options = {"model": args.model, "promptFormat": fmt, "fimTokens": "add", "adapter": "none", "multiline": "never",
+                   "maxTokens": args.max_tokens}
+    options.update(json.loads(args.config) if args.config else {})
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options))
     client.initialized(t.InitializedParams())
     t0 = time.monotonic()
@@ -142,6 +159,8 @@ async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str], kv
         "answered_ms_p50": round(percentile(answered, 50), 1),
         "typing_through_hits": stats["typingThroughHits"],
         "rebases": stats["sessions"]["rebases"],
+        "background": {k: stats[k] for k in ("warmup", "nextEdit") if k in stats},
+        "cpu_threads": {k: v for k, v in stats.get("engine", {}).items() if k.startswith("cpuThread")},
         "worst": sorted(((round(ms, 1), i, keys[i]) for i, ms in enumerate(latencies)), reverse=True)[:5],
     }
 
@@ -155,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="type only the first N keystrokes (0: the whole body)")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--config", help="settings (JSON) added to every format's, e.g. '{\"kvDisk\": false}'")
+    ap.add_argument("--server-log", help="each server's log goes to SERVER_LOG.<format> (default: stderr)")
+    ap.add_argument("--server-log-level", default="warning", help="the servers' --log-level (debug: one line per engine request)")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
 
@@ -170,17 +192,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     newlines = sum(k.startswith("\n") for k in keys)
-    print(f"{args.module}:{args.function} — {len(keys)} keystrokes ({newlines} newlines), model {args.model}, fimTokens add, adapter none, multiline never")
-    print(f"{'format':6} {'reuse':>6} {'prefill/req':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'line p50 (engine)':>17} "
+    print(f"{args.module}:{args.function} — {len(keys)} keystrokes ({newlines} newlines), model {args.model}, maxTokens "
+          f"{args.max_tokens}; efim/fim: fimTokens add, adapter none, multiline never; served: the defaults")
+    print(f"{'format':12} {'reuse':>6} {'prefill/req':>11} {'TTFT p50':>9} {'TTFT p99':>9} {'line p50 (engine)':>17} "
           f"{'line p50 (all)':>14} {'p99 (all)':>9} {'typed-thru':>10} {'opening':>8} {'rebases':>7}")
     for fmt, r in results.items():
         print(
-            f"{fmt:6} {r['reuse_ratio']:6.3f} {r['prefilled_per_request']:11.1f} {r['ttft_ms']['p50']:7.1f}ms {r['ttft_ms']['p99']:7.1f}ms "
+            f"{fmt:12} {r['reuse_ratio']:6.3f} {r['prefilled_per_request']:11.1f} {r['ttft_ms']['p50']:7.1f}ms {r['ttft_ms']['p99']:7.1f}ms "
             f"{r['engine_latency_ms']['p50']:15.1f}ms {r['suggestion_ms_p50']:12.1f}ms {r['suggestion_ms_p99']:7.0f}ms "
             f"{r['typing_through_hits']:10d} {r['opening_ms']:6.0f}ms {r['rebases']:7d}"
         )
     for fmt, r in results.items():
         print(f"{fmt} slowest keystrokes (ms, index, key): {r['worst']}")
+    if "served" in results and "served-torch" in results:
+        c, p = results["served"], results["served-torch"]
+        print(
+            f"served C kernels / torch: TTFT p50 {c['ttft_ms']['p50'] / p['ttft_ms']['p50']:.3f}, "
+            f"engine-computed line p50 {c['engine_latency_ms']['p50'] / p['engine_latency_ms']['p50']:.3f}, "
+            f"all-requests line p50 {c['suggestion_ms_p50'] / p['suggestion_ms_p50']:.3f}"
+        )
     if "efim" in results and "fim" in results:
         e, f = results["efim"], results["fim"]
         print(

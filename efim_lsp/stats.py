@@ -8,12 +8,15 @@ by the server; `latency` from arrival to the answer being handed to pygls (all a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import Counter, deque
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engine.api import TOKEN_COUNTS, EngineStats, RequestStats
+
+log = logging.getLogger(__name__)
 
 _SERIES_LENGTH = 8192
 
@@ -124,6 +127,13 @@ class ServerStats:
         self.warm_compute_ms += max(0.0, stats.total_ms - stats.queue_ms)
 
     def add_engine_request(self, stats: RequestStats) -> None:
+        log.debug(
+            "engine request: prompt %d, reused %d, prefilled %d, healed %d, generated %d; queue %.1f ms, "
+            "TTFT %.1f ms, total %.1f ms; %d decode steps (%d verify, %d of %d drafts accepted)",
+            stats.prompt_tokens, stats.reused_tokens, stats.prefilled_tokens, stats.healed_tokens, stats.generated_tokens,
+            stats.queue_ms, stats.ttft_ms, stats.total_ms, stats.decode_steps, stats.verify_steps, stats.accepted_tokens,
+            stats.draft_tokens,
+        )
         for name in TOKEN_COUNTS:
             setattr(self, name, getattr(self, name) + getattr(stats, name))
 

@@ -20,7 +20,7 @@ the runtime owns `SequenceKV` objects and decides what to prefill.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,16 @@ model dtype (`SequenceKV`); int8 = `Int8SequenceKV`."""
 
 _W8 = torch._weight_int8pack_mm  # aten._weight_int8pack_mm (this binding dispatches ~1 us faster): A [M, K] x int8 B [N, K]^T * scales [N] -> [M, N]
 _W8_ALIGN = 16  # its bf16 kernel segfaults unless K % 16 == 0 (measured: 48, 80 fine; 57 crashes)
+
+
+class LayerPause(NamedTuple):
+    """Where a pausable prefill step stopped (`Transformer.prefill_pausable`): the hidden
+    states of its rows after `layer - 1` layers, and which rows they are."""
+
+    h: torch.Tensor  # [rows, hidden]
+    layer: int  # the next layer to run
+    start: int  # the step's first position
+    rows: int
 
 
 class SequenceKV(NamedTuple):
@@ -589,14 +599,55 @@ class Transformer:
         than the argmax).
         """
         t = ids.shape[0]
-        end = start + t
-        if end > kv.capacity:
-            raise ValueError(f"sequence of {end} tokens exceeds its KV capacity of {kv.capacity}")
+        if start + t > kv.capacity:
+            raise ValueError(f"sequence of {start + t} tokens exceeds its KV capacity of {kv.capacity}")
         cos, sin = self._rope_range(start, t)  # [T, D/2]
-        h = self.embed(ids)  # [T, hidden]
+        h, _ = self._layers(self.embed(ids), kv, start, cos, sin)
+        return self._select_logits(h, logits, exact_head)
+
+    def prefill_pausable(
+        self,
+        ids: torch.Tensor,
+        kv: SequenceKV,
+        start: int,
+        *,
+        resume: LayerPause | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> LayerPause | None:
+        """A prefill step with no logits (a warm-up's) that may pause between layers: `ids` [T]
+        at positions start..start+T-1 as in `forward`, but after each layer but the last, when
+        `stop()` is true, it returns where it stands (the rows' hidden states and the next
+        layer; the KV rows of the layers run so far are written). Called again with that
+        `resume` (same ids, kv and start) it goes on from there. None: every layer ran."""
+        t = ids.shape[0]
+        if start + t > kv.capacity:
+            raise ValueError(f"sequence of {start + t} tokens exceeds its KV capacity of {kv.capacity}")
+        if resume is not None and (resume.start, resume.rows) != (start, t):
+            raise ValueError(f"resuming rows {resume.start}+{resume.rows} with rows {start}+{t}")
+        cos, sin = self._rope_range(start, t)  # [T, D/2]
+        h, first = (self.embed(ids), 0) if resume is None else (resume.h, resume.layer)
+        h, paused_at = self._layers(h, kv, start, cos, sin, first, stop)
+        return None if paused_at is None else LayerPause(h, paused_at, start, t)
+
+    def _layers(
+        self,
+        h: torch.Tensor,
+        kv: SequenceKV,
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        first: int = 0,
+        stop: Callable[[], bool] | None = None,
+    ) -> tuple[torch.Tensor, int | None]:
+        """Layers first.. over hidden states h [T, hidden] at positions start..: (h after the
+        last layer run, None) or, when `stop()` turns true between layers, (h, the next layer)."""
+        t = h.shape[0]
+        end = start + t
         attention, scale = self._attention, self.scale
+        last = len(self.layers) - 1
         if kv.quantized:
-            for i, layer in enumerate(self.layers):
+            for i in range(first, last + 1):
+                layer = self.layers[i]
                 q, k, v = self._qkv(layer, h, cos, sin)
                 kv.write_layer(i, start, k, v)
                 if t == 1:
@@ -604,31 +655,36 @@ class Transformer:
                 else:
                     attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
-            return self._select_logits(h, logits, exact_head)
+                if stop is not None and i < last and stop():
+                    return h, i + 1
+            return h, None
         # A decode step's attention half — RoPE, the KV row written, attention — in one C call
         # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below.
         decode = self._decode_attention if t == 1 else None
         fused = decode if decode is not None and self.config.rope_style == "neox" else None
         n_heads = self.config.n_heads
-        for i, layer in enumerate(self.layers):
+        for i in range(first, last + 1):
+            layer = self.layers[i]
+            attn = None
             if fused is not None:
                 qkv = layer.qkv(layer.norm1(h))  # [1, (H + 2 H_kv) D]
                 attn = fused.rope_attend(qkv, cos, sin, kv.k[i], kv.v[i], start, scale, n_heads)  # [H, 1, D]
-                if attn is not None:
-                    h = self._finish(layer, h, attn)
-                    continue
-                q, k, v = self._split_qkv(qkv, cos, sin)
+                if attn is None:
+                    q, k, v = self._split_qkv(qkv, cos, sin)
             else:
                 q, k, v = self._qkv(layer, h, cos, sin)  # [H, T, D], [H_kv, T, D], [H_kv, T, D]
-            k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
-            k_cache.narrow(1, start, t).copy_(k)
-            v_cache.narrow(1, start, t).copy_(v)
-            keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
-            attn = None if decode is None else decode.attend(q, keys, values, scale)  # [H, 1, D]
             if attn is None:
-                attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
+                k_cache, v_cache = kv.k[i], kv.v[i]  # [H_kv, cap, D]
+                k_cache.narrow(1, start, t).copy_(k)
+                v_cache.narrow(1, start, t).copy_(v)
+                keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
+                attn = None if decode is None else decode.attend(q, keys, values, scale)  # [H, 1, D]
+                if attn is None:
+                    attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)
-        return self._select_logits(h, logits, exact_head)
+            if stop is not None and i < last and stop():
+                return h, i + 1
+        return h, None
 
     def decode_batch(
         self, ids: torch.Tensor, kvs: list[SequenceKV], starts: list[int], *, exact_head: bool = False
@@ -719,4 +775,4 @@ class Transformer:
         return head(self.norm(h)).float()  # [n, V]
 
 
-__all__ = ["Transformer", "SequenceKV", "Int8SequenceKV", "KV", "KV_DTYPES", "kv_dtype_name", "quantize_rows", "rope_inv_freq"]
+__all__ = ["Transformer", "LayerPause", "SequenceKV", "Int8SequenceKV", "KV", "KV_DTYPES", "kv_dtype_name", "quantize_rows", "rope_inv_freq"]

@@ -37,6 +37,9 @@ class PrefillOut(NamedTuple):
     last: bool  # the prompt is complete
     rows: int  # prompt rows this call made valid
     blended: bool  # by a CacheBlend pass (not a plain step: its time says nothing of the prefill rate)
+    # The step gave way between layers (rows 0: nothing valid yet), or it finished a step that had
+    # (then `rows` took more than this call's time): either way its time is no prefill rate.
+    paused: bool = False
 
 
 def needs_exact_head(seq: Sequence) -> bool:
@@ -121,6 +124,20 @@ class ModelRunner:
             logits, seq.blend, seq.blend_spans = out.logits, None, ()
             seq.reused += out.reused
             seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
+        elif preempted is not None and seq.background:
+            # A warm-up samples nothing: its step may pause between layers when a foreground
+            # request arrives (that request then waits for one layer, not the whole step).
+            pause = seq.paused if seq.paused is not None and seq.paused.start == lo else None
+            hi = lo + pause.rows if pause is not None else min(seq.n_prompt, lo + (limit or self.step_tokens))
+            last = hi == seq.n_prompt
+            ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
+            seq.paused = self.model.prefill_pausable(ids, seq.kv, lo, resume=pause, stop=preempted)
+            logits = torch.empty(0, self.model.vocab_size)
+            if seq.paused is not None:
+                return PrefillOut(logits, False, 0, False, paused=True)
+            seq.n_valid = hi
+            seq.prefilled += hi - lo
+            return PrefillOut(logits, last, hi - lo, False, paused=pause is not None)
         else:
             hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt

@@ -86,6 +86,8 @@ class Scheduler:
         check_integrity: bool = False,
         background_step_tokens: int | None = None,
         background_step_seconds: float = 0.1,
+        background_min_slice: float = 0.025,
+        background_share_after: float = 0.2,
         idle_grace: float = 0.25,
         header: tuple[int, ...] = (),
         blend_store_share: float = 0.5,
@@ -105,6 +107,11 @@ class Scheduler:
         # large as that wait allows on the machine at hand.
         self.background_step_tokens = background_step_tokens
         self.background_step_seconds = background_step_seconds
+        # A background step runs at least this long before it pauses for a foreground request.
+        self.background_min_slice = background_min_slice
+        # Seconds of foreground work after which a waiting warm-up gets a slice anyway.
+        self.background_share_after = background_share_after
+        self._foreground_since_warm = 0.0
         self.idle_grace = idle_grace
         # While several owners share the engine (engine.scheduling.fairness), a request's prefill
         # step is sized to take about this long: what another owner's keystroke waits at most.
@@ -385,6 +392,7 @@ class Scheduler:
                 self.finisher.guard(seq, self._admit)
             self.admission.start_waiting()
             foreground = [s for s in self._prefilling if not s.background]
+            began = time.perf_counter()
             prefill, turn = self._turn(foreground)
             if prefill is not None:
                 t0 = time.perf_counter()
@@ -400,7 +408,9 @@ class Scheduler:
                 self.turns.charge_rows(owners, time.perf_counter() - t0)
             if foreground or self._decoding:
                 self._last_foreground = time.perf_counter()
+                self._share_with_warm_up(self._last_foreground - began)
             elif self._prefilling:  # background sequences only
+                self._foreground_since_warm = 0.0
                 self.finisher.guard(self._prefilling[0], self._prefill)
             elif self.documents.pending() and time.perf_counter() >= self._last_foreground + self.idle_grace:
                 self._document_step()
@@ -410,6 +420,19 @@ class Scheduler:
             if self.check_after_steps:
                 self.check_integrity()
             self._run_idle_work()
+
+    def _share_with_warm_up(self, foreground_s: float) -> None:
+        """While foreground work keeps coming, a waiting warm-up still gets a slice after every
+        `background_share_after` seconds of it (about a fifth of the engine): else keystrokes
+        typed back to back would keep a person on a first window for as long as they type."""
+        warm = next((s for s in self._prefilling if s.background), None)
+        if warm is None:
+            self._foreground_since_warm = 0.0
+            return
+        self._foreground_since_warm += foreground_s
+        if self._foreground_since_warm >= self.background_share_after:
+            self._foreground_since_warm = 0.0
+            self.finisher.guard(warm, self._prefill)
 
     def _turn(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
         """(the prefilling request this step serves, the owner whose decode-only turn it is).
@@ -474,7 +497,21 @@ class Scheduler:
         warm-up's by `background_step_rows`, giving way to a foreground request of another
         document."""
         if seq.background:
-            self.steps.prefill(seq, self.background_step_rows(), preempted=lambda: self._foreground_waiting(seq.key))
+            # It gives way between layers to a request of another document once it has run its
+            # slice: `background_min_slice` seconds right after a jump, growing with the time it
+            # has spent paused (a quarter of it, up to a whole step), so a warm-up still gets
+            # about a fifth of the engine while keystrokes come back to back — else a person
+            # typing fast would stay on a first window for as long as they type.
+            began = time.perf_counter()
+            if seq.paused_at is not None:
+                seq.starved_s += began - seq.paused_at
+            slice_s = min(max(self.background_min_slice, seq.starved_s / 4), self.background_step_seconds)
+
+            def preempted() -> bool:
+                return time.perf_counter() - began >= slice_s and self._foreground_waiting(seq.key)
+
+            self.steps.prefill(seq, self.background_step_rows(), preempted=preempted)
+            seq.paused_at = time.perf_counter() if seq.paused is not None else None
         else:
             self.steps.prefill(seq, self._foreground_step_rows(seq))
 

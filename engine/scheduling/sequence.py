@@ -83,6 +83,11 @@ class Sequence:
     blend: Any = None  # engine.cacheblend.blend.BlendRequest, while the prompt still has to be blended
     blend_spans: Any = ()  # local segments found in the document's previous sequence (and stored pieces)
     compute_s: float = 0.0  # seconds of model work spent on this sequence (background accounting)
+    # A warm-up's prefill step that gave way between layers to a foreground request
+    # (engine.model.transformer.LayerPause); it goes on from there at its next step.
+    paused: Any = None
+    paused_at: float | None = None  # time.perf_counter() when its step last paused
+    starved_s: float = 0.0  # seconds it has spent paused, waiting for foreground work
     # Alternatives (InfillRequest.n): one sampler per extra fork, forked after the prefill.
     fork_samplers: tuple[Sampler, ...] = ()
     parent: "Sequence | None" = None  # a fork's request sequence (forks prefill nothing)

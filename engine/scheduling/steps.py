@@ -104,8 +104,9 @@ class StepRunner:
 
     # ------------------------------------------------------------ prefill
     def prefill(self, seq: Sequence, rows: int, preempted: Callable[[], bool] | None = None) -> None:
-        """One prefill step of at most `rows` of `seq`'s prompt; a background blend gives way between
-        layers when `preempted()` turns true."""
+        """One prefill step of at most `rows` of `seq`'s prompt; a background sequence gives way
+        between layers when `preempted()` turns true (a blend starts again later, a plain step
+        goes on from the layer it reached)."""
         # "length" here means max_tokens == 0 (a cache warm-up): prefill, sample nothing.
         reason = seq.sink.before_step()
         if reason == "deadline":
@@ -115,7 +116,7 @@ class StepRunner:
         t0 = time.perf_counter()
         try:
             out = self.runner.prefill_step(seq, rows, preempted=preempted)
-            if not out.blended:
+            if not out.blended and not out.paused:
                 self.prefill_rate.observe(out.rows, time.perf_counter() - t0)
         except BlendCancelled:
             seq.compute_s += time.perf_counter() - t0
@@ -123,6 +124,8 @@ class StepRunner:
                 self.finisher.finish(seq, "cancelled")
             return  # a background blend gave way: it starts again when the engine is free
         seq.compute_s += time.perf_counter() - t0
+        if out.rows == 0 and out.paused:
+            return  # gave way between layers to a foreground request: goes on at its next step
         if seq.cache:
             self._commit(seq)
         if not out.last:

@@ -86,6 +86,35 @@ def test_second_sequence_reuses_copied_prefix(pair):
     torch.testing.assert_close(got, expected[100:], atol=ATOL, rtol=RTOL)
 
 
+def test_a_prefill_that_pauses_between_layers_computes_what_one_step_would(pair):
+    """`prefill_pausable`: paused after layer 1 (and again, resumed), then finished — the KV
+    rows equal an unbroken forward's, and a step after them gives transformers' logits."""
+    model, ref, ids = pair
+    expected = ref_logits(ref, ids)
+    whole = model.new_kv(N_TOKENS)
+    model.forward(ids[:120], whole, 0, "none")
+    kv = model.new_kv(N_TOKENS)
+    model.forward(ids[:40], kv, 0, "none")
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) in (1, 2)  # after the first layer, and after the first resumed layer
+
+    pause = model.prefill_pausable(ids[40:120], kv, 40, stop=stop)
+    assert pause is not None and pause.layer == 1 and (pause.start, pause.rows) == (40, 80)
+    pause = model.prefill_pausable(ids[40:120], kv, 40, resume=pause, stop=stop)
+    assert pause is not None and pause.layer == 2
+    assert model.prefill_pausable(ids[40:120], kv, 40, resume=pause, stop=stop) is None
+    assert len(model.layers) >= 3 and len(calls) == len(model.layers) - 1  # asked after every layer but the last
+    torch.testing.assert_close(kv.k[:, :, :120], whole.k[:, :, :120], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(kv.v[:, :, :120], whole.v[:, :, :120], atol=ATOL, rtol=RTOL)
+    got = model.forward(ids[120:], kv, 120, "all")
+    torch.testing.assert_close(got, expected[120:], atol=ATOL, rtol=RTOL)
+    with pytest.raises(ValueError, match="resuming"):
+        model.prefill_pausable(ids[40:100], kv, 40, resume=pause._replace(layer=1))
+
+
 def test_decode_batch_matches_individual_forwards(pair):
     model, ref, ids = pair
     expected = ref_logits(ref, ids)

@@ -115,6 +115,47 @@ def test_a_request_starts_within_one_background_step(engine, text):
     settle(engine)
 
 
+def test_a_warm_up_step_gives_way_between_layers_and_goes_on_from_there(tiny_model_factory, text):
+    """A warm-up whose whole prompt is one background step: a request of another document
+    that arrives meanwhile is served before that step ends (the step pauses between layers,
+    then resumes from the layer it reached), and the warm-up's rows are the ones a plain
+    prefill computes: the same document's request after it reuses them all and answers as
+    on a fresh engine."""
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True,
+        idle_grace=0.0, background_step_tokens=100_000, background_min_slice=0.0,
+    )
+    try:
+        at = text.index("def fill(")
+        prefix, suffix = _window(text, at, before=2400, after=600)
+        trace: list = []
+        eng.scheduler.trace = trace
+        warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+        end = time.monotonic() + 60
+        while ("prefill", "doc", True) not in trace:
+            assert time.monotonic() < end
+            time.sleep(0.0005)
+        fg = _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n")
+        assert warm.result(120).finish_reason == "length"
+        warm_steps = [i for i, t in enumerate(trace) if t == ("prefill", "doc", True)]
+        fg_first = trace.index(("prefill", "other", False))
+        # The request came while the warm-up's one step ran: that step paused, the request
+        # prefilled, then the step went on (a second note of the same step).
+        assert warm_steps[0] < fg_first < warm_steps[-1]
+        prompt = warm.result().stats.prompt_tokens
+        assert warm.result().stats.prefilled_tokens == prompt
+        after = _run(eng, key="doc", prefix=prefix, suffix=suffix, increment="x")
+        assert after.stats.reused_tokens >= prompt - 2
+        assert fg.text is not None
+    finally:
+        eng.close()
+    fresh = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M")
+    try:
+        assert _run(fresh, key="doc", prefix=prefix, suffix=suffix, increment="x").text == after.text
+    finally:
+        fresh.close()
+
+
 def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
     at = text.index("def fill(")
     prefix, suffix = _window(text, at, before=2400, after=600)
