@@ -105,6 +105,9 @@ def load_model_for_engine(
         if quant == "mixed":
             log.info("weight form: mixed (int4 decode steps on the file's Q4 groups, bf16 prefill); --quant none for bf16 alone")
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen, reserve_bytes=reserve_bytes)
+    c_kernels = loaded.model.c_kernels()
+    if loaded.model.dtype == torch.bfloat16 and loaded.model.device.type == "cpu":
+        log.info("decode step: %s", f"C kernels {', '.join(c_kernels)}" if c_kernels else "torch ops only (no C kernels built)")
     if fragment_trained is None:
         fragment_trained = chosen is not None and not adapter_heals(chosen)
     return EngineModel(loaded, fragment_trained, chosen, quant)

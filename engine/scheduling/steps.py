@@ -228,6 +228,9 @@ class StepRunner:
                 self.finisher.finish(seq, reason)
             else:
                 batch.append(seq)
+        if self.trace is not None:
+            for seq in batch:
+                self.note("decode", seq.key, seq.background)
         if not batch:
             return
         # Alone, a greedy request verifies a draft; with others it decodes in their batch

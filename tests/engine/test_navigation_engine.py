@@ -156,6 +156,39 @@ def test_a_warm_up_step_gives_way_between_layers_and_goes_on_from_there(tiny_mod
         fresh.close()
 
 
+@pytest.mark.parametrize("share_after", [0.0, 1e9])
+def test_a_waiting_warm_up_gets_a_slice_while_foreground_work_goes_on(tiny_model_factory, text, share_after):
+    """`background_share_after`: after that many seconds of foreground work a waiting warm-up
+    runs a slice between the request's steps (0: after every step); never (1e9): it waits
+    until the request is done."""
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True, idle_grace=0.0,
+        background_step_tokens=32, background_min_slice=0.0, background_share_after=share_after,
+    )
+    try:
+        at = text.index("def fill(")
+        prefix, suffix = _window(text, at, before=2400, after=600)
+        trace: list = []
+        eng.scheduler.trace = trace
+        warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+        end = time.monotonic() + 60
+        while ("prefill", "doc", True) not in trace:
+            assert time.monotonic() < end
+            time.sleep(0.0005)
+        _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n", max_tokens=24)
+        warm.result(120)
+        first = trace.index(("prefill", "other", False))
+        last = len(trace) - 1 - trace[::-1].index(("decode", "other", False))
+        assert last - first >= 10  # the request decoded for a while
+        during = [t for t in trace[first:last] if t == ("prefill", "doc", True)]
+        if share_after == 0.0:
+            assert during  # the warm-up ran between the request's steps
+        else:
+            assert not during
+    finally:
+        eng.close()
+
+
 def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
     at = text.index("def fill(")
     prefix, suffix = _window(text, at, before=2400, after=600)
