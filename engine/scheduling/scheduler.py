@@ -423,7 +423,7 @@ class Scheduler:
 
     def _share_with_warm_up(self, foreground_s: float) -> None:
         """While foreground work keeps coming, a waiting warm-up still gets a slice after every
-        `background_share_after` seconds of it (about a fifth of the engine): else keystrokes
+        `background_share_after` seconds of it (its slice: a fifth to a third of the engine): else keystrokes
         typed back to back would keep a person on a first window for as long as they type."""
         warm = next((s for s in self._prefilling if s.background), None)
         if warm is None:
@@ -432,7 +432,8 @@ class Scheduler:
         self._foreground_since_warm += foreground_s
         if self._foreground_since_warm >= self.background_share_after:
             self._foreground_since_warm = 0.0
-            self.finisher.guard(warm, self._prefill)
+            # Its slice, then it pauses for the requests that are running as well as new ones.
+            self.finisher.guard(warm, lambda seq: self._prefill(seq, during_foreground=True))
 
     def _turn(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
         """(the prefilling request this step serves, the owner whose decode-only turn it is).
@@ -492,10 +493,11 @@ class Scheduler:
             self._last_foreground = time.perf_counter()
         self.admission.admit(seq)
 
-    def _prefill(self, seq: Sequence) -> None:
+    def _prefill(self, seq: Sequence, during_foreground: bool = False) -> None:
         """One prefill step of `seq`'s prompt: a request's sized by `_foreground_step_rows`; a
         warm-up's by `background_step_rows`, giving way to a foreground request of another
-        document."""
+        document (`during_foreground`: a warm-up's share while requests run — it gives way to
+        those too once its slice is over)."""
         if seq.background:
             # It gives way between layers to a request of another document once it has run its
             # slice: `background_min_slice` seconds right after a jump, growing with the time it
@@ -508,7 +510,10 @@ class Scheduler:
             slice_s = min(max(self.background_min_slice, seq.starved_s / 4), self.background_step_seconds)
 
             def preempted() -> bool:
-                return time.perf_counter() - began >= slice_s and self._foreground_waiting(seq.key)
+                if time.perf_counter() - began < slice_s:
+                    return False
+                running = during_foreground and bool(self._decoding or any(not s.background for s in self._prefilling))
+                return running or self._foreground_waiting(seq.key)
 
             self.steps.prefill(seq, self.background_step_rows(), preempted=preempted)
             seq.paused_at = time.perf_counter() if seq.paused is not None else None
