@@ -101,13 +101,14 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True) ->
         log.warning("no C compiler (cc, gcc, clang or $CC): the %s kernel runs on torch, decode is slower", name)
         return None
     source = _SOURCE_DIR / f"{name}.c"
+    headers = "".join(h.read_text(encoding="utf-8") for h in sorted(_SOURCE_DIR.glob("*.h")))  # the shared header(s)
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     key = hashlib.sha256(
         b"\0".join(
-            s.encode() for s in (source.read_text(encoding="utf-8"), cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", _cpu_flags())
+            s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", _cpu_flags())
         )
     ).hexdigest()[:16]
     folder = cache_dir if cache_dir is not None and _private_dir(cache_dir) else Path(tempfile.mkdtemp(prefix="efim-kernels-"))

@@ -10,46 +10,22 @@
  * Both entry points return 0, or -1 on sizes they do not take (D > 256, H not a multiple of
  * H_kv); `efim_decode_rope_attention` also rotates the token's q and k and writes its k and v
  * into the cache first (the whole attention half of a decode step in one call). */
-#include <stdint.h>
 #include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+
+#include "efim_cpu.h"
 
 #define EFIM_MAX_HEAD_DIM 256
 #define EFIM_MAX_GROUP 64
-
-static inline float bf16_to_f32(uint16_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 /* e^x for x <= 0 (softmax after subtracting the maximum): 2^(x log2 e) split into an integer
  * power (exponent bits) and 2^f, f in [-0.5, 0.5], by a degree-6 polynomial. Below -87 the
  * result is 0, as float32's exp underflows there. */
 static inline float exp_nonpositive(float x) {
   const float xc = x < -87.0f ? -87.0f : x;
-  const float t = xc * 1.44269504088896341f;  /* in [-125.6, 0] */
-  const int32_t n = (int32_t)(t - 0.5f);      /* t rounded to nearest (truncation of a negative) */
-  const float f = t - (float)n;               /* in [-0.5, 0.5] */
-  float p = 1.5403530393381606e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910071e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
-  union { float f; int32_t i; } u = {p};
-  u.i += (int32_t)((uint32_t)n << 23);  /* times 2^n: n >= -126, so the exponent stays normal */
+  const float t = xc * EFIM_LOG2E;         /* in [-125.6, 0] */
+  const int32_t n = (int32_t)(t - 0.5f);   /* t rounded to nearest (truncation of a negative) */
+  union { float f; int32_t i; } u = {exp2_fraction(t - (float)n)};
+  u.i += (int32_t)((uint32_t)n << 23);     /* times 2^n: n >= -126, so the exponent stays normal */
   return x < -87.0f ? 0.0f : u.f;
 }
 
@@ -76,7 +52,7 @@ static void softmax_row_avx512(float *sg, int n) {
   for (; s + 16 <= n; s += 16) mxv = _mm512_max_ps(mxv, _mm512_loadu_ps(sg + s));
   if (s < n) mxv = _mm512_mask_max_ps(mxv, (__mmask16)((1u << (n - s)) - 1u), mxv, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - s)) - 1u), sg + s));
   const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), lo = _mm512_set1_ps(-87.0f);
+  const __m512 log2e = _mm512_set1_ps(EFIM_LOG2E), lo = _mm512_set1_ps(-87.0f);
   __m512 sumv = _mm512_setzero_ps();
   for (s = 0; s < n; s += 16) {
     const __mmask16 m = n - s >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s)) - 1u);
@@ -84,14 +60,7 @@ static void softmax_row_avx512(float *sg, int n) {
     const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, lo), log2e);
     const __m512 nf = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, nf);
-    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    __m512 e = _mm512_scalef_ps(p, nf);
+    __m512 e = _mm512_scalef_ps(exp2_fraction_avx512(f), nf);
     e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ) & m, e);  /* below -87: 0; past n: 0 */
     _mm512_mask_storeu_ps(sg + s, m, e);
     sumv = _mm512_add_ps(sumv, e);
@@ -118,8 +87,7 @@ static void attend_group(int G, int D, int n, const float *qf, const uint16_t *k
       const uint16_t *ks = kh + (long)s * D;
       __m512 kv[4];
       for (int j = 0; j < 4; j++)
-        kv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(ks + 16 * j))), 16));
+        kv[j] = load_bf16x16(ks + 16 * j);
       for (int g = 0; g < G; g++) {
         __m512 a = _mm512_mul_ps(qv[g][0], kv[0]);
         a = _mm512_fmadd_ps(qv[g][1], kv[1], a);
@@ -170,8 +138,7 @@ static void attend_group(int G, int D, int n, const float *qf, const uint16_t *k
       const uint16_t *vs = vh + (long)s * D;
       __m512 vv[4];
       for (int j = 0; j < 4; j++)
-        vv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vs + 16 * j))), 16));
+        vv[j] = load_bf16x16(vs + 16 * j);
       for (int g = 0; g < G; g++) {
         const __m512 p = _mm512_set1_ps(scores[(long)g * n + s]);
         for (int j = 0; j < 4; j++) av[g][j] = _mm512_fmadd_ps(p, vv[j], av[g][j]);

@@ -10,26 +10,10 @@
  *
  * Returns 0, or -1 when R or N exceed the stack buffers (the caller checks before packing).
  * Reentrant: all scratch is on the stack. */
-#include <stdint.h>
-#include <string.h>
+#include "efim_cpu.h"
 
 #define EFIM_MAX_RANK 256
 #define EFIM_MAX_OUT 16384
-
-static inline float bf16_to_f32(uint16_t v) {
-  uint32_t u = (uint32_t)v << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* Round to nearest even, as torch rounds float32 to bf16 (no NaN reaches here: finite sums). */
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 #define EFIM_LOW_RANK_BODY(WTYPE, LOAD)                                                        \
   if (R > EFIM_MAX_RANK || N > EFIM_MAX_OUT || R < 0 || N < 0 || K < 0) return -1;             \

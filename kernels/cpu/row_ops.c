@@ -2,21 +2,9 @@
  * (kernels/cpu/row_ops.py says why): RMSNorm (optionally after adding a residual in place)
  * and SiLU(gate) * up. bf16 in and out, float32 inside; rows at a stride. */
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include <stddef.h>
 
-static inline float bf16_to_f32(uint16_t v) {
-  union { uint32_t u; float f; } x = {(uint32_t)v << 16};
-  return x.f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  union { float f; uint32_t u; } x = {f};
-  return (uint16_t)((x.u + 0x7FFFu + ((x.u >> 16) & 1u)) >> 16);
-}
+#include "efim_cpu.h"
 
 #define LANES 16
 
@@ -49,11 +37,6 @@ int efim_add_rms_norm(int M, int K, uint16_t *h, long ldh, const uint16_t *delta
 }
 
 #if defined(__AVX512F__)
-/* 16 bf16 values (in the low 16 bits of each 32-bit lane) as float32. */
-static inline __m512 load_bf16x16(const uint16_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
 /* float32 -> bf16, round to nearest even (finite values), 16 at a time. */
 static inline __m256i to_bf16x16(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
@@ -75,17 +58,9 @@ static inline __m512 round_bf16(__m512 x) {
  * the ends of the range). */
 static inline __m512 exp_clamped(__m512 y) {
   y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(EFIM_LOG2E));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_scalef_ps(exp2_fraction_avx512(_mm512_sub_ps(t, n)), n);
 }
 #endif
 

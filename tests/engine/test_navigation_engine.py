@@ -115,6 +115,21 @@ def test_a_request_starts_within_one_background_step(engine, text):
     settle(engine)
 
 
+def _warm_up_running(eng, text) -> tuple:
+    """A warm-up of the `fill` window under key "doc", once its first prefill step has begun:
+    (its handle, the scheduler's trace, prefix, suffix)."""
+    at = text.index("def fill(")
+    prefix, suffix = _window(text, at, before=2400, after=600)
+    trace: list = []
+    eng.scheduler.trace = trace
+    warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+    end = time.monotonic() + 60
+    while ("prefill", "doc", True) not in trace:
+        assert time.monotonic() < end
+        time.sleep(0.0005)
+    return warm, trace, prefix, suffix
+
+
 def test_a_warm_up_step_gives_way_between_layers_and_goes_on_from_there(tiny_model_factory, text):
     """A warm-up whose whole prompt is one background step: a request of another document
     that arrives meanwhile is served before that step ends (the step pauses between layers,
@@ -126,15 +141,7 @@ def test_a_warm_up_step_gives_way_between_layers_and_goes_on_from_there(tiny_mod
         idle_grace=0.0, background_step_tokens=100_000, background_min_slice=0.0,
     )
     try:
-        at = text.index("def fill(")
-        prefix, suffix = _window(text, at, before=2400, after=600)
-        trace: list = []
-        eng.scheduler.trace = trace
-        warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
-        end = time.monotonic() + 60
-        while ("prefill", "doc", True) not in trace:
-            assert time.monotonic() < end
-            time.sleep(0.0005)
+        warm, trace, prefix, suffix = _warm_up_running(eng, text)
         fg = _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n")
         assert warm.result(120).finish_reason == "length"
         warm_steps = [i for i, t in enumerate(trace) if t == ("prefill", "doc", True)]
@@ -166,15 +173,7 @@ def test_a_waiting_warm_up_gets_a_slice_while_foreground_work_goes_on(tiny_model
         background_step_tokens=32, background_min_slice=0.0, background_share_after=share_after,
     )
     try:
-        at = text.index("def fill(")
-        prefix, suffix = _window(text, at, before=2400, after=600)
-        trace: list = []
-        eng.scheduler.trace = trace
-        warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
-        end = time.monotonic() + 60
-        while ("prefill", "doc", True) not in trace:
-            assert time.monotonic() < end
-            time.sleep(0.0005)
+        warm, trace, _, _ = _warm_up_running(eng, text)
         _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n", max_tokens=24)
         warm.result(120)
         first = trace.index(("prefill", "other", False))

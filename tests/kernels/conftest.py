@@ -37,3 +37,17 @@ except Exception:  # not installed, or failing to initialise: the test modules s
     pass
 else:
     _reimport_interpreted()
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def kernel_cache(tmp_path, monkeypatch):
+    """A fresh cache folder for the C kernels (kernels/cpu), with them on and none loaded yet."""
+    from kernels.cpu import build
+
+    monkeypatch.delenv("EFIM_C_KERNELS", raising=False)
+    build.library.cache_clear()
+    yield tmp_path / "kernels"
+    build.library.cache_clear()

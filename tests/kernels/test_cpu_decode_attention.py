@@ -13,14 +13,6 @@ from kernels.cpu.decode_attention import DecodeAttention
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
 
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    monkeypatch.delenv("EFIM_C_KERNELS", raising=False)
-    build.library.cache_clear()
-    yield tmp_path / "kernels"
-    build.library.cache_clear()
-
-
 def exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:  # float64 [H, 1, D]
     h, h_kv = q.shape[0], k.shape[0]
     kk = k.double().repeat_interleave(h // h_kv, 0)

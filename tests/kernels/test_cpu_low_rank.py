@@ -16,14 +16,6 @@ from kernels.cpu.low_rank import MAX_ROWS, LowRankAdd, segments
 needs_cc = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
 
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    monkeypatch.delenv("EFIM_C_KERNELS", raising=False)
-    build.library.cache_clear()
-    yield tmp_path / "kernels"
-    build.library.cache_clear()
-
-
 def block_diagonal(parts: list[tuple[int, int]], k: int, *, bf16: bool, seed: int = 0):
     """a [R, K] and a block-diagonal b [N, R]: part i maps its r_i ranks onto its n_i rows only
     (the shape of q, k and v's terms fused into one projection)."""

@@ -13,14 +13,6 @@ from kernels.cpu.row_ops import MAX_ROWS, RowOps
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
 
-@pytest.fixture
-def kernel_cache(tmp_path, monkeypatch):
-    monkeypatch.delenv("EFIM_C_KERNELS", raising=False)
-    build.library.cache_clear()
-    yield tmp_path / "kernels"
-    build.library.cache_clear()
-
-
 def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).bfloat16()
