@@ -165,6 +165,15 @@ async def run_format(fmt: str, args, text: str, cursor: int, keys: list[str], kv
     }
 
 
+def _ratios(label: str, a: dict, b: dict) -> str:
+    """One line of p50 ratios a / b of two formats measured side by side."""
+    return (
+        f"{label}: TTFT p50 {a['ttft_ms']['p50'] / b['ttft_ms']['p50']:.3f}, "
+        f"engine-computed line p50 {a['engine_latency_ms']['p50'] / b['engine_latency_ms']['p50']:.3f}, "
+        f"all-requests line p50 {a['suggestion_ms_p50'] / b['suggestion_ms_p50']:.3f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default")
@@ -204,20 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     for fmt, r in results.items():
         print(f"{fmt} slowest keystrokes (ms, index, key): {r['worst']}")
-    if "served" in results and "served-torch" in results:
-        c, p = results["served"], results["served-torch"]
-        print(
-            f"served C kernels / torch: TTFT p50 {c['ttft_ms']['p50'] / p['ttft_ms']['p50']:.3f}, "
-            f"engine-computed line p50 {c['engine_latency_ms']['p50'] / p['engine_latency_ms']['p50']:.3f}, "
-            f"all-requests line p50 {c['suggestion_ms_p50'] / p['suggestion_ms_p50']:.3f}"
-        )
-    if "efim" in results and "fim" in results:
-        e, f = results["efim"], results["fim"]
-        print(
-            f"efim/fim: TTFT p50 {e['ttft_ms']['p50'] / f['ttft_ms']['p50']:.3f}, "
-            f"engine-computed line p50 {e['engine_latency_ms']['p50'] / f['engine_latency_ms']['p50']:.3f}, "
-            f"all-requests line p50 {e['suggestion_ms_p50'] / f['suggestion_ms_p50']:.3f}"
-        )
+    for label, a, b in (("served C kernels / torch", "served", "served-torch"), ("efim/fim", "efim", "fim")):
+        if a in results and b in results:
+            print(_ratios(label, results[a], results[b]))
     return 0
 
 
