@@ -38,6 +38,7 @@ import torch
 
 from engine.api import EngineError
 from engine.model.gguf_metadata import GGUFMetadata
+from engine.model.gguf_reader import GGUFError, GGUFFile
 
 if TYPE_CHECKING:  # the annotation only; quant imports torch kernels lazily here
     from engine.model.quant import Int4Groups
@@ -239,11 +240,13 @@ def dequantize_tensor(t, path: Path) -> np.ndarray:
         raise EngineError(f"{path}: tensor {t.name!r} ({t.tensor_type.name}) is malformed: {exc}") from None
 
 
-def open_gguf(path: Path):
-    """`gguf.GGUFReader` over `path`; EngineError for a file that is not (or no longer) a whole GGUF.
+def open_gguf(path: Path) -> GGUFFile:
+    """The metadata and tensor table of `path` (`engine.model.gguf_reader.GGUFFile`: what the
+    engine uses of `gguf.GGUFReader`, ~17x faster); EngineError for a file that is not (or no
+    longer) a whole GGUF.
 
-    The last file's reader is kept (`forget_readers` drops it): parsing the metadata of a
-    49k-token vocabulary takes seconds, and a load reads the tensor table twice."""
+    The last file's reader is kept (`forget_readers` drops it, and its memory map): a load
+    reads the tensor table twice."""
     try:
         st = path.stat()
     except OSError as exc:
@@ -252,12 +255,10 @@ def open_gguf(path: Path):
 
 
 @functools.lru_cache(maxsize=1)
-def _reader(path: str, size: int, mtime_ns: int):
-    import gguf  # noqa: PLC0415
-
+def _reader(path: str, size: int, mtime_ns: int) -> GGUFFile:
     try:
-        return gguf.GGUFReader(path)
-    except Exception as exc:  # the reader raises ValueError/struct errors on a bad file
+        return GGUFFile(path)
+    except (GGUFError, OSError) as exc:
         raise EngineError(f"cannot read {path} as GGUF: {exc}") from None
 
 

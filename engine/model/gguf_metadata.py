@@ -3,8 +3,9 @@
 The local loader (`engine.model.gguf`: config, tokenizer, tensor table) and the remote
 engine's vocabulary (`engine.remote.vocabulary`: the tokenizer only) read the same keys
 of the same files; both go through `GGUFMetadata`, so a missing key reads the same
-everywhere. Values come decoded by gguf's reader (`ReaderField.contents()`): strings as
-`str`, arrays as lists (of `str` for string arrays), numbers as Python numbers.
+everywhere. Values come decoded (`Field.contents()` of `engine.model.gguf_reader`, as of
+`gguf.GGUFReader`): strings as `str`, arrays as lists (of `str` for string arrays),
+numbers as Python numbers.
 
 The reader is handed in: `engine.model.gguf.open_gguf` opens (and keeps) one per file.
 """
@@ -17,7 +18,7 @@ from engine.api import EngineError
 
 
 class GGUFMetadata:
-    """The metadata of one `gguf.GGUFReader`: `get` with a default, `require` or EngineError."""
+    """The metadata of one GGUF reader (`GGUFFile`, or `gguf.GGUFReader`): `get` with a default, `require` or EngineError."""
 
     def __init__(self, reader) -> None:
         self.reader = reader
