@@ -39,15 +39,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts with it (default on)")
     p.add_argument("--kv-disk-budget", help='default kvDiskBudget: most disk for KV files, e.g. "2G" (default)')
     p.add_argument("--threads", type=int, help="torch threads for the engine")
-    p.add_argument("--daemon", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--daemon", action=argparse.BooleanOptionalAction, default=None,
                    help="run the local engine in the user's engine daemon, shared by every efim serve with the same "
-                        "model and engine settings (started when none runs; docs/daemon.md); --no-daemon (default): in this process")
+                        "model and engine settings (started when none runs; docs/daemon.md). The default where the "
+                        "platform has Unix sockets, unless EFIM_DAEMON=0; --no-daemon: in this process")
     p.add_argument("--daemon-idle-timeout", type=float, default=60.0, metavar="S",
                    help="seconds a daemon this front starts stays up after its last front has gone (default 60)")
     p.add_argument("--log-file", type=Path, help="write logs here instead of stderr")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"))
     p.add_argument("--record", type=Path, metavar="DIR", help="record this session's LSP traffic as a trace in DIR (opt-in: traces contain source code)")
     p.set_defaults(func=run)
+
+
+DAEMON_ENV = "EFIM_DAEMON"
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+
+
+def daemon_choice(args: argparse.Namespace) -> tuple[bool, bool]:
+    """(use the engine daemon, the user asked for it): `--daemon` / `--no-daemon` first, then
+    `EFIM_DAEMON` (0/1), else on. Off where the platform cannot host one (no Unix sockets or
+    per-user file modes), saying so when it was asked for."""
+    flag = getattr(args, "daemon", None)
+    explicit = flag is not None
+    if flag is None:
+        value = os.environ.get(DAEMON_ENV, "").strip().lower()
+        if value in _OFF + _ON:
+            flag, explicit = value in _ON, True
+        else:
+            if value:
+                logging.getLogger(__name__).warning("%s=%r: expected 0 or 1; using the engine daemon", DAEMON_ENV, value)
+            flag = True
+    if flag:
+        from engine.daemon import supported  # noqa: PLC0415 - no torch in this process
+
+        if not supported():
+            log = logging.getLogger(__name__)
+            (log.warning if explicit else log.info)(
+                "this platform has no Unix sockets or per-user file modes: the engine runs in this process")
+            return False, explicit
+    return flag, explicit
 
 
 def engine_factory(args: argparse.Namespace):
@@ -69,14 +99,20 @@ def engine_factory(args: argparse.Namespace):
             value = getattr(args, name)
             if value is not None:
                 kwargs[name] = value
-        if getattr(args, "daemon", False):
-            from engine.daemon import open_daemon_engine, supported  # no torch in this process
+        daemon, asked = daemon_choice(args)
+        if daemon:
+            from engine.api import EngineError  # noqa: PLC0415
+            from engine.daemon import open_daemon_engine  # no torch in this process
 
-            if supported():
+            try:
                 return open_daemon_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk,
                                           kv_disk_budget=kv_disk_budget, idle_timeout=args.daemon_idle_timeout, **kwargs)
-            logging.getLogger(__name__).warning(
-                "--daemon: this platform has no Unix sockets or per-user file modes; the engine runs in this process")
+            except EngineError as exc:
+                if asked:
+                    raise
+                # The default, not the user's choice: an editor still gets its suggestions.
+                logging.getLogger(__name__).warning("the engine daemon is not available (%s): the engine runs in this process "
+                                                    "(--no-daemon or EFIM_DAEMON=0 skips the daemon)", exc)
         from engine.local import load_engine  # torch loads here, in the server's loader thread
 
         return load_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk, kv_disk_budget=kv_disk_budget, **kwargs)
@@ -90,11 +126,10 @@ def model_preflight(args: argparse.Namespace):
     them while the old engine still serves, before giving it up."""
 
     def preflight(model: str, *, fim_tokens: str = "auto", adapter: str = "auto", **_ignored) -> None:
-        if getattr(args, "daemon", False):
-            from engine.daemon import check_daemon_model, supported
+        if daemon_choice(args)[0]:  # the checks import torch: in a process of their own, so this front stays small
+            from engine.daemon import check_daemon_model
 
-            if supported():  # the checks import torch: in a process of their own, so this front stays small
-                return check_daemon_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)
+            return check_daemon_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)
         from engine.local import check_model
 
         check_model(model, quant=args.quant, fim_tokens=fim_tokens, adapter=adapter)

@@ -38,6 +38,9 @@ COMMANDS = (
     "export",
 )
 
+# Commands that start `efim serve` processes to measure or replay them (efim_lsp.serve.daemon_choice).
+MEASURING_COMMANDS = ("bench", "replay", "eval", "demo")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="efim", description="EFIM code-completion language server and tools")
@@ -60,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    if args.command in MEASURING_COMMANDS:
+        # Each server these start has its own engine: a shared daemon would carry one run's
+        # KV into the next configuration's. Those that measure the daemon pass --daemon.
+        os.environ.setdefault("EFIM_DAEMON", "0")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -27,6 +27,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # files here, never into the user's cache.
 os.environ.setdefault("EFIM_KV_DIR", tempfile.mkdtemp(prefix="efim-kv-tests-"))
 
+# `efim serve` runs its engine in the user's engine daemon by default; the servers the
+# tests start keep their own engine (a daemon shared across tests would carry KV and state
+# from one test into the next). The daemon's tests pass --daemon (which beats this) and
+# test the default with this variable removed.
+os.environ["EFIM_DAEMON"] = "0"
+
 import pytest  # noqa: E402
 
 

@@ -33,8 +33,10 @@ def measured_server_env(base: dict[str, str] | None, kv_dir: str) -> dict[str, s
     """The environment of a server a benchmark or replay measures: `base` (default: this
     process's) with the KV disk tier pointed at `kv_dir`, an empty directory of its own —
     otherwise the server would preload KV that earlier runs on this machine wrote to the
-    user's cache, and a "fresh server" would start warm."""
-    return {**(base if base is not None else os.environ), "EFIM_KV_DIR": kv_dir}
+    user's cache, and a "fresh server" would start warm. For the same reason its engine is
+    its own (`EFIM_DAEMON=0`) unless `base` says otherwise or the server is started with
+    `--daemon`: a shared engine daemon would carry one run's KV into the next."""
+    return {"EFIM_DAEMON": "0", **(base if base is not None else os.environ), "EFIM_KV_DIR": kv_dir}
 
 
 class ServerCrashed(RuntimeError):

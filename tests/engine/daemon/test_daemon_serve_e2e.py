@@ -34,9 +34,14 @@ def rundir():
         yield base
 
 
-def _serve(model: Path, rundir: Path, *flags: str) -> ServerProcess:
+def _serve(model: Path, rundir: Path, *flags: str, daemon_env: str | None = "0") -> ServerProcess:
+    """`efim serve` on the tiny model; `daemon_env`: EFIM_DAEMON for it (None: unset, the user's default)."""
     args = ["--model", str(model), "--dtype", "fp32", "--kv-budget", "32M", "--no-kv-disk", *flags]
-    return ServerProcess(args, env=serve_env(XDG_RUNTIME_DIR=str(rundir)))
+    env = serve_env(XDG_RUNTIME_DIR=str(rundir))
+    env.pop("EFIM_DAEMON", None)
+    if daemon_env is not None:
+        env["EFIM_DAEMON"] = daemon_env
+    return ServerProcess(args, env=env)
 
 
 def _complete(server: ServerProcess) -> dict:
@@ -93,14 +98,46 @@ def test_two_serve_fronts_share_one_daemon_and_survive_its_death(tiny_model_dir,
             assert server.shutdown_and_exit() == 0
 
 
-def test_without_the_flag_no_daemon_starts(tiny_model_dir, rundir):
-    with _serve(tiny_model_dir, rundir) as server:
+def test_without_a_flag_the_front_uses_the_daemon(tiny_model_dir, rundir):
+    with _serve(tiny_model_dir, rundir, daemon_env=None) as server:
+        server.initialize(OPTIONS)
+        stats = server.wait_model()
+        assert stats["model"]["state"] == "ready", server.stderr()[-2000:]
+        pid = stats["engine"]["daemon"]["pid"]
+        assert daemon_pids(rundir) == [pid]
+        server.open(URI, TEXT)
+        assert _complete(server)["items"]
+        assert "libtorch" not in Path(f"/proc/{server.proc.pid}/maps").read_text()  # the model is the daemon's
+        assert server.shutdown_and_exit() == 0
+
+
+@pytest.mark.parametrize("how", ["--no-daemon", "EFIM_DAEMON=0"])
+def test_no_daemon_starts_when_the_user_says_so(tiny_model_dir, rundir, how):
+    flags, env = (["--no-daemon"], None) if how == "--no-daemon" else ([], "0")
+    with _serve(tiny_model_dir, rundir, *flags, daemon_env=env) as server:
         server.initialize(OPTIONS)
         stats = server.wait_model()
         assert stats["model"]["state"] == "ready" and "daemon" not in stats["engine"]
         server.open(URI, TEXT)
         assert _complete(server)["items"]
         assert daemon_pids(rundir) == [] and not (rundir / "efim").exists()
+        assert server.shutdown_and_exit() == 0
+
+
+def test_a_default_daemon_that_cannot_be_had_leaves_the_engine_in_the_front(tiny_model_dir, rundir):
+    (rundir / "efim").write_text("not a directory")  # the daemon directory's name, taken
+    with _serve(tiny_model_dir, rundir, daemon_env=None) as server:
+        server.initialize(OPTIONS)
+        stats = server.wait_model()
+        assert stats["model"]["state"] == "ready" and "daemon" not in stats["engine"]
+        server.open(URI, TEXT)
+        assert _complete(server)["items"]
+        assert "the engine daemon is not available" in server.stderr() and "is not a directory" in server.stderr()
+        assert server.shutdown_and_exit() == 0
+    with _serve(tiny_model_dir, rundir, "--daemon") as server:  # asked for: the reason, no quiet fallback
+        server.initialize(OPTIONS)
+        stats = server.wait_model()
+        assert stats["model"]["state"] == "failed" and "is not a directory" in stats["model"]["error"], stats["model"]
         assert server.shutdown_and_exit() == 0
 
 
