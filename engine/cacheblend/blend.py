@@ -37,7 +37,8 @@ from engine.kv.radix import common_prefix_len
 from engine.kv.blend_store import BlendStore, prefill_span
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV, Transformer
+    from engine.model.sequence_kv import KV
+    from engine.model.transformer import Transformer
 
 # Recomputed rows run through a layer in up to MAX_BLOCKS blocks of consecutive
 # positions, each attending only to the keys up to its last position: masked attention

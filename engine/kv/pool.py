@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV
+    from engine.model.sequence_kv import KV
 
 _FREE, _TREE, _HELD = 0, 1, 2
 
@@ -190,7 +190,7 @@ class SlotPool:
     def write_slots(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [L, n, H_kv, D] (any float dtype) in `slots` (quantised in an int8 pool)."""
         if self.int8:
-            from engine.model.transformer import quantize_rows  # noqa: PLC0415 - the model's own rounding
+            from engine.model.sequence_kv import quantize_rows  # noqa: PLC0415 - the model's own rounding
 
             k8, ks = quantize_rows(k, self.dtype)
             v8, vs = quantize_rows(v, self.dtype)

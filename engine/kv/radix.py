@@ -34,7 +34,7 @@ import torch
 from engine.kv.pool import SlotPool
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV
+    from engine.model.sequence_kv import KV
 
 
 class RadixNode:

@@ -25,7 +25,7 @@ from typing import NamedTuple, TYPE_CHECKING
 from engine.kv.store import DocumentKey
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV
+    from engine.model.sequence_kv import KV
 
 
 class RetainedSequence(NamedTuple):

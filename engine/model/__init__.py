@@ -2,7 +2,8 @@
 
 from engine.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from engine.model.loader import LoadedModel, cache_root, cpu_has_native_bf16, load_model, resolve_dtype
-from engine.model.transformer import Int8SequenceKV, SequenceKV, Transformer
+from engine.model.sequence_kv import Int8SequenceKV, SequenceKV
+from engine.model.transformer import Transformer
 
 __all__ = [
     "ModelConfig",

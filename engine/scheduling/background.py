@@ -28,7 +28,8 @@ import torch
 from engine.cacheblend.document_kv import DocumentPass
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV, Transformer
+    from engine.model.sequence_kv import KV
+    from engine.model.transformer import Transformer
     from engine.kv.blend_store import BlendStore
 
 log = logging.getLogger(__name__)

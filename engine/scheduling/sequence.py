@@ -25,7 +25,7 @@ from engine.text.sampler import Sampler
 from engine.text.tokenize import HealingProgress
 
 if TYPE_CHECKING:
-    from engine.model.transformer import KV
+    from engine.model.sequence_kv import KV
 
 
 class Prompt(NamedTuple):

@@ -8,7 +8,7 @@ import torch
 
 from engine.kv.radix import RadixCache
 from engine.model import Int8SequenceKV, SequenceKV, load_model
-from engine.model.transformer import kv_dtype_name, quantize_rows
+from engine.model.sequence_kv import kv_dtype_name, quantize_rows
 
 # int8 rows with per-(token, head) absmax scales: each K/V element is off by at most half a
 # step (absmax / 254); through 3 layers of a random tiny model that moves a logit by well

@@ -17,7 +17,7 @@ from engine.kv.pool import SlotPool
 from engine.kv.radix import RadixCache
 from engine.kv.retained import RetainedKV, RetainedSequence
 from engine.kv.store import KVStore
-from engine.model.transformer import SequenceKV
+from engine.model.sequence_kv import SequenceKV
 
 L, H, D = 2, 2, 4
 PER_SLOT = 2 * L * H * D * 4  # fp32 bytes of one token's K and V rows
