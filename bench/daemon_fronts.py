@@ -39,7 +39,7 @@ from pygls.lsp.client import LanguageClient
 
 from bench.lsp_typing import blank_function, plain, position
 from bench.percentiles import percentile
-from bench.process_memory import daemon_pids, memory_mb
+from bench.process_memory import daemon_pids, kill_daemons, memory_mb
 from efim_tools.trace.keys import key_presses
 
 MODULE, FUNCTION = "heapq.py", "_siftup"
@@ -132,7 +132,7 @@ async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: 
     if daemon and env.get("EFIM_DAEMON_STANDBY") == "1":
         await standby_ready(run)
     await asyncio.sleep(3.0)
-    standbys = [pid for pid in daemon_pids(run) if pid != daemon_pid]  # a standby (--standby) counts too
+    standbys = [pid for pid in daemon_pids(run, forked_standbys=True) if pid != daemon_pid]  # a standby counts too
     pids = [f.pid for f in group] + ([daemon_pid] if daemon_pid else []) + standbys
     per = {pid: memory_mb(pid) for pid in pids}
     out = {
@@ -397,6 +397,7 @@ def run_cli(args: argparse.Namespace) -> int:
     finally:
         time.sleep(1.0)  # the daemons told to stop remove their sockets first
         for path in _CREATED:
+            kill_daemons(path)  # any left (and their standbys)
             shutil.rmtree(path, ignore_errors=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -4,7 +4,7 @@
 file is not readable: an older kernel, another user's process; RSS then comes from
 `/proc/PID/status`); (NaN, NaN) once the process is gone. `daemon_pids(directory)`: the
 engine daemons serving a socket under `directory` (what a benchmark's fronts started in
-their private runtime directory).
+their private runtime directory); `kill_daemons(directory)`: all of them, standbys first.
 """
 
 from __future__ import annotations
@@ -48,11 +48,15 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def daemon_pids(directory: Path) -> list[int]:
+def daemon_pids(directory: Path, *, forked_standbys: bool = False) -> list[int]:
     """Live `python -m engine.daemon` processes whose command line names `directory` (their
     socket lives there), lowest pid first. Not zombies (a daemon killed or exited stays in
     /proc until its front's reaper thread waits for it) and not `--check` preflights (they
-    load no weights and serve nothing). The daemon tests count their daemons with it too."""
+    load no weights and serve nothing). A daemon's forked standby (a fork of it, waiting to
+    take over: `engine.daemon.standby`, named `efim-standby`) only with `forked_standbys`;
+    a loaded standby (`--standby`) always. The daemon tests count their daemons with it too."""
+    from engine.daemon.standby import FORKED_STANDBY_NAME  # noqa: PLC0415
+
     needle = str(directory).encode()
     pids = []
     for entry in Path("/proc").iterdir():
@@ -60,12 +64,34 @@ def daemon_pids(directory: Path) -> list[int]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            comm = (entry / "comm").read_text().strip()
         except OSError:
             continue
         if b"engine.daemon" in cmdline and b"--check" not in cmdline and any(needle in part for part in cmdline):
-            if alive(int(entry.name)):
+            if (forked_standbys or comm != FORKED_STANDBY_NAME) and alive(int(entry.name)):
                 pids.append(int(entry.name))
     return sorted(pids)
 
 
-__all__ = ["memory_mb", "alive", "daemon_pids"]
+def kill_daemons(directory: Path, timeout: float = 10.0) -> None:
+    """SIGKILL every daemon of `directory`, its forked standbys first (a standby left alive
+    takes over from a killed daemon), until none is left or `timeout` passes."""
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        every = daemon_pids(directory, forked_standbys=True)
+        if not every:
+            return
+        serving = set(daemon_pids(directory))
+        for pid in sorted(every, key=lambda p: p in serving):  # standbys first
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+__all__ = ["memory_mb", "alive", "daemon_pids", "kill_daemons"]

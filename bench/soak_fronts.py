@@ -39,7 +39,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.process_memory import alive, daemon_pids, memory_mb
+from bench.process_memory import alive, daemon_pids, kill_daemons, memory_mb
 from bench.soak_typing import Request, SoakResult, Typist, stdlib_documents, summarise
 
 STABLE_WITHIN = 0.10  # the target: RSS within 10 % of its post-warm-up value
@@ -169,7 +168,7 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
             rss_total = pss_total = 0.0
             pss_known = True
             for label, pid in [*((f"front{i + 1}", c.proc.pid) for i, c in enumerate(clients)),
-                               *((f"daemon {pid}", pid) for pid in daemon_pids(rundir))]:
+                               *((f"daemon {pid}", pid) for pid in daemon_pids(rundir, forked_standbys=True))]:
                 rss, pss = memory_mb(pid)
                 if math.isnan(rss):
                     continue
@@ -263,8 +262,7 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
                     result.daemon_errors.append(line[:300])
         if result.crashed or result.daemon_died or result.daemons_left:
             result.log_tails = {p.name: p.read_text(errors="replace")[-3000:] for p in (rundir / "efim").glob("*.log")}
-        for pid in daemon_pids(rundir):  # only what this run started
-            os.kill(pid, signal.SIGKILL)
+        kill_daemons(rundir)  # only what this run started
         shutil.rmtree(rundir, ignore_errors=True)
         shutil.rmtree(kv_dir, ignore_errors=True)
     summarise(result, requests, options)

@@ -43,13 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
-    log = logging.getLogger("engine.daemon")
 
     interpreter_s = _interpreter_seconds()
-    from engine.api import EngineError
     from engine.daemon.config import DaemonConfig
-    from engine.daemon.server import EngineDaemon
-    from engine.local import load_engine  # torch
+    from engine.daemon.server import EngineDaemon  # noqa: F401 - imported here, timed as the imports
+    from engine.local import load_engine  # noqa: F401 - torch
     imported_at = time.monotonic()
 
     config = msgspec.json.decode(args.config.encode(), type=DaemonConfig)
@@ -65,32 +63,67 @@ def main(argv: list[str] | None = None) -> int:
     if args.socket is None:
         parser.error("--socket is required")
     kv_budget = int(args.kv_budget) if args.kv_budget and args.kv_budget.isdigit() else args.kv_budget
+    held = None
+    standby = None
+    took_over = False
+    from engine.daemon.standby import DAEMON_NAME, fork_standby, forked_standby_wanted, set_process_name, stand_by
+
+    if not args.standby:
+        set_process_name(DAEMON_NAME)
+    if not args.standby and not args.keep_standby:
+        # Single-threaded here (no engine, no loop yet): fork the standby that takes over if
+        # this daemon dies. A standby that takes over forks its own before loading the model.
+        while forked_standby_wanted():
+            got = fork_standby(held)
+            if not isinstance(got, int):
+                standby = got
+                break
+            held = stand_by(args.socket, args.socket.with_suffix(".lock"), pipe_fd=got)
+            if held is None:
+                return 0
+            took_over = True
+            imported_at = time.monotonic()  # this process's start, as the serving daemon, is now
+    try:
+        return _serve(args, argv, config, kv_budget, held, standby, {
+            "interpreterS": None if interpreter_s is None else round(interpreter_s, 3),
+            "importsS": round(imported_at - MAIN_AT, 3), "standby": args.standby or ("forked" if took_over else False)})
+    finally:  # an exit this process chose (an error included): its standby must not take over
+        if standby is not None:
+            standby.stop()
+
+
+def _serve(args, argv, config, kv_budget, held, standby, startup: dict) -> int:
+    """Load the model and serve until the idle timeout or SIGTERM: 0, or 2 when the model
+    cannot load. `held`: the spawn lock a standby that took over holds until it is bound."""
+    from engine.api import EngineError
+    from engine.daemon.server import EngineDaemon
+    from engine.daemon.standby import stand_by
+    from engine.local import load_engine
+
+    log = logging.getLogger("engine.daemon")
     log.info("loading %s for the engine daemon (config %s)", config.model, config.digest())
+    began = time.monotonic()
     try:
         engine = load_engine(config.model, kv_budget=kv_budget, **config.load_arguments())
     except (EngineError, OSError, ValueError) as exc:
         log.error("the model failed to load: %s: %s", type(exc).__name__, exc)
         return 2
-    loaded_at = time.monotonic()
-    held = None
+    startup["modelS"] = round(time.monotonic() - began, 3)
     if args.standby:
-        from engine.daemon.standby import stand_by
-
         held = stand_by(args.socket, args.socket.with_suffix(".lock"))
         if held is None:
             engine.close()
             return 0
     daemon = EngineDaemon(engine, args.socket, idle_timeout=args.idle_timeout, kv_budget=engine.kv_budget_bytes)
-    # Where a (re)start's seconds go (docs/daemon.md "Restart"); the fronts wait for all of it.
-    daemon.startup = {"interpreterS": None if interpreter_s is None else round(interpreter_s, 3),
-                      "importsS": round(imported_at - MAIN_AT, 3), "modelS": round(loaded_at - imported_at, 3),
-                      "standby": args.standby}
+    daemon.startup = startup  # where a (re)start's seconds go (docs/daemon.md "Restart"); the fronts wait for all of it
     if held is not None:
         daemon.after_bind.append(lambda: held.__exit__(None, None, None))  # the fronts waiting for the lock connect
     if args.keep_standby:
         from engine.daemon.standby import StandbyProcess, standby_command
 
         daemon.standby = StandbyProcess(standby_command(sys.argv[1:] if argv is None else argv), args.socket.with_suffix(".log"))
+    elif standby is not None:
+        daemon.standby = standby
     try:
         asyncio.run(daemon.serve())
     finally:

@@ -90,11 +90,17 @@ def connect(place: Place, kv_budget: int | None, timeout: float = HELLO_TIMEOUT_
 
 
 class SpawnLock:
-    """An exclusive `flock` on the configuration's lock file, waited for at most `timeout` s."""
+    """An exclusive `flock` on the configuration's lock file, waited for at most `timeout` s.
+    `poll`: called while the lock is busy; the first value it returns that is not None ends
+    the wait without the lock (`found`) — a front waiting for the lock connects to a daemon
+    that answers meanwhile, whoever holds the lock (a standby holds it for as long as its
+    daemon lives)."""
 
-    def __init__(self, path: Path, timeout: float = START_TIMEOUT_S) -> None:
+    def __init__(self, path: Path, timeout: float = START_TIMEOUT_S, poll=None) -> None:
         self.path = path
         self.timeout = timeout
+        self.poll = poll
+        self.found = None
         self.fd: int | None = None
 
     def __enter__(self) -> SpawnLock:
@@ -105,6 +111,11 @@ class SpawnLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if self.poll is not None:
+                    self.found = self.poll()
+                    if self.found is not None:
+                        os.close(fd)
+                        return self
                 if time.monotonic() > end:
                     os.close(fd)
                     raise EngineError(f"another front held {self.path} for {self.timeout:.0f} s") from None
@@ -182,8 +193,8 @@ def reach(place: Place, config: DaemonConfig, kv_budget: int | None, *, idle_tim
     got = connect(place, kv_budget)
     if got is not None:
         return got
-    with SpawnLock(place.lock, start_timeout):
-        got = connect(place, kv_budget)
+    with SpawnLock(place.lock, start_timeout, poll=lambda: connect(place, kv_budget)) as lock:
+        got = lock.found or connect(place, kv_budget)
         if got is not None:
             return got
         end = time.monotonic() + start_timeout

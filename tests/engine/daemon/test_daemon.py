@@ -28,7 +28,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bench.process_memory import daemon_pids
+from bench.process_memory import daemon_pids, kill_daemons
 from engine.api import EngineError, EngineStats, InfillRequest, StreamEvent
 from engine.daemon import wire
 from engine.daemon.client import DaemonEngine
@@ -49,11 +49,7 @@ def private_rundir():
     try:
         yield base
     finally:
-        for pid in daemon_pids(base):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_daemons(base)
         shutil.rmtree(base, ignore_errors=True)
 
 

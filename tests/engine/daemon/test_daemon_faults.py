@@ -69,7 +69,7 @@ class _KillFirstNewDaemon:
 def _never_served(place: Place, pid: int) -> bool:
     """The daemon `pid` never bound its socket: no "serving" line of its in the log."""
     lines = [line for line in place.log.read_text(errors="replace").splitlines() if f"[{pid}]" in line]
-    return not any("serving" in line for line in lines)
+    return not any(f"engine daemon {pid} serving" in line for line in lines)  # the server's line once bound
 
 
 def test_a_daemon_killed_while_loading_on_the_first_start_is_started_again(rundir, config):
@@ -160,7 +160,9 @@ def test_a_daemon_killed_mid_kv_disk_write_leaves_no_file_that_is_ever_used(rund
     args = command[command.index("engine.daemon") + 1:]
     with open(place.log, "ab") as log:
         stalling = subprocess.Popen([sys.executable, "-c", STALLING_DAEMON, str(marker), *args], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=log, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
+                                    stdout=log, stderr=log, start_new_session=True,
+                                    # no forked standby: a fork of this process would half-write its files too
+                                    env=dict(os.environ, PYTHONPATH=str(REPO), EFIM_DAEMON_FORKED_STANDBY="0"))
     try:
         _wait(lambda: place.socket.exists(), timeout=60, what="the stalling daemon serving")
         front = _front(config)
@@ -224,3 +226,38 @@ def test_a_standby_daemon_takes_over_when_the_serving_one_is_killed_and_leaves_w
     # The last front gone: the serving daemon leaves on its idle timeout and stops its standby first.
     _wait(lambda: daemon_pids(rundir) == [], timeout=30, what="both daemons gone")
     assert not place.socket.exists()
+
+
+def test_a_forked_standby_takes_over_when_the_daemon_is_killed_and_leaves_with_it(rundir, config):
+    """The default standby: a fork of the daemon taken before its model load (sharing its
+    pages), waiting on a pipe; the daemon SIGKILLed → the fork binds the socket after loading
+    the model (no Python or torch start), forks a standby of its own, and both leave when the
+    last front has gone."""
+    place = Place.for_digest(config.digest())
+    front = _front(config, idle_timeout=1.0)
+    try:
+        active = front.daemon_pid
+        _wait(lambda: len(daemon_pids(rundir, forked_standbys=True)) == 2, timeout=30, what="the standby forked")
+        (standby,) = [pid for pid in daemon_pids(rundir, forked_standbys=True) if pid != active]
+        assert daemon_pids(rundir) == [active]  # a waiting standby is not counted as a daemon
+        _wait(lambda: _standby_ready(place, standby), timeout=30, what="the standby waiting")
+        assert _served(front)
+        os.kill(active, signal.SIGKILL)
+        _wait(lambda: front.state == "running" and front.daemon_pid != active, timeout=30, what="serving again")
+        assert front.daemon_pid == standby, place.log.read_text()[-3000:]  # the fork took over; no daemon started
+        assert [kind for kind, _, _ in front.on_fault.seen] == ["engine-crash"]
+        assert _served(front)
+        assert front.health()["daemon"]["startup"]["standby"] == "forked"
+        _wait(lambda: len(daemon_pids(rundir, forked_standbys=True)) == 2, timeout=30, what="the next standby forked")
+    finally:
+        front.close()
+    # The last front gone: the daemon leaves on its idle timeout and stops its standby first.
+    _wait(lambda: daemon_pids(rundir, forked_standbys=True) == [], timeout=30, what="the daemon and its standby gone")
+    assert not place.socket.exists()
+
+
+def test_a_daemon_whose_model_fails_to_load_leaves_no_standby(rundir, tmp_path):
+    config = DaemonConfig.of(str(tmp_path / "missing-model"), dtype="fp32")
+    with pytest.raises(Exception, match="exited with code 2"):
+        _front(config)
+    _wait(lambda: daemon_pids(rundir, forked_standbys=True) == [], timeout=30, what="no daemon or standby left")
