@@ -313,7 +313,7 @@ class Completer:
         if segments.rebased:
             log.debug("%s: session %d (%s)", uri, segments.session_id, segments.rebase_reason)
         full_prompt = self.warm_ahead.prompt_of(request, segments, info)
-        small = self.warm_ahead.small_request(uri, state, request, segments, full_prompt, settings)
+        small, warm_up = self.warm_ahead.small_request(uri, state, request, segments, full_prompt, settings)
         if small is not None:
             request = small
         # A request that cannot finish within `timeoutMs` of its arrival (a machine busy with
@@ -329,6 +329,8 @@ class Completer:
             log.warning("%s: the engine refused the request: %s", uri, exc)
             return self._decline("engineError", f"engine error: {type(exc).__name__}: {exc}", stats)
         pending.handle = handle
+        if warm_up is not None:  # the full window, behind the small one the engine has now
+            warm_up()
         if pending.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
             handle.cancel()
         streamed = await self._stream(handle, ctx, mode, forks=request.n > 1, stats=stats)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from typing import Callable
 
@@ -265,20 +266,22 @@ class WarmAhead:
 
     def small_request(
         self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str, settings: Settings
-    ) -> InfillRequest | None:
-        """The small-window request that answers now while the session's full window is
-        computed in the background; None when the full window is (nearly) computed, or
-        when first windows are off."""
+    ) -> tuple[InfillRequest | None, Callable[[], bool] | None]:
+        """(the small-window request that answers now while the session's full window is
+        computed in the background, the full window's warm-up to submit right after it);
+        (None, None) when the full window is (nearly) computed, or when first windows are
+        off. The caller submits the small request first: submitted first, the warm-up's
+        first prefill step started before the answer's request arrived, which then waited
+        for that step's first pause (docs/navigation.md)."""
         small = self.small_window_for(state, request, segments, settings)
         if small is None:
-            return None
+            return None, None
         warming_here = state.warming is not None and not state.warming.done and state.warming_session == segments.session_id
-        if not warming_here:
-            if not self.is_cold_at(state, prompt, settings):
-                return None
-            if not self.submit_warmup(uri, state, request, segments, prompt):
-                return None
-        return small
+        if warming_here:
+            return small, None
+        if not self.is_cold_at(state, prompt, settings) or self.holder.engine is None:
+            return None, None
+        return small, functools.partial(self.submit_warmup, uri, state, request, segments, prompt)
 
     @staticmethod
     def is_cold_at(state: DocumentState, prompt: str, settings: Settings) -> bool:

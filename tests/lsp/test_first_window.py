@@ -60,6 +60,9 @@ async def test_a_cold_place_is_answered_from_the_small_window_while_the_full_one
     assert len(small.prefix) < len(warm.prefix) / 4 and LONG[: MIDDLE - len(small.prefix)].endswith("\n")
     assert len(render(small)) / CHARS_PER_TOKEN <= SMALL * 1.2
     assert rig.stats.first_window_answers == 1
+    # The answer's request reaches the engine before the warm-up: submitted after it, it
+    # waited for the warm-up's first prefill step to pause.
+    assert _requests(rig.engine).index(small) < _requests(rig.engine).index(warm)
 
 
 async def test_keystrokes_keep_the_same_small_window_until_the_warm_up_has_run_then_use_the_full_one():
@@ -153,8 +156,9 @@ def test_computed_prompts_measure_what_a_full_request_would_prefill():
 async def test_an_edit_at_a_cold_place_warms_its_small_window_first_and_the_request_after_a_pause_extends_it():
     """A plain client's jump: delete a line's tail (a didChange away from the session), pause,
     retype. The edit warms the small window, then the full one; the request that follows is
-    answered from the small window, whose prompt it extends (what the warm-up computed)."""
-    rig = await _rig()
+    answered from the small window, whose prompt it extends (what the warm-up computed).
+    (No answer ahead: its foreground request at the edit raced the one asked for here.)"""
+    rig = await _rig(answerAhead=False)
     await rig.complete(MIDDLE)  # the session lives at MIDDLE
     await _until(lambda: len(_background(rig.engine)) == 1)
     line_end = LONG.index("\n", JUMP)
@@ -182,7 +186,7 @@ async def test_a_backspace_after_a_warmed_landing_is_seen_by_the_small_window():
     engine = FakeEngine(lambda r: "pass\n")
     engine.suffix_first = True
     engine.background_gate = threading.Event()
-    rig = await Rig(engine, **{"firstWindowTokens": SMALL}).start(LONG)
+    rig = await Rig(engine, **{"firstWindowTokens": SMALL, "answerAhead": False}).start(LONG)  # (see above)
     await rig.complete(MIDDLE)
     line_end = LONG.index("\n", JUMP)  # "def f300(x):|"
     rig.completer.cursor_moved(URI, line_end)
