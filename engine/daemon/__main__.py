@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
             if held is None:
                 return 0
             took_over = True
-            imported_at = time.monotonic()  # this process's start, as the serving daemon, is now
     try:
         return _serve(args, argv, config, kv_budget, held, standby, {
             "interpreterS": None if interpreter_s is None else round(interpreter_s, 3),

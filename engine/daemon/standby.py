@@ -33,6 +33,7 @@ and exits.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -160,6 +161,9 @@ def fork_standby(held: SpawnLock | None = None) -> ForkedStandby | int:
     the child. `held`: the spawn lock this process holds (a standby that took over); the
     child closes its copy of the descriptor (a flock lasts while any copy is open: the child
     would keep it after its parent died, and wait for it forever)."""
+    # Every object so far out of the collector's reach: a collection in the daemon would
+    # write to their headers, and each page it writes is copied, the standby keeping the old.
+    gc.freeze()
     pipe_r, pipe_w = os.pipe()
     pid = os.fork()
     if pid == 0:
