@@ -140,9 +140,12 @@ class EngineHolder:
         A local model is loaded after the old engine is closed (two models need not fit in
         memory at once), once `preflight` found nothing wrong with its files: a model that
         fails those checks leaves the old engine serving, with `error` saying why and the
-        state "ready" (a failure later in the load, e.g. out of memory, ends "failed"); a remote engine is built first and the old one is kept, serving,
-        when the new one cannot be built (a bad endpoint, an unset `apiKeyEnv`): `error`
-        says why and the state stays "ready".
+        state "ready" (a failure later in the load, e.g. out of memory, ends "failed"). A
+        remote engine, and any engine while the serving one keeps its model in another
+        process (the engine daemon's: `model_in_this_process = False`), is built first and
+        the old one serves meanwhile, and is kept, serving, when the new one cannot be built
+        (a bad endpoint, an unset `apiKeyEnv`, a daemon that does not start): `error` says
+        why and the state stays "ready".
         """
         progress = progress or _NoProgress()
         self._generation += 1
@@ -164,7 +167,9 @@ class EngineHolder:
                 return False
             if generation != self._generation:
                 return False
-        keep_old = spec.remote and self.ready
+        # A remote engine, or one whose model lives in the engine daemon, keeps serving until
+        # the next answers: closing it first would free no memory here.
+        keep_old = self.ready and (spec.remote or not getattr(self.engine, "model_in_this_process", True))
         previous = (self.engine, self.info, self.spec)
         if not keep_old:
             self._ready.clear()

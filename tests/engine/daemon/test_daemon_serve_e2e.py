@@ -156,3 +156,30 @@ def test_a_bad_model_switch_keeps_the_daemons_model_and_the_front_loads_no_torch
         maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
         assert "libtorch" not in maps  # the check ran in a process of its own
         assert server.shutdown_and_exit() == 0
+
+
+def test_a_switch_to_another_daemon_keeps_the_old_one_serving_until_the_new_one_answers(tiny_model_dir, rundir):
+    """A setting that names another daemon configuration (here kvDiskBudget): the front keeps
+    its connection to the old daemon, answering, until the new daemon's engine is ready —
+    no "model loading" declines during the switch (the front frees no memory by closing first)."""
+    with _serve(tiny_model_dir, rundir, daemon_env=None) as server:
+        server.initialize(OPTIONS)
+        old = server.wait_model()["engine"]["daemon"]["pid"]
+        server.open(URI, TEXT)
+        assert _complete(server)["items"]
+        server.result("efim/stats", {"reset": True})
+        server.notify("workspace/didChangeConfiguration", {"settings": {"efim": {"kvDiskBudget": "1G"}}})
+        asked = 0
+        deadline = time.monotonic() + 60
+        while True:
+            stats = _engine_stats(server)
+            if stats["engine"].get("daemon", {}).get("pid") not in (None, old) and stats["model"]["state"] == "ready":
+                break
+            assert time.monotonic() < deadline, stats
+            assert stats["model"]["state"] == "ready", stats["model"]  # never "loading" on the way
+            _complete(server)
+            asked += 1
+        stats = _engine_stats(server)
+        assert asked >= 1 and stats["declined"].get("modelLoading", 0) == 0, (asked, stats["declined"])
+        assert _complete(server)["items"]  # the new daemon serves
+        assert server.shutdown_and_exit() == 0
