@@ -167,8 +167,10 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
             processes: dict[str, float] = {}
             rss_total = pss_total = 0.0
             pss_known = True
+            serving = set(daemon_pids(rundir))  # and their forked standbys, counted in the memory
             for label, pid in [*((f"front{i + 1}", c.proc.pid) for i, c in enumerate(clients)),
-                               *((f"daemon {pid}", pid) for pid in daemon_pids(rundir, forked_standbys=True))]:
+                               *((f"{'daemon' if pid in serving else 'standby'} {pid}", pid)
+                                 for pid in daemon_pids(rundir, forked_standbys=True))]:
                 rss, pss = memory_mb(pid)
                 if math.isnan(rss):
                     continue
@@ -273,11 +275,11 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
 async def _wait_daemons_exit(rundir: Path, timeout: float) -> list[int]:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        left = daemon_pids(rundir)
+        left = daemon_pids(rundir, forked_standbys=True)  # a standby left behind counts
         if not left:
             return []
         await asyncio.sleep(0.2)
-    return daemon_pids(rundir)
+    return daemon_pids(rundir, forked_standbys=True)
 
 
 def memory_phases(result: FrontsSoakResult, options: FrontsSoakOptions) -> dict[str, Any]:
