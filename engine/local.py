@@ -373,6 +373,11 @@ class LocalEngine:
         log.error("%s", message)
         self._report("out-of-memory", message)
 
+    def engine_seconds_by_owner(self) -> dict[str, float]:
+        """Engine seconds each owner (`InfillRequest.owner`: a daemon's front) was charged by
+        the scheduler's turns since the engine thread started (engine.scheduling.fairness)."""
+        return self.scheduler.turns.spent_by_owner()
+
     def stats(self) -> EngineStats:
         c = self.scheduler.counters
         used, free = self.cache.usage()

@@ -68,6 +68,7 @@ class Turns:
         self.seen: dict[str, float] = {}  # owner -> time.monotonic() it last had foreground work
         self.awake: set[str] = set()  # the owners with foreground work at the last `active` call
         self.wake_credit = WAKE_CREDIT
+        self.spent: dict[str, float] = {}  # owner -> engine seconds charged to it, not decayed (reported)
 
     def used(self, owner: str, now: float | None = None) -> float:
         """`owner`'s recent engine time now (decayed)."""
@@ -111,7 +112,14 @@ class Turns:
 
     def charge(self, owner: str, seconds: float) -> None:
         now = self.clock()
-        self.usage[owner] = (self.used(owner, now) + max(0.0, seconds), now)
+        seconds = max(0.0, seconds)
+        self.usage[owner] = (self.used(owner, now) + seconds, now)
+        self.spent[owner] = self.spent.get(owner, 0.0) + seconds
+
+    def spent_by_owner(self) -> dict[str, float]:
+        """Engine seconds charged to each owner so far (its prefill steps, its share of the
+        decode steps); a copy, safe to take from any thread."""
+        return dict(self.spent)
 
     def charge_rows(self, owners: SequenceType[str], seconds: float) -> None:
         """A batched step of one row per entry of `owners`: each owner pays its rows' share."""

@@ -380,6 +380,7 @@ def test_turns_serve_the_owner_of_least_recent_usage():
     now[0] += 100.0
     t.next(["C"])
     assert set(t.usage) == set()  # decayed away: forgotten
+    assert t.spent_by_owner() == {"A": 8.0, "B": 7.0}  # what each was charged, not decayed (reported per front)
     items = [("A", 1), ("A", 2), ("A", 3), ("B", 1), ("C", 1), ("B", 2)]
     assert interleave(items, lambda x: x[0], ["B"]) == [("B", 1), ("A", 1), ("C", 1), ("B", 2), ("A", 2), ("A", 3)]
     assert interleave(items[:3], lambda x: x[0]) == items[:3]

@@ -72,6 +72,7 @@ def test_two_serve_fronts_share_one_daemon_and_survive_its_death(tiny_model_dir,
         assert s2["promptTokens"] == s1["promptTokens"] and s2["prefilledTokens"] <= 0.05 * s2["promptTokens"], (s1, s2)
         assert second["items"] == first["items"]
         assert len(s2["engine"]["daemon"]["fronts"]) == 2
+        assert all(f["engineS"] > 0 for f in s2["engine"]["daemon"]["fronts"])  # each front's engine time
 
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
