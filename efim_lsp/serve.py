@@ -107,7 +107,7 @@ def engine_factory(args: argparse.Namespace):
             try:
                 return open_daemon_engine(model, fim_tokens=fim_tokens, adapter=adapter, kv_disk=kv_disk,
                                           kv_disk_budget=kv_disk_budget, idle_timeout=args.daemon_idle_timeout, **kwargs)
-            except EngineError as exc:
+            except (EngineError, OSError) as exc:
                 if asked:
                     raise
                 # The default, not the user's choice: an editor still gets its suggestions.

@@ -116,8 +116,10 @@ def set_process_name(name: str) -> None:
 
 
 def forked_standby_wanted() -> bool:
-    """The forked standby, unless `EFIM_DAEMON_FORKED_STANDBY=0` or the platform cannot fork."""
-    return hasattr(os, "fork") and os.environ.get(FORKED_STANDBY_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """The forked standby, unless `EFIM_DAEMON_FORKED_STANDBY=0` or the platform is not Linux
+    (macOS does not support a fork that goes on without exec once system frameworks are loaded)."""
+    return sys.platform.startswith("linux") and os.environ.get(FORKED_STANDBY_ENV, "1").strip().lower() not in (
+        "0", "false", "no", "off")
 
 
 class ForkedStandby:
