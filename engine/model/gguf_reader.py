@@ -162,8 +162,8 @@ class GGUFFile:
                 types = [value_types(kind)]
             self.fields[key] = Field(types, value)
         alignment = self.fields.get("general.alignment")
-        align = int(alignment.value) if alignment is not None else _DEFAULT_ALIGNMENT
-        if align <= 0 or align & (align - 1):
+        align = alignment.value if alignment is not None else _DEFAULT_ALIGNMENT
+        if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
             raise GGUFError(f"general.alignment {align} is not a power of two")
         infos = []
         for i in range(n_tensors):

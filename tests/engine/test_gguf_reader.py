@@ -150,3 +150,11 @@ def test_nonsense_in_the_header_is_named(tmp_path):
     path.write_bytes(b"GGUF" + body)
     with pytest.raises(GGUFError, match="not UTF-8"):
         GGUFFile(path)
+    # an alignment that is not a power of two, or not a number
+    for value, kind in ((b"\x03\x00\x00\x00", 4), (b"\x02\x00\x00\x00\x00\x00\x00\x00ab", 8)):
+        key = b"general.alignment"
+        body = (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+        body += len(key).to_bytes(8, "little") + key + kind.to_bytes(4, "little") + value
+        path.write_bytes(b"GGUF" + body + b"\0" * 32)
+        with pytest.raises(GGUFError, match="general.alignment"):
+            GGUFFile(path)
