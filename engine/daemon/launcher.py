@@ -112,7 +112,11 @@ class SpawnLock:
                 break
             except BlockingIOError:
                 if self.poll is not None:
-                    self.found = self.poll()
+                    try:
+                        self.found = self.poll()
+                    except BaseException:  # a refusal (DaemonRefused) ends the wait: the file is not kept open
+                        os.close(fd)
+                        raise
                     if self.found is not None:
                         os.close(fd)
                         return self

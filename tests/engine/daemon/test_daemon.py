@@ -539,3 +539,29 @@ def test_serve_without_unix_sockets_runs_the_engine_in_process_and_says_so(tiny_
         assert isinstance(front, DaemonEngine) and daemon_pids(rundir) == [front.daemon_pid]
     finally:
         front.close()
+
+
+def test_a_spawn_lock_poll_that_raises_ends_the_wait_and_keeps_no_descriptor(tmp_path):
+    """`SpawnLock(poll=…)` while another holds the lock: a value ends the wait without the
+    lock; an exception (a refused peer) propagates, and neither leaves the lock file open."""
+    import fcntl
+
+    from engine.daemon.launcher import SpawnLock
+
+    path = tmp_path / "x.lock"
+    holder = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        with SpawnLock(path, timeout=5, poll=lambda: "answered") as lock:
+            assert lock.found == "answered" and lock.fd is None
+        assert len(os.listdir("/proc/self/fd")) == before
+
+        def refuse():
+            raise RuntimeError("refused")
+
+        with pytest.raises(RuntimeError, match="refused"):
+            SpawnLock(path, timeout=5, poll=refuse).__enter__()
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(holder)
