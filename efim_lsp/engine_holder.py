@@ -169,7 +169,7 @@ class EngineHolder:
                 return False
         # A remote engine, or one whose model lives in the engine daemon, keeps serving until
         # the next answers: closing it first would free no memory here.
-        keep_old = self.ready and (spec.remote or not getattr(self.engine, "model_in_this_process", True))
+        keep_old = self.ready and (spec.remote or not self.engine.model_in_this_process)
         previous = (self.engine, self.info, self.spec)
         if not keep_old:
             self._ready.clear()

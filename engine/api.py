@@ -338,6 +338,12 @@ class Engine(Protocol):
         document was closed). Any thread; never blocks; takes effect before the engine's
         next step."""
 
+    # Whether the model's weights live in this process (the local engine) or elsewhere (an
+    # inference server, the engine daemon): a server switching models closes an engine whose
+    # model is here before loading the next, and keeps one whose model is elsewhere serving
+    # until the next answers (efim_lsp.engine_holder).
+    model_in_this_process: bool
+
     # Called (kind, message) from the engine's thread when something the user should hear
     # about happened ("engine-crash", "engine-failed", "out-of-memory"); the caller sets it
     # and hands the call to its own thread. None: nobody listens.

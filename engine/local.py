@@ -85,6 +85,8 @@ def _keep_large_blocks_out_of_the_heap() -> None:
 class LocalEngine:
     """In-process engine over a loaded model. Use `load_engine()` to build one."""
 
+    model_in_this_process = True  # engine.api.Engine
+
     def __init__(
         self,
         loaded: LoadedModel,

@@ -66,9 +66,7 @@ class _CancelOverSocket:
 class DaemonEngine(FaultReporting):
     """An engine hosted by the user's engine daemon. See the module docstring."""
 
-    # Its model lives in the daemon: a front switching models keeps it serving until the next
-    # engine answers (efim_lsp.engine_holder), as for a remote backend.
-    model_in_this_process = False
+    model_in_this_process = False  # the daemon's (engine.api.Engine)
 
     def __init__(self, config: DaemonConfig, *, kv_budget: int | str | None = None,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S, place: Place | None = None,

@@ -330,8 +330,7 @@ class EngineDaemon:
         """The daemon's state for the fronts' `efim/stats` (`engine.daemon`): start-up phases,
         budget, and per front its counts and `engineS`, the engine seconds its requests took
         (prefill steps, and its rows' share of the decode steps)."""
-        by_owner = getattr(self.engine, "engine_seconds_by_owner", None)
-        spent = by_owner() if by_owner is not None else {}
+        spent = self.engine.engine_seconds_by_owner()
         return {"pid": os.getpid(), "socket": str(self.socket_path), "uptimeS": round(time.monotonic() - self.started, 1),
                 "startup": self.startup,
                 "kvBudget": self.kv_budget, "front": asking.number if asking else None,

@@ -121,6 +121,8 @@ class _StopOnLoop:
 class RemoteEngine(FaultReporting):
     """An engine whose forward passes run on an inference server. See the module docstring."""
 
+    model_in_this_process = False  # the server's (engine.api.Engine)
+
     def __init__(
         self,
         backend: str,

@@ -115,16 +115,16 @@ def test_a_request_starts_within_one_background_step(engine, text):
     settle(engine)
 
 
-def _warm_up_running(eng, text) -> tuple:
-    """A warm-up of the `fill` window under key "doc", once its first prefill step has begun:
-    (its handle, the scheduler's trace, prefix, suffix)."""
+def _warm_up_running(eng, text, steps: int = 1) -> tuple:
+    """A warm-up of the `fill` window under key "doc", once `steps` of its prefill steps have
+    begun: (its handle, the scheduler's trace, prefix, suffix)."""
     at = text.index("def fill(")
     prefix, suffix = _window(text, at, before=2400, after=600)
     trace: list = []
     eng.scheduler.trace = trace
     warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
     end = time.monotonic() + 60
-    while ("prefill", "doc", True) not in trace:
+    while trace.count(("prefill", "doc", True)) < steps:
         assert time.monotonic() < end
         time.sleep(0.0005)
     return warm, trace, prefix, suffix
@@ -189,15 +189,7 @@ def test_a_waiting_warm_up_gets_a_slice_while_foreground_work_goes_on(tiny_model
 
 
 def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
-    at = text.index("def fill(")
-    prefix, suffix = _window(text, at, before=2400, after=600)
-    trace: list = []
-    engine.scheduler.trace = trace
-    warm = engine.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
-    end = time.monotonic() + 60
-    while sum(1 for t in trace if t == ("prefill", "doc", True)) < 3:
-        assert time.monotonic() < end
-        time.sleep(0.001)
+    warm, _, prefix, suffix = _warm_up_running(engine, text, steps=3)
     real = engine.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, increment="x", max_tokens=4)).result(60)
     assert warm.result(60).finish_reason == "cancelled"
     assert warm.result().stats.prefilled_tokens >= 3 * 32

@@ -194,6 +194,7 @@ class FakeEngine:
         self.documents_forgotten.append(key)
 
     on_fault = None  # the engine holder sets it; a fake has no faults to report
+    model_in_this_process = True
 
     def health(self) -> dict:
         return {"state": "closed" if self.closed else "running"}

@@ -188,6 +188,7 @@ class OracleEngine:
         pass  # nothing kept
 
     on_fault = None  # the engine holder sets it; an oracle has no faults to report
+    model_in_this_process = True
 
     def health(self) -> dict:
         return {"state": "running"}
