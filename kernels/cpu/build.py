@@ -8,6 +8,12 @@ rebuilt in place (written beside, then renamed, so several processes may build a
 A cache folder that is not the user's own or that others may write is not trusted: the build
 then goes to a private temporary folder for this process. No compiler, a failed build or
 `EFIM_C_KERNELS=0` gives `None` and one log line; every caller has a torch path.
+
+A kernel that shares its work over threads asks for OpenMP (`openmp=True`). It gets it only
+where the OpenMP runtime torch has loaded is the one `-fopenmp` links (`libgomp.so.1`, matched
+by the loader by that name): the kernel's parallel regions then run on torch's own threads,
+never on a second pool fighting it for the cores. Elsewhere (another runtime, no OpenMP in the
+compiler) the kernel is built without it and runs on one thread.
 """
 
 from __future__ import annotations
@@ -68,11 +74,33 @@ def _private_dir(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def _build(cc: str, source: Path, out: Path, native: bool) -> str | None:
-    """Compile `source` to `out` (atomically); None on success, else the compiler's complaint."""
+def torch_openmp_runtime() -> str | None:
+    """The path of the OpenMP runtime this process has loaded when it is the one `-fopenmp`
+    links by name (`libgomp.so.1`, the only one loaded), else None. Read from /proc/self/maps
+    after torch is imported (Linux; None elsewhere)."""
+    import torch  # noqa: F401, PLC0415  (its runtime is what is looked for)
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "/lib" in line and "omp" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return None
+    runtimes = {p for p in paths if os.path.basename(p).startswith(("libgomp", "libomp", "libiomp"))}
+    if len(runtimes) != 1:
+        return None
+    (path,) = runtimes
+    return path if os.path.basename(path) == "libgomp.so.1" else None
+
+
+def _build(cc: str, source: Path, out: Path, native: bool, openmp: bool = False) -> str | None:
+    """Compile `source` to `out` (atomically); None on success, else the compiler's complaint.
+    Tries the richest flags first: -march=native (when `native`), then OpenMP (when `openmp`)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     last = ""
-    for flags in ((*_FLAGS, _NATIVE), _FLAGS) if native else (_FLAGS,):
+    variants = [(*_FLAGS, _NATIVE), _FLAGS] if native else [_FLAGS]
+    if openmp:
+        variants = [(*v, "-fopenmp") for v in variants] + variants
+    for flags in variants:
         cmd = [cc, *flags, "-o", str(tmp), str(source), *_LIBS]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=_COMPILE_TIMEOUT_S, check=False)
@@ -88,11 +116,12 @@ def _build(cc: str, source: Path, out: Path, native: bool) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def library(name: str, cache_dir: Path | None = None, *, native: bool = True) -> ctypes.CDLL | None:
+def library(name: str, cache_dir: Path | None = None, *, native: bool = True, openmp: bool = False) -> ctypes.CDLL | None:
     """`kernels/cpu/<name>.c` as a loaded library, built into `cache_dir` (kept between runs)
     when that folder is private, else into a temporary folder; None when C kernels are off or
     cannot be built (logged once per name). `native=False` builds for the architecture's
-    baseline (no -march=native: the portable loops, which the tests run on an AVX-512 machine)."""
+    baseline (no -march=native: the portable loops, which the tests run on an AVX-512 machine).
+    `openmp=True` builds with OpenMP where torch's runtime allows it (module docstring)."""
     if not enabled():
         log.info("C kernels off (EFIM_C_KERNELS=0): %s runs on torch", name)
         return None
@@ -100,6 +129,7 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True) ->
     if cc is None:
         log.warning("no C compiler (cc, gcc, clang or $CC): the %s kernel runs on torch, decode is slower", name)
         return None
+    openmp = openmp and torch_openmp_runtime() is not None
     source = _SOURCE_DIR / f"{name}.c"
     headers = "".join(h.read_text(encoding="utf-8") for h in sorted(_SOURCE_DIR.glob("*.h")))  # the shared header(s)
     try:
@@ -108,14 +138,14 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True) ->
         version = ""
     key = hashlib.sha256(
         b"\0".join(
-            s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", _cpu_flags())
+            s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", "-fopenmp" if openmp else "", _cpu_flags())
         )
     ).hexdigest()[:16]
     folder = cache_dir if cache_dir is not None and _private_dir(cache_dir) else Path(tempfile.mkdtemp(prefix="efim-kernels-"))
     out = folder / f"{name}-{key}.so"
     if not out.is_file():
         started = time.perf_counter()
-        problem = _build(cc, source, out, native)
+        problem = _build(cc, source, out, native, openmp)
         if problem is not None:
             log.warning("C kernel %s failed to build with %s (%s): it runs on torch, decode is slower", name, cc, problem)
             return None
@@ -127,4 +157,4 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True) ->
         return None
 
 
-__all__ = ["library", "compiler", "enabled"]
+__all__ = ["library", "compiler", "enabled", "torch_openmp_runtime"]

@@ -5,8 +5,15 @@
  * weighted sum of values. exp is a polynomial (relative error below 7e-7 for x >= -10, 4e-6
  * down to -87 where float32's rounding of x log2(e) dominates), so no vector math library is needed.
  *
+ * Long contexts are shared out over threads: each KV head's keys are cut into chunks of at least
+ * EFIM_CHUNK_KEYS, every (head, chunk) pair computes its unnormalised share (flash-decoding's
+ * split over the keys), and the shares are combined with the usual max rescaling. With OpenMP
+ * the pairs run on the process's OpenMP threads, the same runtime and threads as torch's
+ * (kernels/cpu/build.py builds with it only where torch's runtime is the one the library links).
+ *
  * q: [H, D] rows at stride ldq; k, v: [H_kv] heads at stride head_stride, rows of D at
- * stride D; out: [H, D] rows at stride ldo, bf16. scores: caller's float32 scratch of G * n.
+ * stride D; out: [H, D] rows at stride ldo, bf16. scratch: caller's float32 scratch of
+ * efim_decode_attention_scratch(H, H_kv, D, n) floats; threads: how many to share over.
  * Both entry points return 0, or -1 on sizes they do not take (D > 256, H not a multiple of
  * H_kv); `efim_decode_rope_attention` also rotates the token's q and k and writes its k and v
  * into the cache first (the whole attention half of a decode step in one call). */
@@ -16,6 +23,8 @@
 
 #define EFIM_MAX_HEAD_DIM 256
 #define EFIM_MAX_GROUP 64
+#define EFIM_CHUNK_KEYS 256 /* below this many keys a chunk costs more to share than to run */
+#define EFIM_MAX_CHUNKS 8
 
 /* e^x for x <= 0 (softmax after subtracting the maximum): 2^(x log2 e) split into an integer
  * power (exponent bits) and 2^f, f in [-0.5, 0.5], by a degree-6 polynomial. Below -87 the
@@ -44,14 +53,15 @@ static inline float dot_lanes(const float *q, const float *k, int D) {
 }
 
 #if defined(__AVX512F__)
-/* The softmax of one row in place, 16 scores at a time (the tail under a mask); e^x as above,
- * the power of two applied by scalef. */
-static void softmax_row_avx512(float *sg, int n) {
+/* e^(x - max) of one row in place, 16 scores at a time (the tail under a mask), e^x as above,
+ * the power of two applied by scalef; *mx_out gets the row's maximum, the return its sum. */
+static float exp_row_avx512(float *sg, int n, float *mx_out) {
   __m512 mxv = _mm512_set1_ps(-3.0e38f);
   int s = 0;
   for (; s + 16 <= n; s += 16) mxv = _mm512_max_ps(mxv, _mm512_loadu_ps(sg + s));
   if (s < n) mxv = _mm512_mask_max_ps(mxv, (__mmask16)((1u << (n - s)) - 1u), mxv, _mm512_maskz_loadu_ps((__mmask16)((1u << (n - s)) - 1u), sg + s));
-  const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv));
+  *mx_out = _mm512_reduce_max_ps(mxv);
+  const __m512 mx = _mm512_set1_ps(*mx_out);
   const __m512 log2e = _mm512_set1_ps(EFIM_LOG2E), lo = _mm512_set1_ps(-87.0f);
   __m512 sumv = _mm512_setzero_ps();
   for (s = 0; s < n; s += 16) {
@@ -65,18 +75,42 @@ static void softmax_row_avx512(float *sg, int n) {
     _mm512_mask_storeu_ps(sg + s, m, e);
     sumv = _mm512_add_ps(sumv, e);
   }
-  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sumv));
-  for (s = 0; s < n; s += 16) {
-    const __mmask16 m = n - s >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - s)) - 1u);
-    _mm512_mask_storeu_ps(sg + s, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sg + s), inv));
-  }
+  return _mm512_reduce_add_ps(sumv);
 }
 #endif
 
-/* One KV head's G query rows (float32, already scaled) over its first n key and value rows:
- * out rows g = 0..G-1 at stride ldo. acc: G * D floats of scratch. */
-static void attend_group(int G, int D, int n, const float *qf, const uint16_t *kh, const uint16_t *vh,
-                         uint16_t *out, long ldo, float *scores, float *acc) {
+/* e^(x - max) of one row in place, max, exp and sum as elementwise loops over LANES partials;
+ * *mx_out gets the row's maximum, the return its sum. */
+static float exp_row(float *sg, int n, float *mx_out) {
+#if defined(__AVX512F__)
+  return exp_row_avx512(sg, n, mx_out);
+#else
+  float mxl[LANES], suml[LANES];
+  for (int j = 0; j < LANES; j++) mxl[j] = sg[0], suml[j] = 0.f;
+  int s = 0;
+  for (; s + LANES <= n; s += LANES)
+    for (int j = 0; j < LANES; j++) mxl[j] = sg[s + j] > mxl[j] ? sg[s + j] : mxl[j];
+  float mx = mxl[0];
+  for (int j = 1; j < LANES; j++) mx = mxl[j] > mx ? mxl[j] : mx;
+  for (; s < n; s++) mx = sg[s] > mx ? sg[s] : mx;
+  for (s = 0; s < n; s++) sg[s] = exp_nonpositive(sg[s] - mx);
+  for (s = 0; s + LANES <= n; s += LANES)
+    for (int j = 0; j < LANES; j++) suml[j] += sg[s + j];
+  float sum = 0.f;
+  for (int j = 0; j < LANES; j++) sum += suml[j];
+  for (; s < n; s++) sum += sg[s];
+  *mx_out = mx;
+  return sum;
+#endif
+}
+
+/* One KV head's G query rows (float32, already scaled) over key and value rows 0..n-1 of kh
+ * and vh (one chunk of the head's keys): acc[g * D + d] gets sum_s e^(q_g.k_s - mx[g]) v_s,
+ * mx[g] the row's maximum score and sum[g] the sum of its e^ terms — the chunk's share, not
+ * yet normalised, so chunks computed apart combine exactly (`combine_chunks`).
+ * scores: G * n floats of scratch. */
+static void attend_chunk(int G, int D, int n, const float *qf, const uint16_t *kh, const uint16_t *vh,
+                         float *scores, float *acc, float *mx, float *sum) {
   /* pass 1: scores[g * n + s] = q_g . k_s */
 #if defined(__AVX512F__)
   if (D == 64 && G <= 8) { /* the common head size: whole rows in four vectors */
@@ -104,31 +138,8 @@ static void attend_group(int G, int D, int n, const float *qf, const uint16_t *k
     for (int d = 0; d < D; d++) kf[d] = bf16_to_f32(ks[d]);
     for (int g = 0; g < G; g++) scores[(long)g * n + s] = dot_lanes(qf + g * D, kf, D);
   }
-  /* softmax per query row; max, exp and sum as elementwise loops over LANES partials */
-  for (int g = 0; g < G; g++) {
-#if defined(__AVX512F__)
-    softmax_row_avx512(scores + (long)g * n, n);
-    continue;
-#endif
-    float *sg = scores + (long)g * n;
-    float mxl[LANES], suml[LANES];
-    for (int j = 0; j < LANES; j++) mxl[j] = sg[0], suml[j] = 0.f;
-    int s = 0;
-    for (; s + LANES <= n; s += LANES)
-      for (int j = 0; j < LANES; j++) mxl[j] = sg[s + j] > mxl[j] ? sg[s + j] : mxl[j];
-    float mx = mxl[0];
-    for (int j = 1; j < LANES; j++) mx = mxl[j] > mx ? mxl[j] : mx;
-    for (; s < n; s++) mx = sg[s] > mx ? sg[s] : mx;
-    for (s = 0; s < n; s++) sg[s] = exp_nonpositive(sg[s] - mx);
-    for (s = 0; s + LANES <= n; s += LANES)
-      for (int j = 0; j < LANES; j++) suml[j] += sg[s + j];
-    float sum = 0.f;
-    for (int j = 0; j < LANES; j++) sum += suml[j];
-    for (; s < n; s++) sum += sg[s];
-    const float inv = 1.0f / sum;
-    for (s = 0; s < n; s++) sg[s] *= inv;
-  }
-  /* pass 2: out_g = sum_s p_gs v_s */
+  for (int g = 0; g < G; g++) sum[g] = exp_row(scores + (long)g * n, n, mx + g);
+  /* pass 2: acc_g = sum_s p_gs v_s */
 #if defined(__AVX512F__)
   if (D == 64 && G <= 8) { /* accumulators in registers, each value row read once */
     __m512 av[8][4];
@@ -146,9 +157,9 @@ static void attend_group(int G, int D, int n, const float *qf, const uint16_t *k
     }
     for (int g = 0; g < G; g++)
       for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc + g * D + 16 * j, av[g][j]);
-  } else
+    return;
+  }
 #endif
-  {
   for (int i = 0; i < G * D; i++) acc[i] = 0.f;
   for (int s = 0; s < n; s++) {
     const uint16_t *vs = vh + (long)s * D;
@@ -160,31 +171,73 @@ static void attend_group(int G, int D, int n, const float *qf, const uint16_t *k
       for (int d = 0; d < D; d++) ag[d] += p * vf[d];
     }
   }
-  }
-  for (int g = 0; g < G; g++) {
-    uint16_t *o = out + (long)g * ldo;
-    for (int d = 0; d < D; d++) o[d] = f32_to_bf16(acc[g * D + d]);
-  }
 }
 
 static int sizes_ok(int H, int H_kv, int D, int n) {
   return D <= EFIM_MAX_HEAD_DIM && D > 0 && H_kv > 0 && H % H_kv == 0 && H / H_kv <= EFIM_MAX_GROUP && n > 0;
 }
 
+/* How many chunks each KV head's keys are cut into: one per EFIM_CHUNK_KEYS keys, at most
+ * EFIM_MAX_CHUNKS, and one when there is a single thread (nothing to share). */
+static int chunks_for(int n, int threads) {
+  if (threads <= 1) return 1;
+  int c = n / EFIM_CHUNK_KEYS;
+  return c < 1 ? 1 : c > EFIM_MAX_CHUNKS ? EFIM_MAX_CHUNKS : c;
+}
+
+/* The chunks' shares of one KV head's G rows, combined with the usual rescaling
+ * (out_g = sum_c e^(mx_cg - M_g) acc_cg / sum_c e^(mx_cg - M_g) sum_cg), written as bf16. */
+static void combine_chunks(int G, int D, int C, const float *part, long part_stride, uint16_t *out, long ldo) {
+  for (int g = 0; g < G; g++) {
+    float m = -3.0e38f;
+    for (int c = 0; c < C; c++) {
+      const float mc = part[c * part_stride + G * D + g];
+      m = mc > m ? mc : m;
+    }
+    float w[EFIM_MAX_CHUNKS], total = 0.f;
+    for (int c = 0; c < C; c++) {
+      const float *pc = part + c * part_stride;
+      w[c] = C == 1 ? 1.0f : exp_nonpositive(pc[G * D + g] - m);
+      total += w[c] * pc[G * D + G + g];
+    }
+    const float inv = 1.0f / total;
+    uint16_t *o = out + (long)g * ldo;
+    for (int d = 0; d < D; d++) {
+      float v = 0.f;
+      for (int c = 0; c < C; c++) v += w[c] * part[c * part_stride + g * D + d];
+      o[d] = f32_to_bf16(v * inv);
+    }
+  }
+}
+
+/* The attention of every query head over keys 0..n-1, the (KV head, chunk) pairs shared out
+ * over `threads` OpenMP threads (torch's own runtime: kernels/cpu/build.py) when the build has
+ * OpenMP. q rows are taken rotated or not by `rope` (NULL: already rotated; else q_raw's rows
+ * are rotated with cos/sin). scratch: efim_decode_attention_scratch(H, H_kv, D, n) floats. */
+static void attend_all(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq, const uint16_t *cos,
+                       const uint16_t *sin, const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
+                       long ldo, float *scratch, int threads);
+
+/* 1 when this build shares its work over OpenMP threads, else 0. */
+int efim_decode_attention_openmp(void) {
+#if defined(_OPENMP)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+long efim_decode_attention_scratch(int H, int H_kv, int D, int n) {
+  if (H_kv <= 0 || H % H_kv) return -1;
+  const long G = H / H_kv;
+  return (long)H * n + (long)H_kv * EFIM_MAX_CHUNKS * (G * D + 2 * G);
+}
+
 int efim_decode_attention(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq,
                           const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
-                          long ldo, float *scores) {
+                          long ldo, float *scratch, int threads) {
   if (!sizes_ok(H, H_kv, D, n)) return -1;
-  const int G = H / H_kv;
-  float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
-  float acc[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
-  for (int hk = 0; hk < H_kv; hk++) {
-    for (int g = 0; g < G; g++) {
-      const uint16_t *qr = q + (long)(hk * G + g) * ldq;
-      for (int d = 0; d < D; d++) qf[g * D + d] = bf16_to_f32(qr[d]) * scale;
-    }
-    attend_group(G, D, n, qf, k + hk * head_stride, v + hk * head_stride, out + (long)hk * G * ldo, ldo, scores, acc);
-  }
+  attend_all(H, H_kv, D, n, scale, q, ldq, NULL, NULL, k, v, head_stride, out, ldo, scratch, threads);
   return 0;
 }
 
@@ -205,11 +258,8 @@ static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint1
  * heads attend over rows 0..pos. out: [H, D] rows at stride ldo. */
 int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, const uint16_t *qkv,
                                const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v,
-                               long head_stride, uint16_t *out, long ldo, float *scores) {
+                               long head_stride, uint16_t *out, long ldo, float *scratch, int threads) {
   if (!sizes_ok(H, H_kv, D, pos + 1) || D % 2 != 0) return -1;
-  const int G = H / H_kv;
-  float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
-  float acc[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
   for (int hk = 0; hk < H_kv; hk++) {
     float kf[EFIM_MAX_HEAD_DIM];
     rope_neox(qkv + (long)(H + hk) * D, cos, sin, D, kf);
@@ -217,13 +267,34 @@ int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, con
     for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
     memcpy(vrow, qkv + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
   }
-  for (int hk = 0; hk < H_kv; hk++) {
+  attend_all(H, H_kv, D, pos + 1, scale, qkv, D, cos, sin, k, v, head_stride, out, ldo, scratch, threads);
+  return 0;
+}
+
+static void attend_all(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq, const uint16_t *cos,
+                       const uint16_t *sin, const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
+                       long ldo, float *scratch, int threads) {
+  const int G = H / H_kv, C = chunks_for(n, threads), units = H_kv * C;
+  const long part_stride = (long)G * D + 2 * G;
+  float *part = scratch + (long)H * n;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) num_threads(threads) if (units > 1 && threads > 1)
+#endif
+  for (int u = 0; u < units; u++) {
+    const int hk = u / C, c = u % C;
+    const int s0 = (int)((long)n * c / C), s1 = (int)((long)n * (c + 1) / C);
+    float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
     for (int g = 0; g < G; g++) {
+      const uint16_t *qr = q + (long)(hk * G + g) * ldq;
       float *qg = qf + g * D;
-      rope_neox(qkv + (long)(hk * G + g) * D, cos, sin, D, qg);
+      if (cos != NULL) rope_neox(qr, cos, sin, D, qg);
+      else for (int d = 0; d < D; d++) qg[d] = bf16_to_f32(qr[d]);
       for (int d = 0; d < D; d++) qg[d] *= scale;
     }
-    attend_group(G, D, pos + 1, qf, k + hk * head_stride, v + hk * head_stride, out + (long)hk * G * ldo, ldo, scores, acc);
+    float *pu = part + (long)u * part_stride;
+    attend_chunk(G, D, s1 - s0, qf, k + hk * head_stride + (long)s0 * D, v + hk * head_stride + (long)s0 * D,
+                 scratch + (long)hk * G * n + (long)G * s0, pu, pu + (long)G * D, pu + (long)G * D + G);
   }
-  return 0;
+  for (int hk = 0; hk < H_kv; hk++)
+    combine_chunks(G, D, C, part + (long)hk * C * part_stride, part_stride, out + (long)hk * G * ldo, ldo);
 }

@@ -7,6 +7,9 @@ keys and 19 µs at 64, 2.3-3.3x what this single-threaded loop takes (AVX-512 wh
 it, portable C otherwise): each key and value row is read once for the G query heads that share
 it, scores and softmax in float32, e^x by a polynomial. A decode step of the served model at
 ~1K tokens of context went 15.0 -> 12.8 ms (docs/model.md "Decode attention in C").
+From 512 keys on, each KV head's keys are cut into chunks shared out over torch's own OpenMP
+threads (flash-decoding's split, combined by max rescaling), where the build has OpenMP
+(kernels/cpu/build.py); `threaded` says which.
 
 Kernels know no engine: this takes the query rows and the cache's key and value views.
 """
@@ -23,11 +26,20 @@ from kernels.cpu.build import library
 
 MAX_HEAD_DIM = 256  # EFIM_MAX_HEAD_DIM in decode_attention.c
 MAX_GROUP = 64  # EFIM_MAX_GROUP
+MAX_CHUNKS = 8  # EFIM_MAX_CHUNKS
+
+
+def scratch_floats(h: int, h_kv: int, d: int, n: int) -> int:
+    """Floats of scratch a call over n keys needs: every head's scores, and each (KV head,
+    chunk) pair's unnormalised share (G x D sums, G maxima, G sums): the C side's
+    `efim_decode_attention_scratch`."""
+    g = h // h_kv
+    return h * n + h_kv * MAX_CHUNKS * (g * d + 2 * g)
 
 _ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _STEP_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 5
-_STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+_STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 
 
 class DecodeAttention:
@@ -35,21 +47,26 @@ class DecodeAttention:
     head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
     None where the call is not one it takes (the caller runs its own attention)."""
 
-    def __init__(self, fn, step) -> None:
+    def __init__(self, fn, step, threaded: bool) -> None:
         self._fn = fn
         self._step = step
-        self._scratch = threading.local()  # float32 scores, G x S, grown as needed (one per thread)
+        self.threaded = threaded  # the build shares long contexts over torch's OpenMP threads
+        self._scratch = threading.local()  # float32 scratch (`scratch_floats`), grown as needed (one per thread)
 
     @classmethod
-    def load(cls, cache_dir: Path | None = None, *, native: bool = True) -> "DecodeAttention | None":
-        lib = library("decode_attention", cache_dir, native=native)
+    def load(cls, cache_dir: Path | None = None, *, native: bool = True, openmp: bool = True) -> "DecodeAttention | None":
+        lib = library("decode_attention", cache_dir, native=native, openmp=openmp)
         if lib is None:
             return None
         fn = lib.efim_decode_attention
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
         step = lib.efim_decode_rope_attention
         step.argtypes, step.restype = _STEP_ARGTYPES, ctypes.c_int
-        return cls(fn, step)
+        lib.efim_decode_attention_openmp.restype = ctypes.c_int
+        return cls(fn, step, bool(lib.efim_decode_attention_openmp()))
+
+    def _threads(self) -> int:
+        return torch.get_num_threads() if self.threaded else 1
 
     def _scores(self, n: int) -> torch.Tensor:
         buf = getattr(self._scratch, "buf", None)
@@ -70,9 +87,9 @@ class DecodeAttention:
         ):
             return None
         out = torch.empty(h, 1, d, dtype=torch.bfloat16)
-        scores = self._scores((h // h_kv) * s)
+        scratch = self._scores(scratch_floats(h, h_kv, d, s))
         rc = self._fn(h, h_kv, d, s, scale, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0),
-                      out.data_ptr(), d, scores.data_ptr())
+                      out.data_ptr(), d, scratch.data_ptr(), self._threads())
         return out if rc == 0 else None
 
 
@@ -103,10 +120,10 @@ class DecodeAttention:
         ):
             return None
         out = torch.empty(n_heads, 1, d, dtype=torch.bfloat16)
-        scores = self._scores((n_heads // h_kv) * (pos + 1))
+        scratch = self._scores(scratch_floats(n_heads, h_kv, d, pos + 1))
         rc = self._step(n_heads, h_kv, d, pos, scale, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                        v_cache.data_ptr(), capacity * d, out.data_ptr(), d, scores.data_ptr())
+                        v_cache.data_ptr(), capacity * d, out.data_ptr(), d, scratch.data_ptr(), self._threads())
         return out if rc == 0 else None
 
 
-__all__ = ["DecodeAttention", "MAX_HEAD_DIM", "MAX_GROUP"]
+__all__ = ["DecodeAttention", "MAX_HEAD_DIM", "MAX_GROUP", "MAX_CHUNKS", "scratch_floats"]

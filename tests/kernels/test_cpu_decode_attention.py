@@ -156,3 +156,71 @@ def test_rope_attend_declines_without_writing(kernel_cache):
     assert not k_cache.any() and not v_cache.any()
     assert attend.rope_attend(qkv, cos, sin, k_cache, v_cache, 3, 0.1, 4) is not None
     assert k_cache[:, 3].any() and not k_cache[:, 4:].any()
+
+
+@pytest.mark.parametrize("n", [511, 512, 767, 2049, 3000])
+def test_keys_shared_over_threads_give_the_one_threads_answer(kernel_cache, n):
+    """From 512 keys the threaded build cuts each KV head's keys into chunks and combines their
+    shares by max rescaling: the same attention as one pass over all keys, to float32 rounding
+    (a bf16 ulp at most), and as exact attention."""
+    threaded = DecodeAttention.load(kernel_cache)
+    single = DecodeAttention.load(kernel_cache, openmp=False)
+    assert threaded is not None and single is not None and not single.threaded
+    if build.torch_openmp_runtime() is not None:
+        assert threaded.threaded  # torch's runtime is libgomp here: the build shares its work
+    k, v = cache_views(3, n, 64, n + 5, seed=n)
+    q = torch.randn(9, 1, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = threaded.attend(q, k, v, 0.125)
+        torch.set_num_threads(1)
+        one = threaded.attend(q, k, v, 0.125)
+    finally:
+        torch.set_num_threads(before)
+    ref = single.attend(q, k, v, 0.125)
+    assert torch.equal(one, ref)  # one thread: no chunks, the same loop
+    torch.testing.assert_close(got.double(), ref.double(), atol=8e-3, rtol=8e-3)
+    torch.testing.assert_close(got.double(), exact(q, k, v, 0.125), atol=4e-3, rtol=1e-2)
+
+
+def test_a_chunk_the_query_ignores_adds_nothing(kernel_cache):
+    """The one key that counts sits in the last chunk; every other chunk's maximum is ~400 below
+    it, so its share is weighted e^-400 = 0 when the chunks combine, never a NaN."""
+    attend = DecodeAttention.load(kernel_cache)
+    d, n = 64, 2048
+    k = torch.zeros(1, n, d)
+    k[0, :, 0] = -1.0
+    k[0, n - 3, 0] = 400.0
+    v = torch.arange(n, dtype=torch.float32).view(1, n, 1).expand(1, n, d).contiguous()
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = attend.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), 1.0)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got.float(), torch.full((1, 1, d), float(torch.tensor(n - 3.0).bfloat16())))
+
+
+def test_scratch_size_agrees_with_the_c_side(kernel_cache):
+    from kernels.cpu.decode_attention import scratch_floats  # noqa: PLC0415
+
+    lib = build.library("decode_attention", kernel_cache, openmp=True)
+    lib.efim_decode_attention_scratch.restype = __import__("ctypes").c_long
+    for h, h_kv, d, n in [(9, 3, 64, 1), (9, 3, 64, 4096), (16, 2, 128, 777), (14, 2, 64, 30000)]:
+        assert lib.efim_decode_attention_scratch(h, h_kv, d, n) == scratch_floats(h, h_kv, d, n)
+
+
+def test_the_threaded_build_uses_torchs_openmp_runtime_only(kernel_cache):
+    """The library's parallel regions run on torch's OpenMP threads: after it loads, one OpenMP
+    runtime is mapped in the process, the one torch brought."""
+    runtime = build.torch_openmp_runtime()
+    if runtime is None:
+        pytest.skip("torch's OpenMP runtime is not the one -fopenmp links here: the kernel builds single-threaded")
+    attend = DecodeAttention.load(kernel_cache)
+    assert attend is not None and attend.threaded
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        mapped = {line.split()[-1] for line in f if "omp" in line.rsplit("/", 1)[-1] and "/lib" in line}
+    assert mapped == {runtime}
