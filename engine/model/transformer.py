@@ -40,6 +40,9 @@ class LayerPause(NamedTuple):
 
 # Up to this many rows, RMSNorm runs as one fused LayerNorm over [x, -x] (see _Norm).
 _SMALL_ROWS = 16
+# Up to this many rows a step's attention runs in C where the model has the kernel (the C
+# loop beat torch's flash kernel from 2 to 16 rows at 64-2,048 keys: docs/model.md).
+_C_ATTENTION_ROWS = 16
 
 
 class _Norm:
@@ -445,8 +448,11 @@ class Transformer:
                     return h, i + 1
             return h, None
         # A decode step's attention half — RoPE, the KV row written, attention — in one C call
-        # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below.
+        # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below. A
+        # step of a few rows (a speculation verify, a keystroke's tokens) has its attention in C
+        # too: 2 rows at 1,400 keys 63 µs a layer against torch's 160.
         decode = self._decode_attention if t == 1 else None
+        rows = self._decode_attention if 1 < t <= _C_ATTENTION_ROWS else None
         fused = decode if decode is not None and self.config.rope_style == "neox" else None
         n_heads = self.config.n_heads
         for i in range(first, last + 1):
@@ -464,7 +470,10 @@ class Transformer:
                 k_cache.narrow(1, start, t).copy_(k)
                 v_cache.narrow(1, start, t).copy_(v)
                 keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
-                attn = None if decode is None else decode.attend(q, keys, values, scale)  # [H, 1, D]
+                if decode is not None:
+                    attn = decode.attend(q, keys, values, scale)  # [H, 1, D]
+                elif rows is not None:
+                    attn = rows.attend_rows(q, keys, values, scale)  # [H, T, D]
                 if attn is None:
                     attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)

@@ -25,6 +25,8 @@
 #define EFIM_MAX_GROUP 64
 #define EFIM_CHUNK_KEYS 256 /* below this many keys a chunk costs more to share than to run */
 #define EFIM_MAX_CHUNKS 8
+#define EFIM_PAIRS 8     /* (head, row) pairs scored together, each key row read once for them */
+#define EFIM_MAX_ROWS 16 /* query rows a call takes (efim_attention_rows) */
 
 /* e^x for x <= 0 (softmax after subtracting the maximum): 2^(x log2 e) split into an integer
  * power (exponent bits) and 2^f, f in [-0.5, 0.5], by a degree-6 polynomial. Below -87 the
@@ -104,13 +106,14 @@ static float exp_row(float *sg, int n, float *mx_out) {
 #endif
 }
 
-/* One KV head's G query rows (float32, already scaled) over key and value rows 0..n-1 of kh
- * and vh (one chunk of the head's keys): acc[g * D + d] gets sum_s e^(q_g.k_s - mx[g]) v_s,
+/* G query rows (float32, already scaled) of one KV head over key and value rows 0..n-1 of kh
+ * and vh (one chunk of the head's keys), row g seeing only the chunk's first lim[g] keys (the
+ * causal limit of a step's later rows): acc[g * D + d] gets sum_s e^(q_g.k_s - mx[g]) v_s,
  * mx[g] the row's maximum score and sum[g] the sum of its e^ terms — the chunk's share, not
- * yet normalised, so chunks computed apart combine exactly (`combine_chunks`).
- * scores: G * n floats of scratch. */
+ * yet normalised, so chunks computed apart combine exactly (`combine_chunks`); a row that
+ * sees none of the chunk's keys gets a zero share. scores: G * n floats of scratch. */
 static void attend_chunk(int G, int D, int n, const float *qf, const uint16_t *kh, const uint16_t *vh,
-                         float *scores, float *acc, float *mx, float *sum) {
+                         const int *lim, float *scores, float *acc, float *mx, float *sum) {
   /* pass 1: scores[g * n + s] = q_g . k_s */
 #if defined(__AVX512F__)
   if (D == 64 && G <= 8) { /* the common head size: whole rows in four vectors */
@@ -138,7 +141,16 @@ static void attend_chunk(int G, int D, int n, const float *qf, const uint16_t *k
     for (int d = 0; d < D; d++) kf[d] = bf16_to_f32(ks[d]);
     for (int g = 0; g < G; g++) scores[(long)g * n + s] = dot_lanes(qf + g * D, kf, D);
   }
-  for (int g = 0; g < G; g++) sum[g] = exp_row(scores + (long)g * n, n, mx + g);
+  for (int g = 0; g < G; g++) {
+    float *sg = scores + (long)g * n;
+    if (lim[g] <= 0) { /* no key of this chunk: a share that adds nothing */
+      for (int s = 0; s < n; s++) sg[s] = 0.f;
+      mx[g] = -3.0e38f, sum[g] = 0.f;
+      continue;
+    }
+    for (int s = lim[g]; s < n; s++) sg[s] = -3.0e38f; /* past the row's own position: e^ -> 0 */
+    sum[g] = exp_row(sg, n, mx + g);
+  }
   /* pass 2: acc_g = sum_s p_gs v_s */
 #if defined(__AVX512F__)
   if (D == 64 && G <= 8) { /* accumulators in registers, each value row read once */
@@ -185,38 +197,42 @@ static int chunks_for(int n, int threads) {
   return c < 1 ? 1 : c > EFIM_MAX_CHUNKS ? EFIM_MAX_CHUNKS : c;
 }
 
-/* The chunks' shares of one KV head's G rows, combined with the usual rescaling
- * (out_g = sum_c e^(mx_cg - M_g) acc_cg / sum_c e^(mx_cg - M_g) sum_cg), written as bf16. */
-static void combine_chunks(int G, int D, int C, const float *part, long part_stride, uint16_t *out, long ldo) {
-  for (int g = 0; g < G; g++) {
+/* The chunks' shares of np query rows, combined with the usual rescaling
+ * (out_i = sum_c e^(mx_ci - M_i) acc_ci / sum_c e^(mx_ci - M_i) sum_ci), written as bf16 to
+ * outs[i]. Shares: C blocks of part_stride floats (EFIM_PAIRS x D sums, EFIM_PAIRS maxima,
+ * EFIM_PAIRS sums). */
+static void combine_chunks(int np, int D, int C, const float *part, long part_stride, uint16_t *const *outs) {
+  for (int i = 0; i < np; i++) {
     float m = -3.0e38f;
     for (int c = 0; c < C; c++) {
-      const float mc = part[c * part_stride + G * D + g];
+      const float mc = part[c * part_stride + EFIM_PAIRS * D + i];
       m = mc > m ? mc : m;
     }
     float w[EFIM_MAX_CHUNKS], total = 0.f;
     for (int c = 0; c < C; c++) {
       const float *pc = part + c * part_stride;
-      w[c] = C == 1 ? 1.0f : exp_nonpositive(pc[G * D + g] - m);
-      total += w[c] * pc[G * D + G + g];
+      w[c] = C == 1 ? 1.0f : exp_nonpositive(pc[EFIM_PAIRS * D + i] - m);
+      total += w[c] * pc[EFIM_PAIRS * D + EFIM_PAIRS + i];
     }
     const float inv = 1.0f / total;
-    uint16_t *o = out + (long)g * ldo;
+    uint16_t *o = outs[i];
     for (int d = 0; d < D; d++) {
       float v = 0.f;
-      for (int c = 0; c < C; c++) v += w[c] * part[c * part_stride + g * D + d];
+      for (int c = 0; c < C; c++) v += w[c] * part[c * part_stride + i * D + d];
       o[d] = f32_to_bf16(v * inv);
     }
   }
 }
 
-/* The attention of every query head over keys 0..n-1, the (KV head, chunk) pairs shared out
- * over `threads` OpenMP threads (torch's own runtime: kernels/cpu/build.py) when the build has
- * OpenMP. q rows are taken rotated or not by `rope` (NULL: already rotated; else q_raw's rows
- * are rotated with cos/sin). scratch: efim_decode_attention_scratch(H, H_kv, D, n) floats. */
-static void attend_all(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq, const uint16_t *cos,
-                       const uint16_t *sin, const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
-                       long ldo, float *scratch, int threads);
+/* T query rows per head (row t at position n - T + t, seeing keys 0..n - T + t) over keys
+ * 0..n-1. Each KV head's G x T (head, row) pairs go in blocks of EFIM_PAIRS (each key and value
+ * row read once per block) and its keys in chunks; the (KV head, block, chunk) units are shared
+ * out over `threads` OpenMP threads (torch's own runtime: kernels/cpu/build.py) when the build
+ * has OpenMP. q rows are rotated here when cos is not NULL (else taken as they are).
+ * scratch: efim_attention_rows_scratch(H, H_kv, D, n, T) floats. */
+static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
+                       const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
+                       long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads);
 
 /* 1 when this build shares its work over OpenMP threads, else 0. */
 int efim_decode_attention_openmp(void) {
@@ -227,17 +243,32 @@ int efim_decode_attention_openmp(void) {
 #endif
 }
 
+long efim_attention_rows_scratch(int H, int H_kv, int D, int n, int T) {
+  if (H_kv <= 0 || H % H_kv || T <= 0) return -1;
+  const long blocks = ((long)(H / H_kv) * T + EFIM_PAIRS - 1) / EFIM_PAIRS;
+  return H_kv * blocks * EFIM_PAIRS * (long)n + H_kv * blocks * EFIM_MAX_CHUNKS * ((long)EFIM_PAIRS * D + 2 * EFIM_PAIRS);
+}
+
 long efim_decode_attention_scratch(int H, int H_kv, int D, int n) {
-  if (H_kv <= 0 || H % H_kv) return -1;
-  const long G = H / H_kv;
-  return (long)H * n + (long)H_kv * EFIM_MAX_CHUNKS * (G * D + 2 * G);
+  return efim_attention_rows_scratch(H, H_kv, D, n, 1);
 }
 
 int efim_decode_attention(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq,
                           const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
                           long ldo, float *scratch, int threads) {
   if (!sizes_ok(H, H_kv, D, n)) return -1;
-  attend_all(H, H_kv, D, n, scale, q, ldq, NULL, NULL, k, v, head_stride, out, ldo, scratch, threads);
+  attend_all(H, H_kv, D, n, 1, scale, q, ldq, 0, NULL, NULL, k, v, head_stride, out, ldo, 0, scratch, threads);
+  return 0;
+}
+
+/* The attention of a step's T rows (a speculation verify, a keystroke's few tokens), their K
+ * and V already in the cache at rows n - T .. n - 1: q [H] heads at q_hs of T rows at q_rs,
+ * out likewise at o_hs / o_rs. */
+int efim_attention_rows(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
+                        const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out, long o_hs, long o_rs,
+                        float *scratch, int threads) {
+  if (!sizes_ok(H, H_kv, D, n) || T < 1 || T > n || T > EFIM_MAX_ROWS) return -1;
+  attend_all(H, H_kv, D, n, T, scale, q, q_hs, q_rs, NULL, NULL, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
   return 0;
 }
 
@@ -267,34 +298,48 @@ int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, con
     for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
     memcpy(vrow, qkv + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
   }
-  attend_all(H, H_kv, D, pos + 1, scale, qkv, D, cos, sin, k, v, head_stride, out, ldo, scratch, threads);
+  attend_all(H, H_kv, D, pos + 1, 1, scale, qkv, D, 0, cos, sin, k, v, head_stride, out, ldo, 0, scratch, threads);
   return 0;
 }
 
-static void attend_all(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq, const uint16_t *cos,
-                       const uint16_t *sin, const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
-                       long ldo, float *scratch, int threads) {
-  const int G = H / H_kv, C = chunks_for(n, threads), units = H_kv * C;
-  const long part_stride = (long)G * D + 2 * G;
-  float *part = scratch + (long)H * n;
+static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
+                       const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
+                       long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
+  const int G = H / H_kv, P = G * T, NB = (P + EFIM_PAIRS - 1) / EFIM_PAIRS, C = chunks_for(n, threads);
+  const int units = H_kv * NB * C;
+  const long part_stride = (long)EFIM_PAIRS * D + 2 * EFIM_PAIRS;
+  float *part = scratch + (long)H_kv * NB * EFIM_PAIRS * n;
 #if defined(_OPENMP)
 #pragma omp parallel for schedule(static) num_threads(threads) if (units > 1 && threads > 1)
 #endif
   for (int u = 0; u < units; u++) {
-    const int hk = u / C, c = u % C;
+    const int hk = u / (NB * C), blk = (u / C) % NB, c = u % C;
+    const int p0 = blk * EFIM_PAIRS, np = P - p0 < EFIM_PAIRS ? P - p0 : EFIM_PAIRS;
     const int s0 = (int)((long)n * c / C), s1 = (int)((long)n * (c + 1) / C);
-    float qf[EFIM_MAX_GROUP * EFIM_MAX_HEAD_DIM];
-    for (int g = 0; g < G; g++) {
-      const uint16_t *qr = q + (long)(hk * G + g) * ldq;
-      float *qg = qf + g * D;
+    float qf[EFIM_PAIRS * EFIM_MAX_HEAD_DIM];
+    int lim[EFIM_PAIRS];
+    for (int i = 0; i < np; i++) {
+      const int g = (p0 + i) / T, t = (p0 + i) % T;
+      const uint16_t *qr = q + (long)(hk * G + g) * q_hs + (long)t * q_rs;
+      float *qg = qf + i * D;
       if (cos != NULL) rope_neox(qr, cos, sin, D, qg);
       else for (int d = 0; d < D; d++) qg[d] = bf16_to_f32(qr[d]);
       for (int d = 0; d < D; d++) qg[d] *= scale;
+      lim[i] = n - T + t + 1 - s0;
     }
     float *pu = part + (long)u * part_stride;
-    attend_chunk(G, D, s1 - s0, qf, k + hk * head_stride + (long)s0 * D, v + hk * head_stride + (long)s0 * D,
-                 scratch + (long)hk * G * n + (long)G * s0, pu, pu + (long)G * D, pu + (long)G * D + G);
+    attend_chunk(np, D, s1 - s0, qf, k + hk * head_stride + (long)s0 * D, v + hk * head_stride + (long)s0 * D, lim,
+                 scratch + (long)(hk * NB + blk) * EFIM_PAIRS * n + (long)np * s0, pu, pu + (long)EFIM_PAIRS * D,
+                 pu + (long)EFIM_PAIRS * D + EFIM_PAIRS);
   }
   for (int hk = 0; hk < H_kv; hk++)
-    combine_chunks(G, D, C, part + (long)hk * C * part_stride, part_stride, out + (long)hk * G * ldo, ldo);
+    for (int blk = 0; blk < NB; blk++) {
+      const int p0 = blk * EFIM_PAIRS, np = P - p0 < EFIM_PAIRS ? P - p0 : EFIM_PAIRS;
+      uint16_t *outs[EFIM_PAIRS];
+      for (int i = 0; i < np; i++) {
+        const int g = (p0 + i) / T, t = (p0 + i) % T;
+        outs[i] = out + (long)(hk * G + g) * o_hs + (long)t * o_rs;
+      }
+      combine_chunks(np, D, C, part + (long)(hk * NB + blk) * C * part_stride, part_stride, outs);
+    }
 }

@@ -9,7 +9,9 @@ it, scores and softmax in float32, e^x by a polynomial. A decode step of the ser
 ~1K tokens of context went 15.0 -> 12.8 ms (docs/model.md "Decode attention in C").
 From 512 keys on, each KV head's keys are cut into chunks shared out over torch's own OpenMP
 threads (flash-decoding's split, combined by max rescaling), where the build has OpenMP
-(kernels/cpu/build.py); `threaded` says which.
+(kernels/cpu/build.py); `threaded` says which. `attend_rows` takes a step of a few query
+rows (a speculation verify, a keystroke's 2-3 tokens), each causal over its own keys: at 1,400
+keys torch's flash kernel took ~210 µs a layer for 2 rows.
 
 Kernels know no engine: this takes the query rows and the cache's key and value views.
 """
@@ -27,19 +29,24 @@ from kernels.cpu.build import library
 MAX_HEAD_DIM = 256  # EFIM_MAX_HEAD_DIM in decode_attention.c
 MAX_GROUP = 64  # EFIM_MAX_GROUP
 MAX_CHUNKS = 8  # EFIM_MAX_CHUNKS
+PAIRS = 8  # EFIM_PAIRS
+MAX_ROWS = 16  # EFIM_MAX_ROWS: query rows `attend_rows` takes
 
 
-def scratch_floats(h: int, h_kv: int, d: int, n: int) -> int:
-    """Floats of scratch a call over n keys needs: every head's scores, and each (KV head,
-    chunk) pair's unnormalised share (G x D sums, G maxima, G sums): the C side's
-    `efim_decode_attention_scratch`."""
-    g = h // h_kv
-    return h * n + h_kv * MAX_CHUNKS * (g * d + 2 * g)
+def scratch_floats(h: int, h_kv: int, d: int, n: int, t: int = 1) -> int:
+    """Floats of scratch a call of t query rows over n keys needs: the scores of each KV head's
+    blocks of (head, row) pairs, and each (KV head, block, chunk) unit's unnormalised share
+    (PAIRS x D sums, PAIRS maxima, PAIRS sums): the C side's `efim_attention_rows_scratch`."""
+    blocks = -(-(h // h_kv) * t // PAIRS)
+    return h_kv * blocks * PAIRS * n + h_kv * blocks * MAX_CHUNKS * (PAIRS * d + 2 * PAIRS)
 
 _ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _STEP_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 5
 _STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+_ROWS_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+_ROWS_ARGTYPES += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+_ROWS_ARGTYPES += [ctypes.c_void_p, ctypes.c_int]
 
 
 class DecodeAttention:
@@ -47,9 +54,10 @@ class DecodeAttention:
     head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
     None where the call is not one it takes (the caller runs its own attention)."""
 
-    def __init__(self, fn, step, threaded: bool) -> None:
+    def __init__(self, fn, step, rows, threaded: bool) -> None:
         self._fn = fn
         self._step = step
+        self._rows = rows
         self.threaded = threaded  # the build shares long contexts over torch's OpenMP threads
         self._scratch = threading.local()  # float32 scratch (`scratch_floats`), grown as needed (one per thread)
 
@@ -62,8 +70,10 @@ class DecodeAttention:
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
         step = lib.efim_decode_rope_attention
         step.argtypes, step.restype = _STEP_ARGTYPES, ctypes.c_int
+        rows = lib.efim_attention_rows
+        rows.argtypes, rows.restype = _ROWS_ARGTYPES, ctypes.c_int
         lib.efim_decode_attention_openmp.restype = ctypes.c_int
-        return cls(fn, step, bool(lib.efim_decode_attention_openmp()))
+        return cls(fn, step, rows, bool(lib.efim_decode_attention_openmp()))
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threaded else 1
@@ -92,6 +102,27 @@ class DecodeAttention:
                       out.data_ptr(), d, scratch.data_ptr(), self._threads())
         return out if rc == 0 else None
 
+    def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
+        """A step of a few query rows: q [H, T, D] (rows of D contiguous, any head and row
+        stride), k and v [H_kv, S, D] as for `attend`, the step's own T keys last; row t
+        attends keys 0..S - T + t (causal) -> [H, T, D] bf16; None where the call is not one
+        it takes (more than MAX_ROWS rows among them)."""
+        h, t, d = q.shape
+        h_kv, s = k.shape[0], k.shape[1]
+        if (
+            not 1 <= t <= min(MAX_ROWS, s) or q.is_cuda or k.is_cuda
+            or q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16
+            or d > MAX_HEAD_DIM or h % h_kv or h // h_kv > MAX_GROUP
+            or v.shape != k.shape or k.shape[2] != d
+            or q.stride(2) != 1 or k.stride(2) != 1 or k.stride(1) != d
+            or v.stride() != k.stride()
+        ):
+            return None
+        out = torch.empty(h, t, d, dtype=torch.bfloat16)
+        scratch = self._scores(scratch_floats(h, h_kv, d, s, t))
+        rc = self._rows(h, h_kv, d, s, t, scale, q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), v.data_ptr(),
+                        k.stride(0), out.data_ptr(), t * d, d, scratch.data_ptr(), self._threads())
+        return out if rc == 0 else None
 
     def rope_attend(
         self,
@@ -126,4 +157,4 @@ class DecodeAttention:
         return out if rc == 0 else None
 
 
-__all__ = ["DecodeAttention", "MAX_HEAD_DIM", "MAX_GROUP", "MAX_CHUNKS", "scratch_floats"]
+__all__ = ["DecodeAttention", "MAX_HEAD_DIM", "MAX_GROUP", "MAX_CHUNKS", "MAX_ROWS", "PAIRS", "scratch_floats"]

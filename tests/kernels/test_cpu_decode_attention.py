@@ -4,6 +4,8 @@ head sizes, and a build without -march=native), and inside a bf16 model's decode
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
@@ -85,7 +87,8 @@ def test_off_gives_no_kernel(kernel_cache, monkeypatch):
 
 def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tiny_model_dir, kernel_cache, monkeypatch):
     """The same tiny bf16 model loaded with the C kernels and with EFIM_C_KERNELS=0: ten greedy
-    decode steps after one prefill give the same tokens and logits up to bf16 rounding."""
+    decode steps after one prefill, then steps of 3 and 2 rows, give the same tokens and logits
+    up to bf16 rounding."""
     from engine.model import load_model
 
     monkeypatch.setenv("EFIM_CACHE_DIR", str(kernel_cache.parent))
@@ -107,6 +110,12 @@ def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tiny_model_dir, kerne
                 logits = model.forward(torch.tensor(ids[-1:]), kv, pos, "all")
                 out.append(logits)
                 ids.append(int(logits.argmax()))
+            pos = len(prompt) + 10
+            for rows in (3, 2):  # steps of a few rows (speculation verifies): attention_rows in C
+                logits = model.forward(torch.tensor([7, 11, 13][:rows]), kv, pos, "all")
+                out.append(logits)
+                ids.extend(int(r.argmax()) for r in logits)
+                pos += rows
             runs.append((ids, torch.cat(out)))
     assert runs[0][0] == runs[1][0]
     torch.testing.assert_close(runs[0][1], runs[1][1], atol=0.05, rtol=0.05)
@@ -208,9 +217,12 @@ def test_scratch_size_agrees_with_the_c_side(kernel_cache):
     from kernels.cpu.decode_attention import scratch_floats  # noqa: PLC0415
 
     lib = build.library("decode_attention", kernel_cache, openmp=True)
-    lib.efim_decode_attention_scratch.restype = __import__("ctypes").c_long
+    lib.efim_decode_attention_scratch.restype = ctypes.c_long
+    lib.efim_attention_rows_scratch.restype = ctypes.c_long
     for h, h_kv, d, n in [(9, 3, 64, 1), (9, 3, 64, 4096), (16, 2, 128, 777), (14, 2, 64, 30000)]:
         assert lib.efim_decode_attention_scratch(h, h_kv, d, n) == scratch_floats(h, h_kv, d, n)
+        for t in (1, 2, 3, 8, 16):
+            assert lib.efim_attention_rows_scratch(h, h_kv, d, n, t) == scratch_floats(h, h_kv, d, n, t)
 
 
 def test_the_threaded_build_uses_torchs_openmp_runtime_only(kernel_cache):
@@ -224,3 +236,57 @@ def test_the_threaded_build_uses_torchs_openmp_runtime_only(kernel_cache):
     with open("/proc/self/maps", encoding="utf-8") as f:
         mapped = {line.split()[-1] for line in f if "omp" in line.rsplit("/", 1)[-1] and "/lib" in line}
     assert mapped == {runtime}
+
+
+def exact_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:  # float64 [H, T, D]
+    """Row t of q's T rows attends keys 0..S - T + t."""
+    h, t = q.shape[0], q.shape[1]
+    s = k.shape[1]
+    kk = k.double().repeat_interleave(h // k.shape[0], 0)
+    vv = v.double().repeat_interleave(h // k.shape[0], 0)
+    scores = q.double() @ kk.transpose(1, 2) * scale  # [H, T, S]
+    allowed = torch.arange(s).view(1, s) <= (s - t + torch.arange(t)).view(t, 1)  # [T, S]
+    return torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("h", "h_kv", "d", "n", "t"),
+    [(9, 3, 64, 2, 2), (9, 3, 64, 70, 2), (9, 3, 64, 1400, 2), (9, 3, 64, 600, 3), (9, 3, 64, 2100, 8),
+     (14, 2, 64, 520, 5), (4, 2, 32, 77, 4), (6, 3, 128, 1030, 16), (8, 8, 64, 300, 1)],
+)
+def test_a_few_rows_each_attend_their_own_keys(kernel_cache, native, threads, h, h_kv, d, n, t):
+    """A step of T rows (a speculation verify): row t sees the keys up to its own position —
+    blocks of (head, row) pairs, chunks over threads and the causal limit inside the last chunk
+    — against exact attention, and no worse than torch's kernel with the same mask."""
+    attend = DecodeAttention.load(kernel_cache, native=native)
+    k, v = cache_views(h_kv, n, d, n + 9, seed=n + t)
+    g = torch.Generator().manual_seed(t)
+    q = torch.randn(t, h, d, generator=g).bfloat16().transpose(0, 1)  # [H, T, D] with a row stride of H*D
+    scale = d**-0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = attend.attend_rows(q, k, v, scale)
+    finally:
+        torch.set_num_threads(before)
+    assert got is not None and got.shape == (h, t, d) and got.dtype == torch.bfloat16
+    want = exact_causal(q, k, v, scale)
+    torch.testing.assert_close(got.double(), want, atol=4e-3, rtol=1e-2)
+    mask = torch.arange(n).view(1, n) <= (n - t + torch.arange(t)).view(t, 1)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q.float().unsqueeze(0), k.float().unsqueeze(0), v.float().unsqueeze(0), attn_mask=mask, scale=scale,
+        enable_gqa=h != h_kv,
+    )[0]
+    assert (got.double() - want).abs().max() <= (sdpa.bfloat16().double() - want).abs().max() * 2 + 1e-3
+    if t == 1:
+        assert torch.equal(got, attend.attend(q, k, v, scale))  # one row: the decode call's answer
+
+
+def test_rows_it_does_not_take_are_declined(kernel_cache):
+    attend = DecodeAttention.load(kernel_cache)
+    k, v = cache_views(2, 40, 64, 48, seed=0)
+    assert attend.attend_rows(torch.randn(4, 17, 64).bfloat16(), k, v, 0.1) is None  # past MAX_ROWS
+    assert attend.attend_rows(torch.randn(4, 3, 64).bfloat16(), k[:, :2], v[:, :2], 0.1) is None  # more rows than keys
+    assert attend.attend_rows(torch.randn(4, 3, 64), k.float(), v.float(), 0.1) is None  # float32
