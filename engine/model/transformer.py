@@ -451,16 +451,15 @@ class Transformer:
         # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below. A
         # step of a few rows (a speculation verify, a keystroke's tokens) has its attention in C
         # too: 2 rows at 1,400 keys 63 µs a layer against torch's 160.
-        decode = self._decode_attention if t == 1 else None
-        rows = self._decode_attention if 1 < t <= _C_ATTENTION_ROWS else None
+        decode = self._decode_attention if t <= _C_ATTENTION_ROWS else None
         fused = decode if decode is not None and self.config.rope_style == "neox" else None
         n_heads = self.config.n_heads
         for i in range(first, last + 1):
             layer = self.layers[i]
             attn = None
             if fused is not None:
-                qkv = layer.qkv(layer.norm1(h))  # [1, (H + 2 H_kv) D]
-                attn = fused.rope_attend(qkv, cos, sin, kv.k[i], kv.v[i], start, scale, n_heads)  # [H, 1, D]
+                qkv = layer.qkv(layer.norm1(h))  # [T, (H + 2 H_kv) D]
+                attn = fused.rope_attend(qkv, cos, sin, kv.k[i], kv.v[i], start, scale, n_heads)  # [H, T, D]
                 if attn is None:
                     q, k, v = self._split_qkv(qkv, cos, sin)
             else:
@@ -471,9 +470,7 @@ class Transformer:
                 v_cache.narrow(1, start, t).copy_(v)
                 keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
                 if decode is not None:
-                    attn = decode.attend(q, keys, values, scale)  # [H, 1, D]
-                elif rows is not None:
-                    attn = rows.attend_rows(q, keys, values, scale)  # [H, T, D]
+                    attn = decode.attend_rows(q, keys, values, scale)  # [H, T, D]
                 if attn is None:
                     attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)

@@ -5,9 +5,10 @@
  * weighted sum of values. exp is a polynomial (relative error below 7e-7 for x >= -10, 4e-6
  * down to -87 where float32's rounding of x log2(e) dominates), so no vector math library is needed.
  *
- * Long contexts are shared out over threads: each KV head's keys are cut into chunks of at least
- * EFIM_CHUNK_KEYS, every (head, chunk) pair computes its unnormalised share (flash-decoding's
- * split over the keys), and the shares are combined with the usual max rescaling. With OpenMP
+ * Long contexts are shared out over threads: each KV head's keys are cut into chunks of
+ * EFIM_CHUNK_KEYS at fixed places, every (head, chunk) pair computes its unnormalised share
+ * (flash-decoding's split over the keys), and the shares are combined with the usual max
+ * rescaling. With OpenMP
  * the pairs run on the process's OpenMP threads, the same runtime and threads as torch's
  * (kernels/cpu/build.py builds with it only where torch's runtime is the one the library links).
  *
@@ -23,8 +24,8 @@
 
 #define EFIM_MAX_HEAD_DIM 256
 #define EFIM_MAX_GROUP 64
-#define EFIM_CHUNK_KEYS 256 /* below this many keys a chunk costs more to share than to run */
-#define EFIM_MAX_CHUNKS 8
+#define EFIM_CHUNK_KEYS 256 /* keys of a chunk (chunk_keys) */
+#define EFIM_MAX_CHUNKS 128
 #define EFIM_PAIRS 8     /* (head, row) pairs scored together, each key row read once for them */
 #define EFIM_MAX_ROWS 16 /* query rows a call takes (efim_attention_rows) */
 
@@ -189,12 +190,13 @@ static int sizes_ok(int H, int H_kv, int D, int n) {
   return D <= EFIM_MAX_HEAD_DIM && D > 0 && H_kv > 0 && H % H_kv == 0 && H / H_kv <= EFIM_MAX_GROUP && n > 0;
 }
 
-/* How many chunks each KV head's keys are cut into: one per EFIM_CHUNK_KEYS keys, at most
- * EFIM_MAX_CHUNKS, and one when there is a single thread (nothing to share). */
-static int chunks_for(int n, int threads) {
-  if (threads <= 1) return 1;
-  int c = n / EFIM_CHUNK_KEYS;
-  return c < 1 ? 1 : c > EFIM_MAX_CHUNKS ? EFIM_MAX_CHUNKS : c;
+/* The keys a chunk holds: EFIM_CHUNK_KEYS, so chunk boundaries sit at the same keys whatever
+ * the number of keys or threads (a row's share is the same in a one-row call and in a call of
+ * several rows, bit for bit), growing by whole EFIM_CHUNK_KEYS only past EFIM_MAX_CHUNKS of them. */
+static int chunk_keys(int n) {
+  int per = EFIM_CHUNK_KEYS;
+  while ((n + per - 1) / per > EFIM_MAX_CHUNKS) per += EFIM_CHUNK_KEYS;
+  return per;
 }
 
 /* The chunks' shares of np query rows, combined with the usual rescaling
@@ -287,25 +289,45 @@ static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint1
  * projection's row ([H + 2 H_kv] heads of D: q, then k, then v); q and k are rotated (neox
  * RoPE, cos/sin rows of D/2), k and v written to cache row pos of each KV head, and the query
  * heads attend over rows 0..pos. out: [H, D] rows at stride ldo. */
+int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
+                             const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
+                             uint16_t *out, long o_hs, long o_rs, float *scratch, int threads);
+
 int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, const uint16_t *qkv,
                                const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v,
                                long head_stride, uint16_t *out, long ldo, float *scratch, int threads) {
-  if (!sizes_ok(H, H_kv, D, pos + 1) || D % 2 != 0) return -1;
-  for (int hk = 0; hk < H_kv; hk++) {
-    float kf[EFIM_MAX_HEAD_DIM];
-    rope_neox(qkv + (long)(H + hk) * D, cos, sin, D, kf);
-    uint16_t *krow = k + hk * head_stride + (long)pos * D, *vrow = v + hk * head_stride + (long)pos * D;
-    for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
-    memcpy(vrow, qkv + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
-  }
-  attend_all(H, H_kv, D, pos + 1, 1, scale, qkv, D, 0, cos, sin, k, v, head_stride, out, ldo, 0, scratch, threads);
+  return efim_rope_attention_rows(H, H_kv, D, pos, 1, scale, qkv, cos, sin, k, v, head_stride, out, ldo, 0, scratch,
+                                  threads);
+}
+
+/* The same for a step of T rows at positions pos..pos+T-1: qkv [T] fused rows, cos/sin [T]
+ * rows of D/2; each row's k and v written to its cache row, then row t's heads attend over
+ * rows 0..pos+t — the arithmetic of T one-row calls (q rotated in float32 and kept so), which
+ * makes a speculation verify's tokens the ones plain decoding would give. out: [H] heads at
+ * o_hs of T rows at o_rs. */
+int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
+                             const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
+                             uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
+  if (!sizes_ok(H, H_kv, D, pos + T) || D % 2 != 0 || T < 1 || T > EFIM_MAX_ROWS || pos < 0) return -1;
+  const long row = (long)(H + 2 * H_kv) * D;
+  for (int t = 0; t < T; t++)
+    for (int hk = 0; hk < H_kv; hk++) {
+      float kf[EFIM_MAX_HEAD_DIM];
+      const uint16_t *r = qkv + t * row;
+      rope_neox(r + (long)(H + hk) * D, cos + (long)t * (D / 2), sin + (long)t * (D / 2), D, kf);
+      uint16_t *krow = k + hk * head_stride + (long)(pos + t) * D, *vrow = v + hk * head_stride + (long)(pos + t) * D;
+      for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
+      memcpy(vrow, r + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
+    }
+  attend_all(H, H_kv, D, pos + T, T, scale, qkv, D, row, cos, sin, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
   return 0;
 }
 
 static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
                        const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
                        long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
-  const int G = H / H_kv, P = G * T, NB = (P + EFIM_PAIRS - 1) / EFIM_PAIRS, C = chunks_for(n, threads);
+  const int G = H / H_kv, P = G * T, NB = (P + EFIM_PAIRS - 1) / EFIM_PAIRS, per = chunk_keys(n);
+  const int C = (n + per - 1) / per;
   const int units = H_kv * NB * C;
   const long part_stride = (long)EFIM_PAIRS * D + 2 * EFIM_PAIRS;
   float *part = scratch + (long)H_kv * NB * EFIM_PAIRS * n;
@@ -315,14 +337,14 @@ static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const 
   for (int u = 0; u < units; u++) {
     const int hk = u / (NB * C), blk = (u / C) % NB, c = u % C;
     const int p0 = blk * EFIM_PAIRS, np = P - p0 < EFIM_PAIRS ? P - p0 : EFIM_PAIRS;
-    const int s0 = (int)((long)n * c / C), s1 = (int)((long)n * (c + 1) / C);
+    const int s0 = c * per, s1 = c == C - 1 ? n : s0 + per;
     float qf[EFIM_PAIRS * EFIM_MAX_HEAD_DIM];
     int lim[EFIM_PAIRS];
     for (int i = 0; i < np; i++) {
       const int g = (p0 + i) / T, t = (p0 + i) % T;
       const uint16_t *qr = q + (long)(hk * G + g) * q_hs + (long)t * q_rs;
       float *qg = qf + i * D;
-      if (cos != NULL) rope_neox(qr, cos, sin, D, qg);
+      if (cos != NULL) rope_neox(qr, cos + (long)t * (D / 2), sin + (long)t * (D / 2), D, qg);
       else for (int d = 0; d < D; d++) qg[d] = bf16_to_f32(qr[d]);
       for (int d = 0; d < D; d++) qg[d] *= scale;
       lim[i] = n - T + t + 1 - s0;

@@ -7,8 +7,8 @@ keys and 19 µs at 64, 2.3-3.3x what this single-threaded loop takes (AVX-512 wh
 it, portable C otherwise): each key and value row is read once for the G query heads that share
 it, scores and softmax in float32, e^x by a polynomial. A decode step of the served model at
 ~1K tokens of context went 15.0 -> 12.8 ms (docs/model.md "Decode attention in C").
-From 512 keys on, each KV head's keys are cut into chunks shared out over torch's own OpenMP
-threads (flash-decoding's split, combined by max rescaling), where the build has OpenMP
+Each KV head's keys are cut into chunks of 256 at fixed places, shared out over torch's own
+OpenMP threads (flash-decoding's split, combined by max rescaling), where the build has OpenMP
 (kernels/cpu/build.py); `threaded` says which. `attend_rows` takes a step of a few query
 rows (a speculation verify, a keystroke's 2-3 tokens), each causal over its own keys: at 1,400
 keys torch's flash kernel took ~210 µs a layer for 2 rows.
@@ -28,7 +28,7 @@ from kernels.cpu.build import library
 
 MAX_HEAD_DIM = 256  # EFIM_MAX_HEAD_DIM in decode_attention.c
 MAX_GROUP = 64  # EFIM_MAX_GROUP
-MAX_CHUNKS = 8  # EFIM_MAX_CHUNKS
+MAX_CHUNKS = 128  # EFIM_MAX_CHUNKS
 PAIRS = 8  # EFIM_PAIRS
 MAX_ROWS = 16  # EFIM_MAX_ROWS: query rows `attend_rows` takes
 
@@ -42,8 +42,8 @@ def scratch_floats(h: int, h_kv: int, d: int, n: int, t: int = 1) -> int:
 
 _ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
 _ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
-_STEP_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float] + [ctypes.c_void_p] * 5
-_STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
+_STEP_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 5
+_STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _ROWS_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
 _ROWS_ARGTYPES += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
 _ROWS_ARGTYPES += [ctypes.c_void_p, ctypes.c_int]
@@ -68,7 +68,7 @@ class DecodeAttention:
             return None
         fn = lib.efim_decode_attention
         fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-        step = lib.efim_decode_rope_attention
+        step = lib.efim_rope_attention_rows
         step.argtypes, step.restype = _STEP_ARGTYPES, ctypes.c_int
         rows = lib.efim_attention_rows
         rows.argtypes, rows.restype = _ROWS_ARGTYPES, ctypes.c_int
@@ -135,25 +135,29 @@ class DecodeAttention:
         scale: float,
         n_heads: int,
     ) -> torch.Tensor | None:
-        """The attention half of one token's decode step in one call: `qkv` [1, (H + 2 H_kv) D]
-        (the fused projection's row: q heads, k heads, v heads), `cos`/`sin` [1, D/2] (its
-        position's RoPE row, neox pairing), `k_cache`/`v_cache` [H_kv, capacity, D] (one layer):
-        q and k rotated, k and v written to cache row `pos`, then attention over rows 0..pos ->
-        [H, 1, D] bf16. None (nothing written) where the call is not one it takes."""
+        """The attention half of a step of T rows (a decode step's one token, a verify's few)
+        in one call: `qkv` [T, (H + 2 H_kv) D] (the fused projection's rows: q heads, k heads, v
+        heads), `cos`/`sin` [T, D/2] (the rows' RoPE rows, neox pairing), `k_cache`/`v_cache`
+        [H_kv, capacity, D] (one layer): q and k rotated, k and v written to cache rows
+        pos..pos+T-1, then row t attends over rows 0..pos+t -> [H, T, D] bf16. Each row gets the
+        arithmetic of a one-row call. None (nothing written) where the call is not one it takes."""
         h_kv, capacity, d = k_cache.shape
+        t = qkv.shape[0]
         if (
             qkv.dtype != torch.bfloat16 or k_cache.dtype != torch.bfloat16 or v_cache.dtype != torch.bfloat16
             or cos.dtype != torch.bfloat16 or sin.dtype != torch.bfloat16 or qkv.is_cuda or k_cache.is_cuda
-            or qkv.shape != (1, (n_heads + 2 * h_kv) * d) or not qkv.is_contiguous()
-            or cos.shape != (1, d // 2) or sin.shape != (1, d // 2) or not cos.is_contiguous() or not sin.is_contiguous()
+            or not 1 <= t <= MAX_ROWS
+            or qkv.shape != (t, (n_heads + 2 * h_kv) * d) or not qkv.is_contiguous()
+            or cos.shape != (t, d // 2) or sin.shape != (t, d // 2) or not cos.is_contiguous() or not sin.is_contiguous()
             or not k_cache.is_contiguous() or not v_cache.is_contiguous() or v_cache.shape != k_cache.shape
-            or not 0 <= pos < capacity or d % 2 or d > MAX_HEAD_DIM or n_heads % h_kv or n_heads // h_kv > MAX_GROUP
+            or not 0 <= pos <= capacity - t or d % 2 or d > MAX_HEAD_DIM or n_heads % h_kv or n_heads // h_kv > MAX_GROUP
         ):
             return None
-        out = torch.empty(n_heads, 1, d, dtype=torch.bfloat16)
-        scratch = self._scores(scratch_floats(n_heads, h_kv, d, pos + 1))
-        rc = self._step(n_heads, h_kv, d, pos, scale, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
-                        v_cache.data_ptr(), capacity * d, out.data_ptr(), d, scratch.data_ptr(), self._threads())
+        out = torch.empty(n_heads, t, d, dtype=torch.bfloat16)
+        scratch = self._scores(scratch_floats(n_heads, h_kv, d, pos + t, t))
+        rc = self._step(n_heads, h_kv, d, pos, t, scale, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                        k_cache.data_ptr(), v_cache.data_ptr(), capacity * d, out.data_ptr(), t * d, d,
+                        scratch.data_ptr(), self._threads())
         return out if rc == 0 else None
 
 
