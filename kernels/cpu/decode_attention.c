@@ -1,23 +1,26 @@
-/* Attention of one query row per head over the first n rows of a bf16 KV cache: the decode
- * step (kernels/cpu/decode_attention.py says why). Grouped-query attention: the G = H / H_kv
- * query heads that share a KV head are scored together, so each key and value row is read
- * once per step. Two passes over the keys: scores (float32, kept), then softmax and the
- * weighted sum of values. exp is a polynomial (relative error below 7e-7 for x >= -10, 4e-6
- * down to -87 where float32's rounding of x log2(e) dominates), so no vector math library is needed.
+/* Attention of the few query rows of a decode step (one row) or a speculation verify (2-16)
+ * over the first rows of a bf16 KV cache (kernels/cpu/decode_attention.py says why).
+ * Grouped-query attention: the (head, row) pairs that share a KV head are scored together in
+ * blocks of EFIM_PAIRS, so each key and value row is read once per block; row t of T sees the
+ * keys up to its own position. Two passes over the keys: scores (float32, kept), then softmax
+ * and the weighted sum of values. exp is a polynomial (relative error below 7e-7 for x >= -10,
+ * 4e-6 down to -87 where float32's rounding of x log2(e) dominates), so no vector math library
+ * is needed.
  *
  * Long contexts are shared out over threads: each KV head's keys are cut into chunks of
- * EFIM_CHUNK_KEYS at fixed places, every (head, chunk) pair computes its unnormalised share
- * (flash-decoding's split over the keys), and the shares are combined with the usual max
- * rescaling. With OpenMP
- * the pairs run on the process's OpenMP threads, the same runtime and threads as torch's
+ * EFIM_CHUNK_KEYS at fixed places, every (KV head, block, chunk) unit computes its
+ * unnormalised share (flash-decoding's split over the keys), and the shares are combined with
+ * the usual max rescaling. The chunks do not depend on the number of keys or threads, so a row
+ * gets the same bits alone or among others, on one thread or several. With OpenMP the units
+ * run on the process's OpenMP threads, the same runtime and threads as torch's
  * (kernels/cpu/build.py builds with it only where torch's runtime is the one the library links).
  *
- * q: [H, D] rows at stride ldq; k, v: [H_kv] heads at stride head_stride, rows of D at
- * stride D; out: [H, D] rows at stride ldo, bf16. scratch: caller's float32 scratch of
- * efim_decode_attention_scratch(H, H_kv, D, n) floats; threads: how many to share over.
- * Both entry points return 0, or -1 on sizes they do not take (D > 256, H not a multiple of
- * H_kv); `efim_decode_rope_attention` also rotates the token's q and k and writes its k and v
- * into the cache first (the whole attention half of a decode step in one call). */
+ * Entry points: `efim_attention_rows` (q and k already rotated, K/V already in the cache) and
+ * `efim_rope_attention_rows` (the fused projection's rows: q and k rotated here, K/V written to
+ * the cache, then the attention — the whole attention half of a step in one call). Both return
+ * 0, or -1 on sizes they do not take (D > 256, H not a multiple of H_kv, more than
+ * EFIM_MAX_ROWS rows). scratch: caller's float32 scratch of efim_attention_rows_scratch(...)
+ * floats; threads: how many to share over. */
 #include <string.h>
 
 #include "efim_cpu.h"
@@ -251,18 +254,6 @@ long efim_attention_rows_scratch(int H, int H_kv, int D, int n, int T) {
   return H_kv * blocks * EFIM_PAIRS * (long)n + H_kv * blocks * EFIM_MAX_CHUNKS * ((long)EFIM_PAIRS * D + 2 * EFIM_PAIRS);
 }
 
-long efim_decode_attention_scratch(int H, int H_kv, int D, int n) {
-  return efim_attention_rows_scratch(H, H_kv, D, n, 1);
-}
-
-int efim_decode_attention(int H, int H_kv, int D, int n, float scale, const uint16_t *q, long ldq,
-                          const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out,
-                          long ldo, float *scratch, int threads) {
-  if (!sizes_ok(H, H_kv, D, n)) return -1;
-  attend_all(H, H_kv, D, n, 1, scale, q, ldq, 0, NULL, NULL, k, v, head_stride, out, ldo, 0, scratch, threads);
-  return 0;
-}
-
 /* The attention of a step's T rows (a speculation verify, a keystroke's few tokens), their K
  * and V already in the cache at rows n - T .. n - 1: q [H] heads at q_hs of T rows at q_rs,
  * out likewise at o_hs / o_rs. */
@@ -289,22 +280,12 @@ static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint1
  * projection's row ([H + 2 H_kv] heads of D: q, then k, then v); q and k are rotated (neox
  * RoPE, cos/sin rows of D/2), k and v written to cache row pos of each KV head, and the query
  * heads attend over rows 0..pos. out: [H, D] rows at stride ldo. */
-int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
-                             const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
-                             uint16_t *out, long o_hs, long o_rs, float *scratch, int threads);
-
-int efim_decode_rope_attention(int H, int H_kv, int D, int pos, float scale, const uint16_t *qkv,
-                               const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v,
-                               long head_stride, uint16_t *out, long ldo, float *scratch, int threads) {
-  return efim_rope_attention_rows(H, H_kv, D, pos, 1, scale, qkv, cos, sin, k, v, head_stride, out, ldo, 0, scratch,
-                                  threads);
-}
-
-/* The same for a step of T rows at positions pos..pos+T-1: qkv [T] fused rows, cos/sin [T]
- * rows of D/2; each row's k and v written to its cache row, then row t's heads attend over
- * rows 0..pos+t — the arithmetic of T one-row calls (q rotated in float32 and kept so), which
- * makes a speculation verify's tokens the ones plain decoding would give. out: [H] heads at
- * o_hs of T rows at o_rs. */
+/* The attention half of a step of T rows at positions pos..pos+T-1: qkv [T] fused rows ([H +
+ * 2 H_kv] heads of D: q, then k, then v), cos/sin [T] rows of D/2 (neox RoPE); each row's k
+ * (rotated) and v written to its cache row of each KV head, then row t's heads attend over
+ * rows 0..pos+t with q rotated in float32 and kept so. T one-row calls give the same bits,
+ * which makes a speculation verify's tokens the ones plain decoding would give. out: [H] heads
+ * at o_hs of T rows at o_rs. */
 int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
                              const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
                              uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {

@@ -40,8 +40,6 @@ def scratch_floats(h: int, h_kv: int, d: int, n: int, t: int = 1) -> int:
     blocks = -(-(h // h_kv) * t // PAIRS)
     return h_kv * blocks * PAIRS * n + h_kv * blocks * MAX_CHUNKS * (PAIRS * d + 2 * PAIRS)
 
-_ARGTYPES = [ctypes.c_int] * 4 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
-_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _STEP_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 5
 _STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _ROWS_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
@@ -54,8 +52,7 @@ class DecodeAttention:
     head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
     None where the call is not one it takes (the caller runs its own attention)."""
 
-    def __init__(self, fn, step, rows, threaded: bool) -> None:
-        self._fn = fn
+    def __init__(self, step, rows, threaded: bool) -> None:
         self._step = step
         self._rows = rows
         self.threaded = threaded  # the build shares long contexts over torch's OpenMP threads
@@ -66,14 +63,12 @@ class DecodeAttention:
         lib = library("decode_attention", cache_dir, native=native, openmp=openmp)
         if lib is None:
             return None
-        fn = lib.efim_decode_attention
-        fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
         step = lib.efim_rope_attention_rows
         step.argtypes, step.restype = _STEP_ARGTYPES, ctypes.c_int
         rows = lib.efim_attention_rows
         rows.argtypes, rows.restype = _ROWS_ARGTYPES, ctypes.c_int
         lib.efim_decode_attention_openmp.restype = ctypes.c_int
-        return cls(fn, step, rows, bool(lib.efim_decode_attention_openmp()))
+        return cls(step, rows, bool(lib.efim_decode_attention_openmp()))
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threaded else 1
@@ -85,22 +80,8 @@ class DecodeAttention:
         return buf
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
-        h, t, d = q.shape
-        h_kv, s = k.shape[0], k.shape[1]
-        if (
-            t != 1 or s == 0 or q.is_cuda or k.is_cuda
-            or q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16
-            or d > MAX_HEAD_DIM or h % h_kv or h // h_kv > MAX_GROUP
-            or v.shape != k.shape or k.shape[2] != d
-            or q.stride(2) != 1 or k.stride(2) != 1 or k.stride(1) != d
-            or v.stride() != k.stride()
-        ):
-            return None
-        out = torch.empty(h, 1, d, dtype=torch.bfloat16)
-        scratch = self._scores(scratch_floats(h, h_kv, d, s))
-        rc = self._fn(h, h_kv, d, s, scale, q.data_ptr(), q.stride(0), k.data_ptr(), v.data_ptr(), k.stride(0),
-                      out.data_ptr(), d, scratch.data_ptr(), self._threads())
-        return out if rc == 0 else None
+        """`attend_rows` for a decode step's one query row (None for more)."""
+        return self.attend_rows(q, k, v, scale) if q.shape[1] == 1 else None
 
     def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
         """A step of a few query rows: q [H, T, D] (rows of D contiguous, any head and row
