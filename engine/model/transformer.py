@@ -163,12 +163,14 @@ class Transformer:
         probe = self.inv_freq
         self._attention = kernels.resolve("attention", probe)
         # A decode step's attention (one query row) in one C call where the model is bf16 on the
-        # CPU: 2.3-3.3x torch's flash kernel per layer (kernels/cpu/decode_attention.py); None: SDPA.
+        # CPU: 2.3-3.3x torch's flash kernel per layer (kernels/cpu/decode_attention.py) where its
+        # loops are the faster ones for this head size; None: SDPA.
         self._decode_attention = None
         if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
             from kernels.cpu.decode_attention import DecodeAttention  # noqa: PLC0415
 
-            self._decode_attention = DecodeAttention.load(cache_root() / "kernels")
+            attend = DecodeAttention.load(cache_root() / "kernels")
+            self._decode_attention = attend if attend is not None and attend.faster(1, config.head_dim) else None
         self._rope_apply = kernels.resolve("rope_apply", probe)
         self.kv_dtype = "model"
         self.set_kv_dtype(kv_dtype)
@@ -451,7 +453,9 @@ class Transformer:
         # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below. A
         # step of a few rows (a speculation verify, a keystroke's tokens) has its attention in C
         # too: 2 rows at 1,400 keys 63 µs a layer against torch's 160.
-        decode = self._decode_attention if t <= _C_ATTENTION_ROWS else None
+        decode = self._decode_attention
+        if decode is not None and (t > _C_ATTENTION_ROWS or not decode.faster(t, self.config.head_dim)):
+            decode = None
         fused = decode if decode is not None and self.config.rope_style == "neox" else None
         n_heads = self.config.n_heads
         for i in range(first, last + 1):
@@ -496,6 +500,7 @@ class Transformer:
         cos, sin = self.rope_tables(torch.tensor(starts, device=self.device))  # [B, D/2]
         h = self.embed(ids)  # [B, hidden]
         attention, scale = self._attention, self.scale
+        decode = self._decode_attention
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, h, cos, sin)  # [H, B, D], [H_kv, B, D], [H_kv, B, D]
             attn = torch.empty(c.n_heads, b_count, c.head_dim, dtype=q.dtype, device=q.device)  # [H, B, D]
@@ -507,7 +512,7 @@ class Transformer:
                 kv.k[i, :, s].copy_(k[:, b])
                 kv.v[i, :, s].copy_(v[:, b])
                 qb, keys, values = q[:, b : b + 1], kv.k[i, :, : s + 1], kv.v[i, :, : s + 1]
-                one = None if self._decode_attention is None else self._decode_attention.attend(qb, keys, values, scale)
+                one = None if decode is None else decode.attend(qb, keys, values, scale)
                 attn[:, b : b + 1] = attention(qb, keys, values, None, None, scale) if one is None else one  # [H, 1, D]
             h = self._finish(layer, h, attn)
         return self._select_logits(h, "all", exact_head)

@@ -239,6 +239,16 @@ static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const 
                        const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
                        long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads);
 
+/* 1 when this build has the AVX-512 loops for D-dimensional heads (64 only), else 0. */
+int efim_attention_vector_head(int D) {
+#if defined(__AVX512F__)
+  return D == 64;
+#else
+  (void)D;
+  return 0;
+#endif
+}
+
 /* 1 when this build shares its work over OpenMP threads, else 0. */
 int efim_decode_attention_openmp(void) {
 #if defined(_OPENMP)

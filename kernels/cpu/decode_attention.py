@@ -19,6 +19,7 @@ Kernels know no engine: this takes the query rows and the cache's key and value 
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from pathlib import Path
 
@@ -52,9 +53,10 @@ class DecodeAttention:
     head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
     None where the call is not one it takes (the caller runs its own attention)."""
 
-    def __init__(self, step, rows, threaded: bool) -> None:
+    def __init__(self, step, rows, threaded: bool, vector_head) -> None:
         self._step = step
         self._rows = rows
+        self._vector_head = vector_head  # D -> whether the build has AVX-512 loops for it
         self.threaded = threaded  # the build shares long contexts over torch's OpenMP threads
         self._scratch = threading.local()  # float32 scratch (`scratch_floats`), grown as needed (one per thread)
 
@@ -68,7 +70,23 @@ class DecodeAttention:
         rows = lib.efim_attention_rows
         rows.argtypes, rows.restype = _ROWS_ARGTYPES, ctypes.c_int
         lib.efim_decode_attention_openmp.restype = ctypes.c_int
-        return cls(step, rows, bool(lib.efim_decode_attention_openmp()))
+        vector = lib.efim_attention_vector_head
+        vector.argtypes, vector.restype = [ctypes.c_int], ctypes.c_int
+        return cls(step, rows, bool(lib.efim_decode_attention_openmp()), functools.lru_cache(maxsize=8)(lambda d: bool(vector(d))))
+
+    def faster(self, rows: int, head_dim: int) -> bool:
+        """Whether a step of `rows` query rows with heads of `head_dim` is faster here than in
+        torch's kernel (measured, docs/model.md "Long contexts"; the calls themselves take any
+        size they can compute, which the tests use): with the AVX-512 loops (64-dim
+        heads) every step of up to MAX_ROWS rows; a one-row step with the portable loops on a
+        CPU without AVX-512 (as before these loops existed); never the portable loops on an
+        AVX-512 CPU (128-dim heads at 1,400 keys: 210 µs against torch's 151) nor the portable
+        loops for several rows."""
+        if not 1 <= rows <= MAX_ROWS:
+            return False
+        if self._vector_head(head_dim):
+            return True
+        return rows == 1 and not self._vector_head(64)
 
     def _threads(self) -> int:
         return torch.get_num_threads() if self.threaded else 1

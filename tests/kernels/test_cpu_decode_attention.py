@@ -85,12 +85,16 @@ def test_off_gives_no_kernel(kernel_cache, monkeypatch):
     assert DecodeAttention.load(kernel_cache) is None
 
 
-def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tiny_model_dir, kernel_cache, monkeypatch):
-    """The same tiny bf16 model loaded with the C kernels and with EFIM_C_KERNELS=0: ten greedy
-    decode steps after one prefill, then steps of 3 and 2 rows, give the same tokens and logits
-    up to bf16 rounding."""
+def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tmp_path, kernel_cache, monkeypatch):
+    """The same tiny bf16 model loaded with the C kernels and with EFIM_C_KERNELS=0, fed the same
+    tokens: ten decode steps after one prefill, then steps of 3 and 2 rows, give the same logits
+    up to bf16 rounding and (near-ties aside) the same greedy choices."""
     from engine.model import load_model
+    from tests.tiny_models import make_tiny_model
 
+    # 64-dimensional heads, the size the C loops are the faster ones for (DecodeAttention.faster)
+    tiny_model_dir = make_tiny_model(tmp_path / "m", "llama", hidden_size=256, intermediate_size=256,
+                                     num_attention_heads=4, num_key_value_heads=2)
     monkeypatch.setenv("EFIM_CACHE_DIR", str(kernel_cache.parent))
     with_c = load_model(tiny_model_dir, dtype="bf16", quant="none").model
     assert with_c.c_kernels() == ("decode_attention", "row_ops")
@@ -99,26 +103,23 @@ def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tiny_model_dir, kerne
     plain = load_model(tiny_model_dir, dtype="bf16", quant="none").model
     assert plain.c_kernels() == ()
     prompt = torch.arange(5, 45)
+    fed = [int(t) for t in torch.randint(0, 300, (15,), generator=torch.Generator().manual_seed(3))]
     runs = []
     with torch.inference_mode():
-        for model in (with_c, plain):
+        for model in (with_c, plain):  # the same tokens fed to both (teacher-forced): logits compared
             kv = model.new_kv(64)
-            logits = model.forward(prompt, kv, 0, "last")
-            out = [logits]
-            ids = [int(logits.argmax())]
-            for pos in range(len(prompt), len(prompt) + 10):
-                logits = model.forward(torch.tensor(ids[-1:]), kv, pos, "all")
-                out.append(logits)
-                ids.append(int(logits.argmax()))
-            pos = len(prompt) + 10
-            for rows in (3, 2):  # steps of a few rows (speculation verifies): attention_rows in C
-                logits = model.forward(torch.tensor([7, 11, 13][:rows]), kv, pos, "all")
-                out.append(logits)
-                ids.extend(int(r.argmax()) for r in logits)
+            out = [model.forward(prompt, kv, 0, "last")]
+            pos = len(prompt)
+            for rows in (1,) * 10 + (3, 2):  # ten decode steps, then steps of a few rows (speculation verifies)
+                out.append(model.forward(torch.tensor(fed[:rows]), kv, pos, "all"))
+                fed = fed[rows:] + fed[:rows]
                 pos += rows
-            runs.append((ids, torch.cat(out)))
-    assert runs[0][0] == runs[1][0]
-    torch.testing.assert_close(runs[0][1], runs[1][1], atol=0.05, rtol=0.05)
+            logits = torch.cat(out)
+            runs.append((logits.argmax(-1), logits))
+    assert (runs[0][0] == runs[1][0]).float().mean() >= 0.9  # greedy choices: near-ties of a random model may flip
+    # Logits up to ~6 in size: the paths round q and the attention's sums at other places, and
+    # the bf16 residual stream carries that on (seen: 0.07-0.14 per row, T=1 and T>1 alike).
+    torch.testing.assert_close(runs[0][1], runs[1][1], atol=0.2, rtol=0.05)
 
 
 @pytest.mark.parametrize("native", [True, False])
@@ -309,6 +310,20 @@ def test_a_few_rows_each_attend_their_own_keys(kernel_cache, native, threads, h,
     assert (got.double() - want).abs().max() <= (sdpa.bfloat16().double() - want).abs().max() * 2 + 1e-3
     if t == 1:
         assert torch.equal(got, attend.attend(q, k, v, scale))  # one row: the decode call's answer
+
+
+def test_the_c_loops_run_only_where_they_beat_torchs_kernel(kernel_cache):
+    """The policy the model follows (measured: docs/model.md "Long contexts"): the AVX-512
+    loops (64-dim heads) for 1-16 rows; on a CPU without them the portable loops for one row;
+    never more than MAX_ROWS rows, nor the portable loops for other head sizes on an AVX-512 CPU."""
+    attend = DecodeAttention.load(kernel_cache)
+    portable = DecodeAttention.load(kernel_cache, native=False)
+    assert not attend.faster(0, 64) and not attend.faster(17, 64)
+    avx512 = attend.faster(2, 64)
+    assert avx512 == ("avx512f" in build._cpu_flags().split())
+    assert attend.faster(1, 64) and attend.faster(16, 64) == avx512
+    assert attend.faster(1, 128) == (not avx512) and not attend.faster(2, 128)
+    assert portable.faster(1, 64) and not portable.faster(2, 64)
 
 
 def test_rows_it_does_not_take_are_declined(kernel_cache):
