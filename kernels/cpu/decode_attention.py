@@ -1,9 +1,10 @@
-"""Attention of a decode step (one query row per head) over a bf16 KV cache in one C call.
+"""Attention of a decode step (one query row per head) or a step of a few rows (a speculation
+verify, a keystroke's tokens) over a bf16 KV cache in one C call.
 
 torch's CPU flash kernel is built for many query rows: for the one row of a decode step it
 opens a parallel region per call and runs its blocked loop over 3 KV heads on 2 threads. On
 the embedded model (9 query heads on 3 KV heads of 64 dims) it took 105 µs per layer at 1,024
-keys and 19 µs at 64, 2.3-3.3x what this single-threaded loop takes (AVX-512 where the CPU has
+keys and 19 µs at 64, 2.3-3.3x what this loop took on one thread (AVX-512 where the CPU has
 it, portable C otherwise): each key and value row is read once for the G query heads that share
 it, scores and softmax in float32, e^x by a polynomial. A decode step of the served model at
 ~1K tokens of context went 15.0 -> 12.8 ms (docs/model.md "Decode attention in C").
@@ -41,6 +42,7 @@ def scratch_floats(h: int, h_kv: int, d: int, n: int, t: int = 1) -> int:
     blocks = -(-(h // h_kv) * t // PAIRS)
     return h_kv * blocks * PAIRS * n + h_kv * blocks * MAX_CHUNKS * (PAIRS * d + 2 * PAIRS)
 
+
 _STEP_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 5
 _STEP_ARGTYPES += [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
 _ROWS_ARGTYPES = [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
@@ -49,9 +51,11 @@ _ROWS_ARGTYPES += [ctypes.c_void_p, ctypes.c_int]
 
 
 class DecodeAttention:
-    """`attend(q, k, v, scale)`: q [H, 1, D], k and v [H_kv, S, D] (rows of D contiguous, one
-    head stride for both: the cache's narrowed views), all bf16 on the CPU -> [H, 1, D] bf16;
-    None where the call is not one it takes (the caller runs its own attention)."""
+    """`attend_rows(q, k, v, scale)`: q [H, T, D] (T of 1-16 rows), k and v [H_kv, S, D] (rows of
+    D contiguous, one head stride for both: the cache's narrowed views), all bf16 on the CPU ->
+    [H, T, D] bf16; `attend` the same for one row; `rope_attend` the whole attention half of a
+    step from the fused projection's rows. Each returns None where the call is not one it
+    takes (the caller runs its own attention); `faster` says where the model should call them."""
 
     def __init__(self, step, rows, threaded: bool, vector_head) -> None:
         self._step = step
@@ -79,7 +83,7 @@ class DecodeAttention:
         torch's kernel (measured, docs/model.md "Long contexts"; the calls themselves take any
         size they can compute, which the tests use): with the AVX-512 loops (64-dim
         heads) every step of up to MAX_ROWS rows; a one-row step with the portable loops on a
-        CPU without AVX-512 (as before these loops existed); never the portable loops on an
+        CPU without AVX-512 (as before the rows existed); never the portable loops on an
         AVX-512 CPU (128-dim heads at 1,400 keys: 210 µs against torch's 151) nor the portable
         loops for several rows."""
         if not 1 <= rows <= MAX_ROWS:
