@@ -229,52 +229,6 @@ static void combine_chunks(int np, int D, int C, const float *part, long part_st
   }
 }
 
-/* T query rows per head (row t at position n - T + t, seeing keys 0..n - T + t) over keys
- * 0..n-1. Each KV head's G x T (head, row) pairs go in blocks of EFIM_PAIRS (each key and value
- * row read once per block) and its keys in chunks; the (KV head, block, chunk) units are shared
- * out over `threads` OpenMP threads (torch's own runtime: kernels/cpu/build.py) when the build
- * has OpenMP. q rows are rotated here when cos is not NULL (else taken as they are).
- * scratch: efim_attention_rows_scratch(H, H_kv, D, n, T) floats. */
-static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
-                       const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
-                       long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads);
-
-/* 1 when this build has the AVX-512 loops for D-dimensional heads (64 only), else 0. */
-int efim_attention_vector_head(int D) {
-#if defined(__AVX512F__)
-  return D == 64;
-#else
-  (void)D;
-  return 0;
-#endif
-}
-
-/* 1 when this build shares its work over OpenMP threads, else 0. */
-int efim_decode_attention_openmp(void) {
-#if defined(_OPENMP)
-  return 1;
-#else
-  return 0;
-#endif
-}
-
-long efim_attention_rows_scratch(int H, int H_kv, int D, int n, int T) {
-  if (H_kv <= 0 || H % H_kv || T <= 0) return -1;
-  const long blocks = ((long)(H / H_kv) * T + EFIM_PAIRS - 1) / EFIM_PAIRS;
-  return H_kv * blocks * EFIM_PAIRS * (long)n + H_kv * blocks * EFIM_MAX_CHUNKS * ((long)EFIM_PAIRS * D + 2 * EFIM_PAIRS);
-}
-
-/* The attention of a step's T rows (a speculation verify, a keystroke's few tokens), their K
- * and V already in the cache at rows n - T .. n - 1: q [H] heads at q_hs of T rows at q_rs,
- * out likewise at o_hs / o_rs. */
-int efim_attention_rows(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
-                        const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out, long o_hs, long o_rs,
-                        float *scratch, int threads) {
-  if (!sizes_ok(H, H_kv, D, n) || T < 1 || T > n || T > EFIM_MAX_ROWS) return -1;
-  attend_all(H, H_kv, D, n, T, scale, q, q_hs, q_rs, NULL, NULL, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
-  return 0;
-}
-
 /* x rotated by RoPE's neox rule (pairs i and i + D/2) at one position, in float32. */
 static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint16_t *sin, int D, float *outf) {
   const int half = D / 2;
@@ -286,34 +240,12 @@ static inline void rope_neox(const uint16_t *x, const uint16_t *cos, const uint1
   }
 }
 
-/* The whole attention half of a decode step for one token at position pos: qkv is the fused
- * projection's row ([H + 2 H_kv] heads of D: q, then k, then v); q and k are rotated (neox
- * RoPE, cos/sin rows of D/2), k and v written to cache row pos of each KV head, and the query
- * heads attend over rows 0..pos. out: [H, D] rows at stride ldo. */
-/* The attention half of a step of T rows at positions pos..pos+T-1: qkv [T] fused rows ([H +
- * 2 H_kv] heads of D: q, then k, then v), cos/sin [T] rows of D/2 (neox RoPE); each row's k
- * (rotated) and v written to its cache row of each KV head, then row t's heads attend over
- * rows 0..pos+t with q rotated in float32 and kept so. T one-row calls give the same bits,
- * which makes a speculation verify's tokens the ones plain decoding would give. out: [H] heads
- * at o_hs of T rows at o_rs. */
-int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
-                             const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
-                             uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
-  if (!sizes_ok(H, H_kv, D, pos + T) || D % 2 != 0 || T < 1 || T > EFIM_MAX_ROWS || pos < 0) return -1;
-  const long row = (long)(H + 2 * H_kv) * D;
-  for (int t = 0; t < T; t++)
-    for (int hk = 0; hk < H_kv; hk++) {
-      float kf[EFIM_MAX_HEAD_DIM];
-      const uint16_t *r = qkv + t * row;
-      rope_neox(r + (long)(H + hk) * D, cos + (long)t * (D / 2), sin + (long)t * (D / 2), D, kf);
-      uint16_t *krow = k + hk * head_stride + (long)(pos + t) * D, *vrow = v + hk * head_stride + (long)(pos + t) * D;
-      for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
-      memcpy(vrow, r + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
-    }
-  attend_all(H, H_kv, D, pos + T, T, scale, qkv, D, row, cos, sin, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
-  return 0;
-}
-
+/* T query rows per head (row t at position n - T + t, seeing keys 0..n - T + t) over keys
+ * 0..n-1. Each KV head's G x T (head, row) pairs go in blocks of EFIM_PAIRS (each key and value
+ * row read once per block) and its keys in chunks; the (KV head, block, chunk) units are shared
+ * out over `threads` OpenMP threads (torch's own runtime: kernels/cpu/build.py) when the build
+ * has OpenMP. q rows are rotated here when cos is not NULL (else taken as they are).
+ * scratch: efim_attention_rows_scratch(H, H_kv, D, n, T) floats. */
 static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
                        const uint16_t *cos, const uint16_t *sin, const uint16_t *k, const uint16_t *v,
                        long head_stride, uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
@@ -355,4 +287,64 @@ static void attend_all(int H, int H_kv, int D, int n, int T, float scale, const 
       }
       combine_chunks(np, D, C, part + (long)(hk * NB + blk) * C * part_stride, part_stride, outs);
     }
+}
+
+/* 1 when this build has the AVX-512 loops for D-dimensional heads (64 only), else 0. */
+int efim_attention_vector_head(int D) {
+#if defined(__AVX512F__)
+  return D == 64;
+#else
+  (void)D;
+  return 0;
+#endif
+}
+
+/* 1 when this build shares its work over OpenMP threads, else 0. */
+int efim_decode_attention_openmp(void) {
+#if defined(_OPENMP)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+long efim_attention_rows_scratch(int H, int H_kv, int D, int n, int T) {
+  if (H_kv <= 0 || H % H_kv || T <= 0) return -1;
+  const long blocks = ((long)(H / H_kv) * T + EFIM_PAIRS - 1) / EFIM_PAIRS;
+  return H_kv * blocks * EFIM_PAIRS * (long)n + H_kv * blocks * EFIM_MAX_CHUNKS * ((long)EFIM_PAIRS * D + 2 * EFIM_PAIRS);
+}
+
+/* The attention of a step's T rows (a speculation verify, a keystroke's few tokens), their K
+ * and V already in the cache at rows n - T .. n - 1: q [H] heads at q_hs of T rows at q_rs,
+ * out likewise at o_hs / o_rs. */
+int efim_attention_rows(int H, int H_kv, int D, int n, int T, float scale, const uint16_t *q, long q_hs, long q_rs,
+                        const uint16_t *k, const uint16_t *v, long head_stride, uint16_t *out, long o_hs, long o_rs,
+                        float *scratch, int threads) {
+  if (!sizes_ok(H, H_kv, D, n) || T < 1 || T > n || T > EFIM_MAX_ROWS) return -1;
+  attend_all(H, H_kv, D, n, T, scale, q, q_hs, q_rs, NULL, NULL, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
+  return 0;
+}
+
+/* The attention half of a step of T rows at positions pos..pos+T-1: qkv [T] fused rows ([H +
+ * 2 H_kv] heads of D: q, then k, then v), cos/sin [T] rows of D/2 (neox RoPE); each row's k
+ * (rotated) and v written to its cache row of each KV head, then row t's heads attend over
+ * rows 0..pos+t with q rotated in float32 and kept so. T one-row calls give the same bits,
+ * which makes a speculation verify's tokens the ones plain decoding would give. out: [H] heads
+ * at o_hs of T rows at o_rs. */
+int efim_rope_attention_rows(int H, int H_kv, int D, int pos, int T, float scale, const uint16_t *qkv,
+                             const uint16_t *cos, const uint16_t *sin, uint16_t *k, uint16_t *v, long head_stride,
+                             uint16_t *out, long o_hs, long o_rs, float *scratch, int threads) {
+  if (!sizes_ok(H, H_kv, D, pos + T) || D % 2 != 0 || T < 1 || T > EFIM_MAX_ROWS || pos < 0) return -1;
+  const long row = (long)(H + 2 * H_kv) * D;
+  for (int t = 0; t < T; t++)
+    for (int hk = 0; hk < H_kv; hk++) {
+      float kf[EFIM_MAX_HEAD_DIM];
+      const uint16_t *r = qkv + t * row;
+      rope_neox(r + (long)(H + hk) * D, cos + (long)t * (D / 2), sin + (long)t * (D / 2), D, kf);
+      uint16_t *krow = k + hk * head_stride + (long)(pos + t) * D, *vrow = v + hk * head_stride + (long)(pos + t) * D;
+      for (int d = 0; d < D; d++) krow[d] = f32_to_bf16(kf[d]);
+      memcpy(vrow, r + (long)(H + H_kv + hk) * D, sizeof(uint16_t) * D);
+    }
+  attend_all(H, H_kv, D, pos + T, T, scale, qkv, D, row, cos, sin, k, v, head_stride, out, o_hs, o_rs, scratch, threads);
+  return 0;
 }

@@ -16,6 +16,9 @@
 #define EFIM_MAX_OUT 16384
 #define EFIM_MAX_ROWS 16
 
+/* The per-row sums (M x N floats), one buffer per thread for both entry points. */
+static _Thread_local float efim_low_rank_sums[EFIM_MAX_ROWS * EFIM_MAX_OUT];
+
 /* Each weight row is read once for all M rows (the rows of a verify step share it from L1):
  * t[m] = x[m] A for every m, then acc[m] += t[m][r] B[r] row by row of B. */
 #define EFIM_LOW_RANK_BODY(WTYPE, LOAD)                                                        \
@@ -32,7 +35,7 @@
       for (int r = 0; r < R; r++) tm[r] += xv * LOAD(ak[r]);                                   \
     }                                                                                          \
   }                                                                                            \
-  static _Thread_local float acc[EFIM_MAX_ROWS * EFIM_MAX_OUT];                                \
+  float *acc = efim_low_rank_sums;                                                             \
   for (int m = 0; m < M; m++)                                                                  \
     for (int n = 0; n < N; n++) acc[(long)m * N + n] = 0.f;                                    \
   const WTYPE *bs = b;                                                                         \
