@@ -131,14 +131,14 @@ class LocalEngine:
         if not 0.0 < working_share < 1.0:
             raise ValueError(f"working_share must be in (0, 1), got {working_share}")
         self.kv_budget_bytes = budget
-        working_budget = int(budget * working_share)
-        retained_budget = min(budget // 4, working_budget) if retain_documents > 0 else 0
+        self._working_share, self._retains = working_share, retain_documents > 0
+        pool_budget, working_budget, retained_budget = self._budget_parts(budget)
         try:  # "int8": KV rows in int8 with per-(token, head) scales, pool included (docs/model.md)
             self.model.set_kv_dtype(kv_dtype)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
-        self._pool_budget = budget - working_budget
+        self._pool_budget = pool_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
         # to `load_engine`), fewer while other processes keep cores busy (engine.runtime.cpu_threads).
         self.threads = ThreadGovernor(torch.get_num_threads()) if adaptive_threads else None
@@ -160,6 +160,7 @@ class LocalEngine:
         faults.install_from_env(self.scheduler)  # test hook (EFIM_FAULT); nothing when unset
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._grow_lock = threading.Lock()  # one budget raise at a time (grow_kv_budget)
         # Engine-thread health (`health()`): restarts after a crash, and out-of-memory errors.
         self._restart_lock = threading.Lock()
         self.state = "running"  # "running" | "failed" (crashed too often) | "closed"
@@ -182,6 +183,35 @@ class LocalEngine:
         self.disk_tier: DiskTier | None = (
             attach_disk_tier(self, kv_disk, parse_bytes(kv_disk_budget), adapter_path) if kv_disk else None
         )
+
+    def _budget_parts(self, budget: int) -> tuple[int, int, int]:
+        """(pool, working share, retained share within it) of a KV budget."""
+        working = int(budget * self._working_share)
+        retained = min(budget // 4, working) if self._retains else 0
+        return budget - working, working, retained
+
+    def grow_kv_budget(self, budget: int | str, timeout: float | None = 60.0) -> int:
+        """Raise the KV ceiling to `budget` while serving (never lowers it): at the engine's
+        next step the pool takes the larger size — every cached row stays where it is —
+        and the working and retained shares grow with it. For the engine daemon, whose
+        budget is the largest any front asked for. Returns the budget in force; raises
+        EngineError when the engine cannot take it (closed, failed)."""
+        want = parse_bytes(budget)
+        with self._grow_lock:  # not self._lock: the engine thread takes that one as requests finish
+            if want <= self.kv_budget_bytes:
+                return self.kv_budget_bytes
+            pool, working, retained = self._budget_parts(want)
+            scheduler = self.scheduler
+            try:
+                scheduler.run_between_steps(lambda: scheduler.grow_budget(pool, working, retained)).result(timeout)
+            except Exception as exc:  # closed, crashed meanwhile, or the pool could not be allocated
+                raise EngineError(f"could not raise the KV budget to {want} bytes: {exc}") from exc
+            self._pool_budget = pool
+            self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
+            self.document_cap_tokens = max(1, int(self.cache.n_slots * self._scheduler_options["blend_store_share"] / 2))
+            self.kv_budget_bytes = want
+            log.info("KV budget raised to %d bytes (pool %d slots)", want, self.cache.n_slots)
+            return want
 
     def _new_scheduler(self) -> tuple[RadixCache, Scheduler]:
         cfg = self.model.config

@@ -135,7 +135,7 @@ class DaemonEngine(FaultReporting):
         self.daemon_kv_budget = hello.kv_budget
         self._info = msgspec.convert(hello.info, EngineInfo)
         if self.kv_budget and hello.kv_budget and self.kv_budget > hello.kv_budget:
-            log.warning("asked for a KV budget of %d bytes; the engine daemon (pid %d) runs with %d, its first front's",
+            log.warning("asked for a KV budget of %d bytes; the engine daemon (pid %d) could not raise its %d (see its log)",
                         self.kv_budget, hello.pid, hello.kv_budget)
         self.state = "running"
         self._reader = self._loop.create_task(self._read(reader, writer))

@@ -53,9 +53,10 @@ MAX_PUMPS = 64
 class Front:
     """One connected `efim serve` (or any client engine)."""
 
-    def __init__(self, number: int, pid: int, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, number: int, pid: int, writer: asyncio.StreamWriter, *, kv_budget: int | None = None) -> None:
         self.number = number
         self.pid = pid
+        self.kv_budget = kv_budget  # the --kv-budget it asked for (None: the default)
         self.writer = writer
         self.prefix = f"front{number}/"
         self.handles: dict[int, Any] = {}  # request id -> the engine's handle
@@ -73,7 +74,8 @@ class Front:
     def summary(self) -> dict:
         return {"front": self.number, "pid": self.pid, "requests": self.requests, "served": self.served,
                 "cancelled": self.cancelled, "errors": self.errors, "running": len(self.handles),
-                "documents": len(self.documents), "connectedS": round(time.monotonic() - self.connected, 1)}
+                "documents": len(self.documents), "kvBudgetAsked": self.kv_budget,
+                "connectedS": round(time.monotonic() - self.connected, 1)}
 
     def ended(self, event: StreamEvent) -> None:
         """Count a request's terminal event."""
@@ -200,10 +202,9 @@ class EngineDaemon:
                 writer.write(frame(Hello(uid=me, pid=os.getpid(), refused=f"this daemon serves uid {me} only")))
                 return
             if hello.kv_budget and self.kv_budget and hello.kv_budget > self.kv_budget:
-                log.warning("front %d asked for a KV budget of %d bytes; this daemon runs with %d (the first front's)",
-                            hello.pid, hello.kv_budget, self.kv_budget)
+                await self._raise_budget(hello)
             self._numbers += 1
-            front = Front(self._numbers, hello.pid, writer)
+            front = Front(self._numbers, hello.pid, writer, kv_budget=hello.kv_budget)
             self.fronts.add(front)
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
@@ -217,6 +218,22 @@ class EngineDaemon:
                 self._release(front)
         finally:
             writer.close()
+
+    async def _raise_budget(self, hello: Hello) -> None:
+        """A front asked for more KV than the daemon runs with: the budget becomes the largest
+        any front asked for (the engine's pool grows while serving; nothing cached is lost).
+        An engine that cannot grow keeps its budget, and says so in the log."""
+        grow = getattr(self.engine, "grow_kv_budget", None)
+        if grow is None:
+            log.warning("front %d asked for a KV budget of %d bytes; this engine cannot raise its %d",
+                        hello.pid, hello.kv_budget, self.kv_budget)
+            return
+        try:
+            self.kv_budget = await asyncio.get_running_loop().run_in_executor(None, grow, hello.kv_budget)
+        except Exception as exc:  # EngineError, or the allocation failed
+            log.warning("front %d asked for a KV budget of %d bytes; keeping %d: %s", hello.pid, hello.kv_budget, self.kv_budget, exc)
+        else:
+            log.info("KV budget raised to %d bytes for front pid %d", self.kv_budget, hello.pid)
 
     async def _serve_front(self, front: Front, reader: asyncio.StreamReader) -> None:
         while True:

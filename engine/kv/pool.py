@@ -139,6 +139,35 @@ class SlotPool:
         self._n_free += n
         self._owner[slots] = _FREE
 
+    def grow(self, budget_bytes: int) -> int:
+        """Take `budget_bytes` (more than now: else nothing happens) — new tensors of the
+        larger slot count, every slot in use (held or the tree's) copied at its own number,
+        so every slot number given out stays valid; the new slots are free. Returns the slots
+        added. Engine thread only, between steps: the old tensors are dropped here."""
+        n_new = int(budget_bytes) // self.bytes_per_slot
+        n_old = self.n_slots
+        if n_new <= n_old:
+            return 0
+        used = (self._owner != _FREE).nonzero().flatten()  # [u] int64: rows worth copying
+        names = ("k8", "k_scale", "v8", "v_scale") if self.int8 else ("k", "v")
+        for name in names:
+            old = getattr(self, name)
+            new = torch.empty((old.shape[0], n_new, *old.shape[2:]), dtype=old.dtype)  # untouched pages
+            if 2 * used.numel() >= n_old:  # mostly in use: one straight copy is several times faster
+                new[:, :n_old].copy_(old)
+            elif used.numel():  # mostly free: copy the rows in use, leave the rest untouched
+                new.index_copy_(1, used, old.index_select(1, used))
+            setattr(self, name, new)
+        free = torch.empty(n_new, dtype=torch.int64)
+        added = n_new - n_old
+        free[:added] = torch.arange(n_new - 1, n_old - 1, -1, dtype=torch.int64)  # below the old free ones: used last
+        free[added : added + self._n_free] = self._free[: self._n_free]
+        self._free = free
+        self._owner = torch.cat([self._owner, torch.zeros(added, dtype=torch.int8)])
+        self._n_free += added
+        self.n_slots = n_new
+        return added
+
     # ------------------------------------------------------------------ rows
     def gather(self, slots: torch.Tensor, kv: KV, start: int = 0) -> None:
         """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],

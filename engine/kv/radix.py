@@ -188,6 +188,11 @@ class RadixCache:
 
     # ------------------------------------------------------------------ the pool
     # What callers outside engine/kv ask of the cache about its pool: the pool's answers.
+    def grow(self, budget_bytes: int) -> int:
+        """`SlotPool.grow`: a larger pool under `budget_bytes`; every stored row stays where
+        it is. Returns the slots added."""
+        return self.pool.grow(budget_bytes)
+
     @property
     def n_slots(self) -> int:
         return self.pool.n_slots

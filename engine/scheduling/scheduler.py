@@ -151,6 +151,7 @@ class Scheduler:
         )
         self._forget: collections.deque[str] = collections.deque()  # context chunks' origins to drop (any thread)
         self._when_idle: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
+        self._between: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()  # next step's start
         self._stepping = False
 
     @property
@@ -256,6 +257,29 @@ class Scheduler:
         fut.set_exception(RuntimeError("engine is closed"))
         return fut
 
+    def run_between_steps(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the engine thread at the start of the next step, busy or not (e.g. a
+        larger KV budget); the future as `run_when_idle`'s."""
+        fut: Future = Future()
+        with self._cond:
+            if not self._closed:
+                self._between.append((fn, fut))
+                self._cond.notify()
+                return fut
+        fut.set_exception(RuntimeError("engine is closed"))
+        return fut
+
+    def grow_budget(self, pool_bytes: int, working_bytes: int, retained_bytes: int) -> int:
+        """Engine thread: a larger KV budget's parts — the pool takes more slots (every
+        stored row stays), the blend store's share of it, the working share and the retained
+        share grow with it. Returns the pool slots added."""
+        added = self.cache.grow(pool_bytes)
+        self.blend_store.pool_grew()
+        self.share.set_limit(working_bytes)
+        self.retained.budget_bytes = retained_bytes
+        self.documents.max_rows = None if self.working_limit is None else self.rows_alone
+        return added
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -292,7 +316,8 @@ class Scheduler:
         with self._cond:
             seqs = list(self._inbox) + self._waiting + self._prefilling + self._decoding
             self._inbox.clear()
-            idle_work = list(self._when_idle)
+            idle_work = list(self._between) + list(self._when_idle)
+            self._between.clear()
             self._when_idle.clear()
         ended = 0
         for seq in dict.fromkeys(seqs):  # once each, in order
@@ -333,7 +358,7 @@ class Scheduler:
     def _wait_seconds(self) -> float | None:
         """How long the loop may sleep: None (until woken) when there is nothing at all,
         0 when there is work now, else until the idle grace for document pieces is over."""
-        if self._inbox or self._waiting or self._prefilling or self._decoding or self._plans or self._when_idle:
+        if self._inbox or self._waiting or self._prefilling or self._decoding or self._plans or self._when_idle or self._between:
             return 0.0
         if not self.documents.pending():
             return None
@@ -360,10 +385,11 @@ class Scheduler:
         for seq in list(self._inbox) + self._waiting + self._prefilling + self._decoding:
             self.finisher.finish(seq, "cancelled")
         self._inbox.clear()
-        while self._when_idle:
-            _, fut = self._when_idle.popleft()
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(RuntimeError("engine is closed"))
+        for queue in (self._between, self._when_idle):
+            while queue:
+                _, fut = queue.popleft()
+                if fut.set_running_or_notify_cancel():
+                    fut.set_exception(RuntimeError("engine is closed"))
 
     def step(self) -> None:
         """One unit of work: drop cancelled sequences, admit new ones, one prefill step of
@@ -373,6 +399,7 @@ class Scheduler:
         try:
             if self.before_step is not None:
                 self.before_step()
+            self._run_work(self._between)
             self.finisher.finish_cancelled_or_expired()
             while self._forget:
                 self.blend_store.forget_origin(self._forget.popleft())
@@ -468,11 +495,14 @@ class Scheduler:
             assert used <= self.working_limit, f"retained + working KV {used} B over the working share {self.working_limit} B"
 
     def _run_idle_work(self) -> None:
+        self._run_work(self._when_idle)
+
+    def _run_work(self, queue: collections.deque[tuple[Callable[[], Any], Future]]) -> None:
         while True:
             with self._cond:
-                if not self._when_idle:
+                if not queue:
                     return
-                fn, fut = self._when_idle.popleft()
+                fn, fut = queue.popleft()
             if not fut.set_running_or_notify_cancel():
                 continue
             try:

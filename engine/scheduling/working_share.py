@@ -56,21 +56,28 @@ class WorkingShare:
         self.retained = retained
         self.holding: dict[Sequence, None] = {}
         self.documents: DocumentWork | None = None
-        self.working_limit = working_budget_bytes
         one = model.new_kv(1)  # the allocation unit of a KV format (1 row for both formats today)
         self.row_align = one.capacity
         self.row_bytes = kv_bytes(one) // one.capacity  # one row of a sequence KV
         cfg = model.config  # a row of K/V in the compute dtype (CacheBlend's copied spans are at most that)
         self.dense_row_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * model.dtype.itemsize
+        self.set_limit(working_budget_bytes)
+
+    def set_limit(self, working_budget_bytes: int | None) -> None:
+        """The share's byte limit (None: unlimited) and the most rows one sequence may have.
+        Raising it (a daemon front that asked for a larger --kv-budget) takes effect at once:
+        KV already charged stays charged."""
         if working_budget_bytes is None:
-            self.rows_alone = runner.context_length
+            rows_alone = self.runner.context_length
         else:  # the most rows one sequence may have: what the working share holds, in whole allocations
-            self.rows_alone = working_budget_bytes // self.row_bytes // self.row_align * self.row_align
-        if self.rows_alone < 2:
+            rows_alone = working_budget_bytes // self.row_bytes // self.row_align * self.row_align
+        if rows_alone < 2:
             raise ValueError(
-                f"the KV budget's working share ({working_budget_bytes} B) holds {self.rows_alone} rows of "
+                f"the KV budget's working share ({working_budget_bytes} B) holds {rows_alone} rows of "
                 f"{self.row_bytes} B; a sequence needs at least 2: use a larger --kv-budget"
             )
+        self.working_limit = working_budget_bytes
+        self.rows_alone = rows_alone
 
     def working_kv_bytes(self) -> int:
         """Bytes of working KV charged now: running sequences (a blending one with its copied

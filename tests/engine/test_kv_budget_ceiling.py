@@ -348,3 +348,68 @@ def test_a_documents_previous_kv_that_does_not_fit_beside_the_new_one_is_dropped
         ceiling.check(BUDGET)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_pool_that_grows_keeps_every_row_at_its_slot_and_frees_the_new_ones(kv_dtype):
+    import torch  # noqa: PLC0415
+
+    from engine.kv.pool import SlotPool  # noqa: PLC0415
+
+    pool = SlotPool(n_layers=2, n_kv_heads=2, head_dim=8, dtype=torch.float32, budget_bytes=40 * 256, kv_dtype=kv_dtype)
+    before = pool.n_slots
+    held = pool.alloc(before - 3)
+    k, v = torch.randn(2, held.numel(), 2, 8), torch.randn(2, held.numel(), 2, 8)
+    pool.write_slots(held, k, v)
+    tree, still_held = held[: held.numel() // 2], held[held.numel() // 2:]
+    pool.adopt(tree)
+    rows = pool.read_slots(held)
+    assert pool.grow(pool.bytes_per_slot * before) == 0 and pool.n_slots == before  # not larger: nothing
+    added = pool.grow(pool.bytes_per_slot * (3 * before))
+    assert added == 2 * before and pool.n_slots == 3 * before
+    assert pool.n_free == 3 + added and pool.n_held == still_held.numel() and pool.n_tree == tree.numel()
+    for got, want in zip(pool.read_slots(held), rows):
+        assert torch.equal(got, want)  # every row where it was, bit for bit
+    pool.check_integrity(tree)
+    fresh = pool.alloc(pool.n_free)
+    assert fresh.numel() == 3 + added and not set(fresh.tolist()) & set(held.tolist())
+    assert int(fresh.max()) == 3 * before - 1
+    pool.free(fresh)
+    pool.free(still_held)
+    pool.check_integrity(tree)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_raised_budget_grows_the_pool_while_serving_keeps_the_cache_and_is_the_new_ceiling(tiny_model_factory, kv_dtype):
+    sources = stdlib_sources(("textwrap.py", "shlex.py", "bisect.py", "difflib.py"))
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, kv_dtype=kv_dtype, idle_grace=0.0,
+                      step_tokens=64)
+    try:
+        text = sources[0]
+        at = len(text) // 2
+        request = InfillRequest(key="a", prefix=text[max(0, at - 1500):at], suffix=text[at:at + 400], max_tokens=4)
+        first = eng.submit(request).result(60)
+        slots, pool_before = eng.cache.n_slots, pool_bytes(eng.cache)
+        # Raised while a long request of another document runs: it takes effect between steps.
+        busy = eng.submit(InfillRequest(key="b", prefix=sources[1][:400], max_tokens=40, temperature=1.0, seed=3))
+        assert eng.grow_kv_budget(2 * BUDGET) == 2 * BUDGET
+        assert busy.result(60).finish_reason != "error"
+        assert eng.kv_budget_bytes == eng.stats().cache_bytes_total == 2 * BUDGET
+        assert eng.cache.n_slots > slots and pool_bytes(eng.cache) > pool_before
+        assert eng.scheduler.working_limit == BUDGET  # the working share grew with it (half)
+        assert eng.grow_kv_budget(BUDGET) == 2 * BUDGET  # never lowered
+        assert eng.stats().evictions == 0  # (so what the next request reuses was not evicted either way)
+        again = eng.submit(request).result(60)
+        assert again.text == first.text and again.stats.prefilled_tokens <= 2  # the cached rows survived the move
+        eng.check_integrity().result(30)
+        ceiling = Ceiling(eng)
+        handles = [eng.submit(InfillRequest(key=f"d{i}", prefix=t[len(t) // 3 - 2500:len(t) // 3], suffix=t[len(t) // 3:][:500],
+                                            max_tokens=6)) for i, t in enumerate(sources * 2)]
+        for h in handles:
+            assert h.result(120).finish_reason != "error"
+        eng.wait_idle(60)
+        eng.check_integrity().result(30)
+        ceiling.check(2 * BUDGET)  # the new ceiling holds ...
+        assert ceiling.max_used() > BUDGET - pool_before  # ... and its room is used (more than the old pool's rows)
+    finally:
+        eng.close()

@@ -207,6 +207,31 @@ def test_two_fronts_share_one_daemon_and_the_second_reuses_the_firsts_kv(rundir,
         b.close()
 
 
+def test_the_daemons_kv_budget_is_the_largest_any_front_asked_for_and_raising_it_keeps_the_cache(rundir, config):
+    a = _front(config, kv_budget="32M")
+    try:
+        first = a.submit(_request()).result(60)
+        assert a.daemon_kv_budget == 32 << 20 and a.stats().cache_bytes_total == 32 << 20
+        b = _front(config, kv_budget="48M")  # a window that asked for more: the daemon grows to it
+        c = _front(config, kv_budget="16M")  # ... and one that asked for less changes nothing
+        try:
+            assert a.daemon_pid == b.daemon_pid == c.daemon_pid
+            assert b.daemon_kv_budget == c.daemon_kv_budget == 48 << 20
+            assert b.stats().cache_bytes_total == 48 << 20
+            again = b.submit(_request()).result(60)  # the first front's KV survived the larger pool
+            assert again.text == first.text and again.stats.prefilled_tokens <= 2
+            b.check_integrity().result(30)
+            _wait(lambda: len(b.health()["daemon"].get("fronts", [])) == 3, what="three fronts in the daemon's health")
+            daemon = b.health()["daemon"]
+            assert daemon["kvBudget"] == 48 << 20
+            assert sorted(f["kvBudgetAsked"] for f in daemon["fronts"]) == [16 << 20, 32 << 20, 48 << 20]
+        finally:
+            b.close()
+            c.close()
+    finally:
+        a.close()
+
+
 def test_the_daemon_makes_each_front_an_owner_of_its_requests(tmp_path):
     """Each front's requests reach the engine under its own key prefix and as its own owner
     (`InfillRequest.owner`), so the engine's scheduler takes turns across fronts
