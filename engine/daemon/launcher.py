@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from engine.api import EngineError
-from engine.daemon.config import DaemonConfig
+from engine.daemon.config import DaemonConfig, is_engine_variable
 from engine.daemon.place import Place, peer_uid
 from engine.daemon.wire import Hello, ProtocolError, decode_hello, frame, read_frame_blocking
 
@@ -143,15 +143,19 @@ def daemon_command(place: Place, config: DaemonConfig, kv_budget: int | None, id
                "--config", msgspec.json.encode(config).decode(), "--idle-timeout", str(idle_timeout)]
     if kv_budget is not None:
         command += ["--kv-budget", str(kv_budget)]
-    if os.environ.get(STANDBY_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+    if config.environment.get(STANDBY_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
         command.append("--keep-standby")
     return command
 
 
-def daemon_environment() -> dict[str, str]:
-    """A daemon's environment: this process's, with the folder holding `engine` first on
-    PYTHONPATH (a front run from a checkout starts the same code)."""
+def daemon_environment(config: DaemonConfig | None = None) -> dict[str, str]:
+    """A daemon's environment: this process's — its engine variables replaced by
+    `config.environment` when a config is given, so the daemon runs with exactly the
+    environment its digest names — with the folder holding `engine` first on PYTHONPATH
+    (a front run from a checkout starts the same code)."""
     env = dict(os.environ)
+    if config is not None:
+        env = {k: v for k, v in env.items() if not is_engine_variable(k)} | config.environment
     source_root = str(Path(__file__).resolve().parents[2])  # the folder holding `engine`
     env["PYTHONPATH"] = source_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -160,7 +164,7 @@ def daemon_environment() -> dict[str, str]:
 def spawn(place: Place, config: DaemonConfig, kv_budget: int | None, idle_timeout: float) -> subprocess.Popen:
     """Start the daemon detached: a session of its own (a terminal's hangup or the front's
     death does not reach it), stdin closed, stdout and stderr appended to the 0600 log."""
-    env = daemon_environment()
+    env = daemon_environment(config)
     log_fd = place.open_log()
     try:
         proc = subprocess.Popen(
@@ -181,7 +185,7 @@ def check_in_subprocess(config: DaemonConfig, timeout: float = 120.0) -> None:
     EngineError with the check's message when the model cannot load."""
     import msgspec  # noqa: PLC0415
 
-    env = daemon_environment()
+    env = daemon_environment(config)
     done = subprocess.run([sys.executable, "-m", "engine.daemon", "--check", "--config", msgspec.json.encode(config).decode()],
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:

@@ -32,7 +32,7 @@ from bench.process_memory import daemon_pids, kill_daemons
 from engine.api import EngineError, EngineStats, InfillRequest, StreamEvent
 from engine.daemon import wire
 from engine.daemon.client import DaemonEngine
-from engine.daemon.config import DaemonConfig
+from engine.daemon.config import DaemonConfig, engine_environment
 from engine.daemon.launcher import DaemonRefused
 from engine.daemon.place import Place, runtime_dir
 
@@ -131,6 +131,30 @@ def test_the_digest_follows_the_model_and_engine_shape_not_the_kv_budget(tmp_pat
         os.chdir(here)
     assert relative.model == str(tmp_path) and relative.digest() == DaemonConfig.of(str(tmp_path)).digest()
     assert DaemonConfig.of("m", check_integrity=True).load_arguments()["check_integrity"] is True
+
+
+def test_a_fronts_engine_environment_is_part_of_the_config_and_is_what_its_daemon_runs_with(tmp_path, monkeypatch):
+    from engine.daemon.launcher import daemon_command, daemon_environment  # noqa: PLC0415
+
+    env = {"EFIM_KV_DIR": "/x/kv", "OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "0", "HOME": "/h", "EFIM_DAEMON": "1",
+           "EFIM_DAEMON_STANDBY": "1"}
+    config = DaemonConfig.of("default", environment=env)
+    # Only what the engine process reads; the rest (HOME, the front-side EFIM_DAEMON) is not the engine's.
+    assert config.environment == {"EFIM_DAEMON_STANDBY": "1", "EFIM_KV_DIR": "/x/kv", "GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "1"}
+    assert config.digest() == DaemonConfig.of("default", environment={**env, "HOME": "/elsewhere"}).digest()
+    for name, value in (("EFIM_KV_DIR", "/y/kv"), ("OMP_NUM_THREADS", "2"), ("EFIM_FAULT", "engine-crash")):
+        assert DaemonConfig.of("default", environment={**env, name: value}).digest() != config.digest(), name
+    # The daemon gets exactly the config's engine variables, whatever this process has now.
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setenv("EFIM_FAULT", "engine-crash")
+    monkeypatch.setenv("PATH_MARKER", "kept")
+    spawned = daemon_environment(config)
+    assert spawned["OMP_NUM_THREADS"] == "1" and spawned["EFIM_KV_DIR"] == "/x/kv" and "EFIM_FAULT" not in spawned
+    assert spawned["PATH_MARKER"] == "kept"
+    monkeypatch.delenv("EFIM_DAEMON_STANDBY", raising=False)  # the standby follows the config, not this process
+    assert "--keep-standby" in daemon_command(Place(tmp_path, config.digest()), config, None, 10.0)
+    # The config travels to the daemon as JSON, environment included.
+    assert msgspec.json.decode(msgspec.json.encode(config), type=DaemonConfig) == config
 
 
 def test_the_runtime_dir_is_private_and_the_users_own(rundir):
@@ -454,6 +478,7 @@ def test_daemon_killed_mid_request_errors_within_a_second_reports_and_a_new_daem
 
 def test_the_daemons_engine_faults_reach_every_front(rundir, config, monkeypatch):
     monkeypatch.setenv("EFIM_FAULT", "engine-crash")  # the daemon inherits it: its engine thread dies once
+    config = msgspec.structs.replace(config, environment=engine_environment())  # the fronts' config, in that environment
     front, other = _front(config), _front(config)
     try:
         crashed = front.submit(_request(key="file:///fault.py")).result(30)

@@ -23,10 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bench.process_memory import daemon_pids
-from engine.daemon.config import DaemonConfig
+from engine.daemon.config import DaemonConfig, engine_environment
 from engine.daemon.launcher import daemon_command
 from engine.daemon.place import Place
 from engine.kv.disk_format import list_files, read_header
@@ -205,6 +206,7 @@ def _standby_ready(place: Place, pid: int) -> bool:
 
 def test_a_standby_daemon_takes_over_when_the_serving_one_is_killed_and_leaves_with_it(rundir, config, monkeypatch):
     monkeypatch.setenv("EFIM_DAEMON_STANDBY", "1")  # the front's environment: its daemons keep a standby
+    config = msgspec.structs.replace(config, environment=engine_environment())  # the front's config, in that environment
     place = Place.for_digest(config.digest())
     front = _front(config, idle_timeout=1.0)
     try:
