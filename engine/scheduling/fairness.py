@@ -23,6 +23,11 @@ usage per owner, as classic fair-share CPU schedulers do):
   up with its decaying usage;
 - admitted requests waiting for KV room get it in turns too (`interleave`): each owner's
   oldest, then each owner's second oldest, owners least recent usage first;
+- a request that has run for `URGENT_AGE` seconds without finishing is *urgent*: its owner
+  has every turn until it ends (the oldest urgent request first when several are). A
+  window's keystroke whose answer takes long (many tokens to decode) would otherwise get a
+  token per prefill step of a burst's windows and reach its deadline; a burst's requests,
+  superseded by the next one long before, are never urgent;
 - a step cannot be interrupted, so while the engine is shared (another owner had work in
   the last `SHARED_WINDOW` seconds, `Turns.shared`) a request's prefill step is sized to
   take about `Scheduler.shared_step_seconds` at the measured prefill rate, and not the
@@ -53,6 +58,10 @@ MEMORY = 3.0
 WAKE_CREDIT = 1.0
 # The engine counts as shared while more than one owner had foreground work within this many seconds.
 SHARED_WINDOW = 2.0
+# A foreground request running this long (seconds since it was submitted) has its owner served
+# first until it ends: well above a keystroke's typical answer on 2 cores (~0.1-0.2 s), well
+# below the 1.5 s default deadline, so the longest answers of a window finish alone.
+URGENT_AGE = 0.25
 
 
 class Turns:
@@ -92,14 +101,18 @@ class Turns:
                 del self.usage[owner]
         return owners
 
-    def next(self, owners: Iterable[str]) -> str | None:
+    def next(self, owners: Iterable[str], urgent: str | None = None) -> str | None:
         """Which of `owners` (with foreground work, oldest request first) this step serves:
-        the least recent usage; a tie goes to the one not served last."""
+        the owner of the `urgent` request (see `URGENT_AGE`) if there is one, else the
+        least recent usage; a tie goes to the one not served last."""
         owners = self.active(owners)
         if not owners:
             return None
         now = self.clock()
-        chosen = min(owners, key=lambda o: (self.used(o, now), o == self.last))
+        if urgent in owners:
+            chosen = urgent
+        else:
+            chosen = min(owners, key=lambda o: (self.used(o, now), o == self.last))
         self.last = chosen
         return chosen
 
@@ -151,4 +164,4 @@ def interleave(items: SequenceType[T], owner_of, owners_first: SequenceType[str]
     return out
 
 
-__all__ = ["Turns", "interleave", "SHARED_WINDOW"]
+__all__ = ["Turns", "interleave", "SHARED_WINDOW", "URGENT_AGE"]

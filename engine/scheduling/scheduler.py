@@ -50,7 +50,7 @@ from engine.kv.radix import RadixCache
 from engine.kv.retained import RetainedKV
 from engine.scheduling.admission import Admission
 from engine.scheduling.background import DocumentWork
-from engine.scheduling.fairness import Turns
+from engine.scheduling.fairness import URGENT_AGE, Turns
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.model_runner import ModelRunner
 from engine.scheduling.sequence import Sequence
@@ -141,6 +141,7 @@ class Scheduler:
         # Turns across owners (`InfillRequest.owner`): engine time charged per owner
         # (engine.scheduling.fairness); one owner alone runs in the usual order.
         self.turns = Turns()
+        self.urgent_age = URGENT_AGE  # a request running this long has its owner served first (fairness)
         self.admission = Admission(
             self.runner, cache, self.retained, self.share, self.blend_store, self.finisher, self.counters,
             waiting=self._waiting, prefilling=self._prefilling, turns=self.turns,
@@ -475,9 +476,17 @@ class Scheduler:
         if len(set(owners)) == 1:
             self.turns.next(owners)
             return foreground[0], None
-        owner = self.turns.next(owners)
+        owner = self.turns.next(owners, urgent=self._urgent_owner(foreground))
         prefill = next((s for s in foreground if s.owner == owner), None)
         return prefill, (owner if prefill is None else None)
+
+    def _urgent_owner(self, foreground: list[Sequence]) -> str | None:
+        """The owner of the oldest foreground request (prefilling or decoding) that has run
+        `URGENT_AGE` seconds, if any (engine.scheduling.fairness)."""
+        oldest = min((s for s in (*foreground, *self._decoding) if not s.background), key=lambda s: s.submitted, default=None)
+        if oldest is None or time.perf_counter() - oldest.submitted < self.urgent_age:
+            return None
+        return oldest.owner
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the radix cache, the blend store and the retained KV

@@ -357,6 +357,40 @@ def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_s
     drain(s)
 
 
+def test_an_urgent_request_has_its_owner_served_until_it_ends(model):
+    """A request running `urgent_age` seconds (fairness.URGENT_AGE) has its owner served
+    first although that owner used the engine more lately: owner A (heavy) decodes, owner B
+    (light) sends a long window. While A is not urgent, B's lighter usage gives B prefill
+    steps between A's tokens; once A's request is urgent, B's window waits until A's answer
+    is done — a window's slow answer is not stretched to its deadline by another's burst."""
+    def run(urgent_age: float) -> tuple[int, int, list[str]]:
+        s = make(model, step=32)
+        s.verify_cost = None
+        s.urgent_age = urgent_age
+        s.trace = trace = []
+        order: list[str] = []
+        a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
+        b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
+        s.submit(a)
+        while a.n_valid < a.n_prompt:
+            s.step()
+        s.turns.charge("A", 100.0)  # A: the heavy owner (it typed a lot lately)
+        s.submit(b)
+        a_steps = 0
+        while a.sink.finished is None:
+            s.step()
+            a_steps += 1
+        b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+        drain(s)
+        assert b.sink.finished[0] == "length" and len(a.sink.tokens) == 20
+        return a_steps, b_steps, order
+
+    a_steps, b_steps, order = run(float("inf"))  # never urgent: the turns alone
+    assert order == ["b", "a"] and b_steps >= 900 // 32, (a_steps, b_steps, order)  # B (least usage) prefilled all along, done first
+    a_steps, b_steps, order = run(0.0)  # urgent at once: A's owner has every turn until its answer ends
+    assert b_steps == 0 and order == ["a", "b"], (a_steps, b_steps, order)
+
+
 def test_turns_serve_the_owner_of_least_recent_usage():
     import math
 
@@ -367,6 +401,8 @@ def test_turns_serve_the_owner_of_least_recent_usage():
     assert t.next([]) is None
     assert t.next(["A"]) == "A"
     t.charge("A", 5.0)
+    assert t.next(["A", "B"], urgent="A") == "A"  # an urgent request's owner first, whatever its usage
+    assert t.next(["A", "B"], urgent="C") == "B"  # (an urgent owner with nothing to run: the usual rule)
     assert t.next(["A", "B"]) == "B"  # B used nothing lately
     t.charge("B", 6.0)
     assert t.next(["A", "B"]) == "A"
