@@ -29,6 +29,7 @@ ENGINE_ENV_NAMES = frozenset({
     "EFIM_KERNELS", "EFIM_C_KERNELS", "EFIM_KERNEL_CHECKS",  # kernel switches (kernels/)
     "EFIM_FAULT",  # the fault-injection test hook (engine.runtime.faults)
     "EFIM_DAEMON_STANDBY", "EFIM_DAEMON_FORKED_STANDBY",  # the daemon's standby (engine.daemon.standby)
+    "LRU_CACHE_CAPACITY",  # ATen's oneDNN operation cache (engine.runtime.native_caches)
 })
 ENGINE_ENV_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "ONEDNN_", "DNNL_", "MALLOC_", "TORCH_", "TRITON_")
 

@@ -94,6 +94,9 @@ def load_model_for_engine(
     `quant` None: `default_weight_form`."""
     from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
+    from engine.runtime.native_caches import bound_native_caches  # noqa: PLC0415
+
+    bound_native_caches()  # before the first oneDNN kernel of this process (engine.runtime.native_caches)
 
     if threads is not None:
         if threads < 1:
