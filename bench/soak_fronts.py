@@ -82,7 +82,7 @@ class FrontsSoakOptions:
 @dataclass
 class FrontsSoakResult(SoakResult):
     fronts: int = 0
-    samples: list[dict[str, Any]] = field(default_factory=list)  # {t, rss_mb, pss_mb, processes: {label: rss}}
+    samples: list[dict[str, Any]] = field(default_factory=list)  # {t, rss_mb, pss_mb, processes: {label: rss}, engine_kv_mb}
     events: list[tuple[float, str]] = field(default_factory=list)  # (s since typing began, what)
     daemons: list[int] = field(default_factory=list)  # every daemon pid seen, in order
     switch_settled_s: float | None = None  # since typing began
@@ -163,7 +163,7 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
         def at() -> float:
             return round(time.perf_counter() - t0, 2)
 
-        def sample() -> None:
+        def sample(engine_kv: dict[str, Any] | None = None) -> None:
             processes: dict[str, float] = {}
             rss_total = pss_total = 0.0
             pss_known = True
@@ -181,11 +181,21 @@ async def run_fronts_soak(options: FrontsSoakOptions) -> FrontsSoakResult:
                 pss_known = pss_known and not math.isnan(pss)
                 pss_total += 0.0 if math.isnan(pss) else pss
             result.samples.append({"t": at(), "rss_mb": round(rss_total, 1),
-                                   "pss_mb": round(pss_total, 1) if pss_known else math.nan, "processes": processes})
+                                   "pss_mb": round(pss_total, 1) if pss_known else math.nan, "processes": processes,
+                                   **({"engine_kv_mb": engine_kv} if engine_kv else {})})
+
+        async def engine_kv() -> dict[str, Any] | None:
+            """The engine's own KV counts beside the memory samples (the daemon's, through the
+            first front's efim/stats): KV stored (pool rows in use + retained) and working KV."""
+            try:
+                stats = await asyncio.wait_for(clients[0].request("efim/stats", None), 5)
+            except Exception:  # noqa: BLE001 - a sample without it
+                return None
+            return {"stored": round(stats.get("cacheBytes", 0) / 2**20, 1), "working": round(stats.get("workingKvBytes", 0) / 2**20, 1)}
 
         async def sampler() -> None:
             while not done.is_set():
-                sample()
+                sample(await engine_kv())
                 try:
                     await asyncio.wait_for(done.wait(), options.sample_s)
                 except asyncio.TimeoutError:

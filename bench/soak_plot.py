@@ -16,7 +16,8 @@ from typing import Any
 
 def plot_memory(samples: list[dict[str, Any]], events: list[tuple[float, str]], path: Path, title: str,
                 bands: list[tuple[float, float, float]] = ()) -> Path:
-    """`samples`: [{"t": s, "rss_mb": total, "pss_mb": total or NaN, "processes": {label: rss_mb}}];
+    """`samples`: [{"t": s, "rss_mb": total, "pss_mb": total or NaN, "processes": {label: rss_mb},
+    optional "engine_kv_mb": {"stored": MB, "working": MB}}];
     `events`: [(s, label)]; `bands`: [(t_from, t_to, reference MB)] drawn ±10 %."""
     try:
         import matplotlib  # noqa: PLC0415
@@ -36,6 +37,10 @@ def plot_memory(samples: list[dict[str, Any]], events: list[tuple[float, str]], 
         for label in labels:
             points = [(s["t"], s["processes"][label]) for s in samples if label in s.get("processes", {})]
             ax.plot([t for t, _ in points], [mb for _, mb in points], linewidth=0.7, alpha=0.8, label=label)
+        kv = [(s["t"], s["engine_kv_mb"]) for s in samples if s.get("engine_kv_mb")]
+        if kv:  # the engine's own count of its KV (stored + working), beside the processes' memory
+            ax.plot([t for t, _ in kv], [k["stored"] + k["working"] for _, k in kv], color="tab:purple", linewidth=1.0,
+                    linestyle="-.", label="engine KV: stored + working")
         for t_from, t_to, ref in bands:
             ax.fill_between([t_from, t_to], [ref * 0.9] * 2, [ref * 1.1] * 2, color="tab:green", alpha=0.12)
             ax.hlines(ref, t_from, t_to, colors="tab:green", linewidth=0.8)
