@@ -90,6 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cf.add_argument("--limit", type=int, default=50, help="targets per package (a seeded sample)")
     cf.add_argument("--seed", type=int, default=0)
     cf.add_argument("--max-tokens", type=int, default=16, help="maxTokens")
+    cf.add_argument("--keystrokes", type=int, default=3, metavar="N",
+                    help="after each first answer, type the expected text's first N characters, a request each (keystroke cost; 0: none)")
+    cf.add_argument("--no-jump", action="store_true", help="skip the jump after the keystrokes (a new line 30 lines above, a request there)")
     cf.add_argument("--model", default="default", help="the server's `model` setting")
     cf.add_argument("--config", action="append", default=[], metavar="JSON",
                     help='settings merged into every configuration, e.g. \'{"firstWindowTokens": 128}\' (a JSON object or a file holding one; repeatable)')
@@ -318,6 +321,8 @@ def run_crossfile(args: argparse.Namespace) -> int:
 
     if args.limit <= 0:
         raise SystemExit("efim eval crossfile: --limit must be positive")
+    if args.keystrokes < 0:
+        raise SystemExit("efim eval crossfile: --keystrokes must be 0 or more")
     try:
         extra = {"maxTokens": args.max_tokens, **({"model": args.model} if args.model != "default" else {}), **parse_config(args.config)}
         configs = cf.configurations([c.strip() for c in args.configs.split(",") if c.strip()],
@@ -353,7 +358,8 @@ def run_crossfile(args: argparse.Namespace) -> int:
             progress(f"[{config.name} / {package.name}] {len(targets)} targets: starting the server...")
             start = time.perf_counter()
             try:
-                got, index = asyncio.run(cf.run_package(package, targets, config, server, ready_timeout_s=args.ready_timeout))
+                got, index = asyncio.run(cf.run_package(package, targets, config, server, ready_timeout_s=args.ready_timeout,
+                                                        keystrokes=args.keystrokes, jump=not args.no_jump))
             except (ServerCrashed, ModelFailed, TimeoutError) as exc:
                 raise SystemExit(f"efim eval crossfile: [{config.name} / {package.name}] {exc}") from None
             indexes[f"{config.name}/{package.name}"] = index

@@ -114,6 +114,11 @@ class Record(NamedTuple):
     ttft_ms: float | None  # server: request arrival -> first generated token
     prompt_tokens: float | None
     declined: str | None  # why the server answered with nothing (efim/stats "declined")
+    # What the context costs later in the same session (`keystrokes`, `jump` in `_ask`):
+    # per keystroke typed after the first answer, (client ms, server TTFT ms or None when the
+    # answer needed no engine request: typed through); then the first answer after a jump.
+    keystrokes: tuple[tuple[float, float | None], ...] = ()
+    jump: tuple[float, float | None] | None = None
 
 
 # -- packages ----------------------------------------------------------------------------
@@ -340,27 +345,68 @@ async def _answer(client: LspClient, pending, timeout_s: float) -> Any:
         raise TimeoutError(f"no answer to {pending.method} within {timeout_s:.0f} s; server stderr:\n{client.stderr_tail()}") from None
 
 
-async def _ask(client: LspClient, probe: RequestProbe, package: Package, target: Target, config: Config, timeout_s: float) -> Record:
+# After each target's first answer: this many keystrokes (the expected text's first
+# characters, a request each), then one jump (a new line opened JUMP_LINES above, a request
+# there): what the context costs once the file is open, next to what it costs first.
+KEYSTROKES = 3
+JUMP_LINES = 30
+
+
+async def _ask(client: LspClient, probe: RequestProbe, package: Package, target: Target, config: Config, timeout_s: float,
+               keystrokes: int = KEYSTROKES, jump: bool = True) -> Record:
     uri = (package.root / target.file).as_uri()
     await client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": target.text}})
-    pending = await client.send_request("textDocument/inlineCompletion", {
-        "textDocument": {"uri": uri}, "position": {"line": target.line_no - 1, "character": target.character}, "context": {"triggerKind": 2}})
-    result = await _answer(client, pending, timeout_s)
-    latency = pending.latency_ms
-    seg = await probe.segment() or {}
-    await client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    latency, ttft, result, seg = await _request(client, probe, uri, target.line_no - 1, target.character, timeout_s)
     suggestion = suggestion_at(result, target)
     hit, exact, sim = score(suggestion, target)
-    ttft = (seg.get("ttftMs") or {}).get("p50") if seg.get("requests") == 1 else None
     declined = [k for k, v in (seg.get("declined") or {}).items() if v]
+    version, line, character = 1, target.line_no - 1, target.character
+    keys = []
+    for ch in target.rest[:keystrokes]:  # typed as the person would: the expected text, one key each
+        version += 1
+        await _insert(client, uri, version, line, character, ch)
+        character += len(ch.encode("utf-16-le")) // 2
+        ms, key_ttft, _, _ = await _request(client, probe, uri, line, character, timeout_s)
+        keys.append((round(ms, 1), key_ttft))
+    jumped = None
+    if jump:  # a new line under a line JUMP_LINES above (or below, near the top), indented as that line
+        lines = target.text.split("\n")
+        at = target.line_no - 1 - JUMP_LINES if target.line_no - 1 >= JUMP_LINES else min(len(lines) - 1, target.line_no - 1 + JUMP_LINES)
+        if at != target.line_no - 1:
+            above = lines[at]
+            indent = above[: len(above) - len(above.lstrip())]
+            version += 1
+            await _insert(client, uri, version, at, len(above.encode("utf-16-le")) // 2, "\n" + indent)
+            ms, jump_ttft, _, _ = await _request(client, probe, uri, at + 1, len(indent.encode("utf-16-le")) // 2, timeout_s)
+            jumped = (round(ms, 1), jump_ttft)
+    await client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
     return Record(config.name, package.name, target.file, target.line_no, target.column, target.name, target.defined_in, target.rest,
-                  suggestion, hit, exact, round(sim, 4), round(latency, 1), ttft or None, seg.get("promptTokens"),
-                  declined[0] if declined and not suggestion else None)
+                  suggestion, hit, exact, round(sim, 4), round(latency, 1), ttft, seg.get("promptTokens"),
+                  declined[0] if declined and not suggestion else None, tuple(keys), jumped)
+
+
+async def _insert(client: LspClient, uri: str, version: int, line: int, character: int, text: str) -> None:
+    at = {"line": line, "character": character}
+    await client.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
+                                                   "contentChanges": [{"range": {"start": at, "end": at}, "text": text}]})
+
+
+async def _request(client: LspClient, probe: RequestProbe, uri: str, line: int, character: int,
+                   timeout_s: float) -> tuple[float, float | None, Any, dict[str, Any]]:
+    """One inline-completion request, awaited: (client ms, server TTFT ms — None when no
+    engine request answered it —, the result, the server's stats segment for it)."""
+    pending = await client.send_request("textDocument/inlineCompletion", {
+        "textDocument": {"uri": uri}, "position": {"line": line, "character": character}, "context": {"triggerKind": 2}})
+    result = await _answer(client, pending, timeout_s)
+    seg = await probe.segment() or {}
+    ttft = (seg.get("ttftMs") or {}).get("p50") if seg.get("requests") == 1 else None
+    return pending.latency_ms, ttft or None, result, seg
 
 
 async def run_package(package: Package, targets: list[Target], config: Config, server: list[str], *,
                       env: dict[str, str] | None = None, ready_timeout_s: float = 900.0, index_timeout_s: float = 300.0,
-                      request_timeout_s: float = 600.0, on_target=None) -> tuple[list[Record], dict[str, Any] | None]:
+                      request_timeout_s: float = 600.0, on_target=None, keystrokes: int = KEYSTROKES,
+                      jump: bool = True) -> tuple[list[Record], dict[str, Any] | None]:
     """The targets of one package on a fresh server under `config`: their records, and the
     server's context index status once built (None when the server has none)."""
     kv_dir = tempfile.mkdtemp(prefix="efim-crossfile-kv-")
@@ -381,7 +427,7 @@ async def run_package(package: Package, targets: list[Target], config: Config, s
         await probe.segment()  # zero the counters: the scratch request is not measured
         records = []
         for target in targets:
-            records.append(await _ask(client, probe, package, target, config, request_timeout_s))
+            records.append(await _ask(client, probe, package, target, config, request_timeout_s, keystrokes, jump))
             if on_target is not None:
                 on_target(records[-1])
         return records, index
@@ -403,6 +449,10 @@ class Row(NamedTuple):
     latency_ms_p95: float | None
     ttft_ms_p50: float | None
     prompt_tokens_p50: float | None
+    keystroke_ms_p50: float | None = None  # client side, every keystroke after the first answer
+    keystroke_ttft_ms_p50: float | None = None  # server, the keystrokes the engine answered
+    jump_ms_p50: float | None = None  # the first answer after the jump: client side
+    jump_ttft_ms_p50: float | None = None  # ... and server TTFT
 
 
 def summarize(config: str, package: str, records: list[Record]) -> Row:
@@ -416,18 +466,24 @@ def summarize(config: str, package: str, records: list[Record]) -> Row:
                mean(r.edit_similarity for r in records), sum(not r.suggestion for r in records),
                percentile(latencies, 50), percentile(latencies, 95),
                percentile([r.ttft_ms for r in records if r.ttft_ms is not None], 50),
-               percentile([r.prompt_tokens for r in records if r.prompt_tokens is not None], 50))
+               percentile([r.prompt_tokens for r in records if r.prompt_tokens is not None], 50),
+               percentile([ms for r in records for ms, _ in r.keystrokes], 50),
+               percentile([t for r in records for _, t in r.keystrokes if t is not None], 50),
+               percentile([r.jump[0] for r in records if r.jump], 50),
+               percentile([r.jump[1] for r in records if r.jump and r.jump[1] is not None], 50))
 
 
 def table(rows: list[Row]) -> str:
     def num(value, fmt="{:.0f}") -> str:
         return "-" if value is None else fmt.format(value)
 
-    out = ["| context | package | n | name hit | exact line | edit sim | empty | first answer p50 / p95 | server TTFT p50 | prompt tokens p50 |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| context | package | n | name hit | exact line | edit sim | empty | first answer p50 / p95 | server TTFT p50 | prompt tokens p50 "
+           "| keystroke p50: client / TTFT | jump p50: client / TTFT |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r.config} | {r.package} | {r.n} | {r.name_hit:.3f} | {r.exact:.3f} | {r.edit_similarity:.3f} | {r.empty} | "
-                   f"{num(r.latency_ms_p50)} / {num(r.latency_ms_p95)} ms | {num(r.ttft_ms_p50)} ms | {num(r.prompt_tokens_p50)} |")
+                   f"{num(r.latency_ms_p50)} / {num(r.latency_ms_p95)} ms | {num(r.ttft_ms_p50)} ms | {num(r.prompt_tokens_p50)} | "
+                   f"{num(r.keystroke_ms_p50)} / {num(r.keystroke_ttft_ms_p50)} ms | {num(r.jump_ms_p50)} / {num(r.jump_ttft_ms_p50)} ms |")
     return "\n".join(out)
 
 

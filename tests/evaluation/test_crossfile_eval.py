@@ -218,3 +218,12 @@ def test_the_command_asks_the_server_with_and_without_context(tmp_path, tiny_mod
         if key[0] == "report.py":
             assert by_config["blend"][key]["prompt_tokens"] > off["prompt_tokens"] + 20
     assert doc["settings"]["timeoutMs"] == 0 and doc["settings"]["multiline"] == "never"
+    # After each first answer: 3 keystrokes (a request each, client time always, TTFT when the
+    # engine answered) and the first answer after a jump; their medians are in the table's rows.
+    for r in doc["records"]:
+        assert len(r["keystrokes"]) == min(3, len(r["expected"])) and all(ms > 0 for ms, _ in r["keystrokes"])
+        assert r["jump"] is not None and r["jump"][0] > 0
+    assert any(t for r in doc["records"] for _, t in r["keystrokes"]) and any(r["jump"][1] for r in doc["records"])
+    rows = {(row["config"], row["package"]): row for row in doc["rows"]}
+    assert rows[("blend", "crosspkg")]["keystroke_ms_p50"] > 0 and rows[("off", "crosspkg")]["jump_ms_p50"] > 0
+    assert "keystroke p50: client / TTFT" in run.stdout
