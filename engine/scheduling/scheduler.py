@@ -249,22 +249,18 @@ class Scheduler:
         """Run `fn` on the engine thread between steps, once no sequence is queued or running;
         the future gets its result or exception (RuntimeError when the engine closes first;
         a future cancelled before then is skipped)."""
-        fut: Future = Future()
-        with self._cond:
-            if not self._closed:
-                self._when_idle.append((fn, fut))
-                self._cond.notify()
-                return fut
-        fut.set_exception(RuntimeError("engine is closed"))
-        return fut
+        return self._queue_work(self._when_idle, fn)
 
     def run_between_steps(self, fn: Callable[[], Any]) -> Future:
         """Run `fn` on the engine thread at the start of the next step, busy or not (e.g. a
         larger KV budget); the future as `run_when_idle`'s."""
+        return self._queue_work(self._between, fn)
+
+    def _queue_work(self, queue: collections.deque[tuple[Callable[[], Any], Future]], fn: Callable[[], Any]) -> Future:
         fut: Future = Future()
         with self._cond:
             if not self._closed:
-                self._between.append((fn, fut))
+                queue.append((fn, fut))
                 self._cond.notify()
                 return fut
         fut.set_exception(RuntimeError("engine is closed"))
