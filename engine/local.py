@@ -174,8 +174,6 @@ class LocalEngine:
         self._canceller = _CancelOnCurrentScheduler(self)
         self._by_key: dict[str, RequestHandle[Sequence]] = {}
         self._warming: dict[str, RequestHandle[Sequence]] = {}  # background requests, by key
-        # Most tokens of one document's pieces kept: half the blend store's share of the pool.
-        self.document_cap_tokens = max(1, int(self.cache.n_slots * blend_store_share / 2))
         self._closed = False
         self.disk_tier = None  # attached below, once the thread runs
         self._thread = self._start_thread(self.scheduler)
@@ -183,6 +181,11 @@ class LocalEngine:
         self.disk_tier: DiskTier | None = (
             attach_disk_tier(self, kv_disk, parse_bytes(kv_disk_budget), adapter_path) if kv_disk else None
         )
+
+    @property
+    def document_cap_tokens(self) -> int:
+        """Most tokens of one document's pieces kept: half the blend store's share of the pool."""
+        return max(1, int(self.cache.n_slots * self._scheduler_options["blend_store_share"] / 2))
 
     def _budget_parts(self, budget: int) -> tuple[int, int, int]:
         """(pool, working share, retained share within it) of a KV budget."""
@@ -208,7 +211,6 @@ class LocalEngine:
                 raise EngineError(f"could not raise the KV budget to {want} bytes: {exc}") from exc
             self._pool_budget = pool
             self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
-            self.document_cap_tokens = max(1, int(self.cache.n_slots * self._scheduler_options["blend_store_share"] / 2))
             self.kv_budget_bytes = want
             log.info("KV budget raised to %d bytes (pool %d slots)", want, self.cache.n_slots)
             return want

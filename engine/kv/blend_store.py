@@ -90,17 +90,17 @@ class BlendStore:
             raise ValueError(f"blend_store_share must be in (0, 1], got {blend_store_share}")
         self.cache = cache  # allocates (evicting radix leaves when the pool is full)
         self.pool = cache.pool  # holds, reads, writes and frees the rows
-        self.share = blend_store_share
-        self.max_slots = max(1, int(self.pool.n_slots * blend_store_share))
+        self.share = blend_store_share  # of the pool's slots, whatever their number (the pool may grow)
         self._entries: collections.OrderedDict[bytes, SpanEntry] = collections.OrderedDict()  # LRU first
         self._n_slots = 0
         self.hits = self.misses = self.evictions = 0
         self.version = 0  # bumped whenever an entry is added or dropped (for indexes built on it)
         self._origin_versions: collections.Counter[str | None] = collections.Counter()
 
-    def pool_grew(self) -> None:
-        """The pool took more slots (`SlotPool.grow`): the store's share of it grows too."""
-        self.max_slots = max(1, int(self.pool.n_slots * self.share))
+    @property
+    def max_slots(self) -> int:
+        """Most slots the store holds: its share of the pool (which grows with `SlotPool.grow`)."""
+        return max(1, int(self.pool.n_slots * self.share))
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -201,10 +201,14 @@ class Scheduler:
         self.steps.verify_cost = cost
 
     def _document_work(self, model: Transformer, header: tuple[int, ...]) -> DocumentWork:
-        max_rows = None if self.working_limit is None else self.rows_alone
         return DocumentWork(
-            model, self.blend_store, header, step_tokens=self.background_step_tokens or PIECE_STEP_TOKENS, max_rows=max_rows
+            model, self.blend_store, header, step_tokens=self.background_step_tokens or PIECE_STEP_TOKENS,
+            max_rows=self._piece_max_rows(),
         )
+
+    def _piece_max_rows(self) -> int | None:
+        """Most rows a document piece's KV may have: what the working share lets one sequence have."""
+        return None if self.working_limit is None else self.rows_alone
 
     def background_step_rows(self) -> int:
         """Rows a background prefill computes in one step (see `background_step_seconds`)."""
@@ -268,13 +272,12 @@ class Scheduler:
 
     def grow_budget(self, pool_bytes: int, working_bytes: int, retained_bytes: int) -> int:
         """Engine thread: a larger KV budget's parts — the pool takes more slots (every
-        stored row stays), the blend store's share of it, the working share and the retained
+        stored row stays); the blend store's share of it, the working share and the retained
         share grow with it. Returns the pool slots added."""
-        added = self.cache.grow(pool_bytes)
-        self.blend_store.pool_grew()
+        added = self.cache.grow(pool_bytes)  # the blend store's share of it follows (BlendStore.max_slots)
         self.share.set_limit(working_bytes)
         self.retained.budget_bytes = retained_bytes
-        self.documents.max_rows = None if self.working_limit is None else self.rows_alone
+        self.documents.max_rows = self._piece_max_rows()
         return added
 
     def close(self) -> None:
