@@ -312,6 +312,23 @@ class _FixedCosts:
         turns.charge_rows = lambda owners, seconds: [charge(owner, 1.0) for owner in owners]
 
 
+def _decode_a_while_b_arrives(s, a, b, before_b=None) -> tuple[int, int]:
+    """Prefill `a` until it decodes, then (after `before_b`) submit `b` and step until `a`
+    ends: (steps while `a` decoded, `b`'s prefill steps among them; `s.trace` is set here)."""
+    s.trace = trace = []
+    s.submit(a)
+    while a.n_valid < a.n_prompt:  # a's prompt prefilled: it decodes from now on
+        s.step()
+    if before_b is not None:
+        before_b()
+    s.submit(b)
+    a_steps = 0
+    while a.sink.finished is None:
+        s.step()
+        a_steps += 1
+    return a_steps, sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+
+
 def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_step(model):
     """Owner A decodes while owner B prefills a long window. Without turns every step held
     one of B's prefill steps, so each of A's tokens waited for one; with them A takes
@@ -320,19 +337,10 @@ def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_s
     s = make(model, step=32)
     s.verify_cost = None  # speculation's drafts as long as allowed: no measured timing
     _FixedCosts(s.turns).install()
-    s.trace = trace = []
     order: list[str] = []
     a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
     b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
-    s.submit(a)
-    while a.n_valid < a.n_prompt:  # a's prompt prefilled: it decodes from now on
-        s.step()
-    s.submit(b)
-    a_steps = 0
-    while a.sink.finished is None:
-        s.step()
-        a_steps += 1
-    b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+    a_steps, b_steps = _decode_a_while_b_arrives(s, a, b)
     assert len(a.sink.tokens) == 20
     assert 1 <= b_steps <= a_steps // 3, (b_steps, a_steps)  # B goes on: 4 of 21 (2 at first, B having no usage, then about 1 in 10)
     drain(s)
@@ -341,18 +349,9 @@ def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_s
     # The same without owners: one of B's prefill steps with each step of A's decoding.
     s = make(model, step=32)
     s.verify_cost = None
-    s.trace = trace = []
     a = job(Sink(prompt(40, 50), max_tokens=20), "a")
     b = job(Sink(prompt(900, 51), max_tokens=1), "b")
-    s.submit(a)
-    while a.n_valid < a.n_prompt:
-        s.step()
-    s.submit(b)
-    a_steps = 0
-    while a.sink.finished is None:
-        s.step()
-        a_steps += 1
-    b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+    a_steps, b_steps = _decode_a_while_b_arrives(s, a, b)
     assert b_steps >= a_steps - 2, (b_steps, a_steps)  # all but the step that admits it and the one that ends a
     drain(s)
 
@@ -367,20 +366,11 @@ def test_an_urgent_request_has_its_owner_served_until_it_ends(model):
         s = make(model, step=32)
         s.verify_cost = None
         s.urgent_age = urgent_age
-        s.trace = trace = []
         order: list[str] = []
         a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
         b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
-        s.submit(a)
-        while a.n_valid < a.n_prompt:
-            s.step()
-        s.turns.charge("A", 100.0)  # A: the heavy owner (it typed a lot lately)
-        s.submit(b)
-        a_steps = 0
-        while a.sink.finished is None:
-            s.step()
-            a_steps += 1
-        b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
+        # A: the heavy owner (it typed a lot lately)
+        a_steps, b_steps = _decode_a_while_b_arrives(s, a, b, before_b=lambda: s.turns.charge("A", 100.0))
         drain(s)
         assert b.sink.finished[0] == "length" and len(a.sink.tokens) == 20
         return a_steps, b_steps, order
