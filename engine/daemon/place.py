@@ -108,9 +108,18 @@ def peer_uid(sock: socket.socket) -> int | None:
             return uid
         except (AttributeError, OSError):
             return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
+    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
     return uid
 
 
-__all__ = ["supported", "runtime_dir", "Place", "peer_uid"]
+def peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process at the other end of a connected Unix socket — for a listener,
+    the process that called listen() (Linux SO_PEERCRED; None elsewhere)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    return pid
+
+
+__all__ = ["supported", "runtime_dir", "Place", "peer_uid", "peer_pid"]

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from engine.daemon.launcher import SpawnLock, daemon_environment
+from engine.daemon.place import peer_pid
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +90,22 @@ class StandbyProcess:
         log.info("stopped the standby daemon (pid %d)", proc.pid)
 
 
-def _someone_listens(path: Path) -> bool:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
+def _someone_listens(path: Path, besides: int | None = None, until: float = 0.0) -> bool:
+    """Whether a process listens on `path`. A listener of pid `besides` (a daemon that is
+    dying: a killed process's threads exit one by one, and its children can be reparented
+    before its last thread has closed its files) does not count: it is asked again until it
+    is gone or `until` (time.monotonic()) has passed."""
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+            if besides is None or peer_pid(sock) != besides or time.monotonic() >= until:
+                return True
+        except OSError:
+            return False
+        finally:
+            sock.close()
+        time.sleep(0.001)
 
 
 FORKED_STANDBY_ENV = "EFIM_DAEMON_FORKED_STANDBY"
@@ -203,7 +211,7 @@ def stand_by(socket_path: Path, lock_path: Path, pipe_fd: int | None = None) -> 
     end = time.monotonic() + 2.0
     while os.getppid() == parent and time.monotonic() < end:
         time.sleep(0.001)
-    if _someone_listens(socket_path):
+    if _someone_listens(socket_path, besides=parent, until=end):
         lock.__exit__(None, None, None)
         log.info("standby daemon %d: another daemon serves %s; exiting", os.getpid(), socket_path)
         return None

@@ -263,3 +263,33 @@ def test_a_daemon_whose_model_fails_to_load_leaves_no_standby(rundir, tmp_path):
     with pytest.raises(Exception, match="exited with code 2"):
         _front(config)
     _wait(lambda: daemon_pids(rundir, forked_standbys=True) == [], timeout=30, what="no daemon or standby left")
+
+
+def test_a_standby_does_not_take_the_dying_daemons_listener_for_another_daemon(tmp_path):
+    """A killed daemon's threads exit one by one: its standby can be reparented while the
+    dead daemon's listening socket is still open. Such a listener (the pid the standby
+    waited on) is asked again until it is gone; any other listener counts at once."""
+    import socket as socket_module  # noqa: PLC0415
+
+    from engine.daemon.standby import _someone_listens  # noqa: PLC0415
+
+    path = tmp_path / "d.sock"
+    assert not _someone_listens(path, besides=os.getpid(), until=time.monotonic() + 1)  # nobody: refused at once
+    listener = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    closer = threading.Timer(0.2, listener.close)  # "the dying daemon" closes its files a moment later
+    closer.start()
+    t0 = time.monotonic()
+    assert not _someone_listens(path, besides=os.getpid(), until=time.monotonic() + 5)
+    assert 0.15 < time.monotonic() - t0 < 4  # it waited for the close, not for the deadline
+    closer.join()
+    other = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+    path.unlink()
+    other.bind(str(path))
+    other.listen(8)
+    try:
+        assert _someone_listens(path, besides=os.getpid() + 1, until=time.monotonic() + 5)  # another daemon: at once
+        assert _someone_listens(path, besides=os.getpid(), until=time.monotonic())  # past the deadline: it counts
+    finally:
+        other.close()
