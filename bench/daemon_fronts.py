@@ -111,7 +111,9 @@ def environment(tag: str) -> tuple[dict, Path]:
     return {**os.environ, "XDG_RUNTIME_DIR": str(run), "EFIM_KV_DIR": kv}, run
 
 
-async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: int, options: dict | None = None) -> dict:
+async def memory_case(
+    model: str, daemon: bool, fronts: int, text: str, cursor: int, options: dict | None = None, gap: float = 0.0
+) -> dict:
     env, run = environment(f"mem{fronts}{'d' if daemon else 'p'}")
     uri = f"file:///bench/{MODULE}"
     started = time.monotonic()
@@ -122,7 +124,9 @@ async def memory_case(model: str, daemon: bool, fronts: int, text: str, cursor: 
     ready_s = time.monotonic() - started
     daemon_pid = infos[0]["engine"].get("daemon", {}).get("pid") if daemon else None
     shares = []
-    for front in group:
+    for i, front in enumerate(group):
+        if i and gap:
+            await asyncio.sleep(gap)  # the next window opens the file this long after the last one's answer
         front.client.text_document_did_open(t.DidOpenTextDocumentParams(
             t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
         await front.stats(reset=True)
@@ -349,7 +353,7 @@ async def run(args: argparse.Namespace) -> dict:
     results: dict = {"model": args.model, "module": MODULE, "function": FUNCTION, "memory": [], "typing": []}
     for fronts in args.fronts:
         for daemon in args.modes:
-            case = await memory_case(args.model, daemon, fronts, text, cursor, args.options)
+            case = await memory_case(args.model, daemon, fronts, text, cursor, args.options, args.gap)
             print(json.dumps(case), flush=True)
             results["memory"].append(case)
     if args.keys and not args.fair:
@@ -385,6 +389,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")
     parser.add_argument("--modes", default=[False, True], type=lambda s: [m == "daemon" for m in s.split(",")],
                         help="in-process,daemon (default: both)")
+    parser.add_argument("--gap", type=float, default=1.0, metavar="S",
+                        help="memory case: seconds between one front's first answer and the next front's opening the file "
+                             "(a person opening another window; 0: at once)")
     parser.add_argument("--options", type=json.loads, default=None, help="more initializationOptions for the memory case (JSON)")
     parser.add_argument("--json", type=Path, help="write the results here")
 

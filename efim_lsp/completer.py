@@ -358,6 +358,8 @@ class Completer:
         cut_by = done.finish_reason if done is not None and done.finish_reason in ("length", "deadline") else None
         if cut_by == "deadline":
             stats.deadline_cuts += 1
+            if small is None and done.stats.prompt_unfinished:
+                self.warm_ahead.finish_cut_prompt(uri, state, request, segments, full_prompt)
         text = shape(streamed.text, ctx, mode, done=True, cut_short=cut_by is not None).text
         if not text:
             if cut_by == "length" and shape(streamed.text, ctx, mode, done=True).text:

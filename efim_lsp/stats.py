@@ -54,7 +54,7 @@ _REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_an
                    *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
 _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens", "warm_position_signals",
-                "warm_left", "warm_answers", "warm_answer_hits", "warm_answer_tokens")  # under "warmup"
+                "warm_left", "warm_after_deadline_cuts", "warm_answers", "warm_answer_hits", "warm_answer_tokens")  # under "warmup"
 _NEXT_EDIT_COUNTS = (
     "next_edit_requests", "next_edit_offered", "next_edit_empty", "next_edit_shown", "next_edit_accepted",
     "next_edit_stale_accepts",
@@ -105,6 +105,8 @@ class ServerStats:
     warm_position_signals: int = 0
     # Warm-ups ended because a cursor signal put the person in another document.
     warm_left: int = 0
+    # Warm-ups that finish a prompt the `timeoutMs` deadline cut before it was prefilled.
+    warm_after_deadline_cuts: int = 0
     # Answers computed ahead at settled cursor signals (efim_lsp.answer_ahead): those that gave
     # a suggestion, the requests answered from one, the tokens they generated.
     warm_answers: int = 0

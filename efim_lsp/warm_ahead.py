@@ -208,6 +208,22 @@ class WarmAhead:
         task.add_done_callback(self._drains.discard)
         return True
 
+    def finish_cut_prompt(self, uri: str, state: DocumentState, request: InfillRequest, segments: Segments, prompt: str) -> bool:
+        """A request the `timeoutMs` deadline ended before its prompt was prefilled: the
+        rest of that prompt in the background (it keeps the rows computed so far), so the
+        next request here — the next key, or another editor window on the same file through
+        the engine daemon — finds the window computed instead of meeting the same deadline.
+        False when warm-ups are off or this prompt is already being warmed."""
+        settings = self.settings()
+        if not settings.warm_ahead or not settings.cache or not self.holder.ready:
+            return False
+        if state.warming is not None and not state.warming.done and state.warming_prompt == prompt:
+            return False
+        if not self.submit_warmup(uri, state, msgspec.structs.replace(request, deadline=None), segments, prompt):
+            return False
+        self.stats.warm_after_deadline_cuts += 1
+        return True
+
     async def _account_warmup(self, handle: CompletionHandle, state: DocumentState, prompt: str) -> None:
         completion = await handle.wait()
         if completion is not None:

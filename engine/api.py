@@ -175,6 +175,13 @@ class RequestStats(msgspec.Struct, frozen=True, kw_only=True):
     draft_tokens: int = 0
     accepted_tokens: int = 0
 
+    @property
+    def prompt_unfinished(self) -> bool:
+        """Its prompt's rows were not all computed (a deadline or a cancel ended it while it
+        waited or prefilled). False where nothing was counted (a remote server's stream
+        that reports no prompt counts)."""
+        return self.prompt_tokens > self.reused_tokens + self.prefilled_tokens
+
 
 class StreamEvent(msgspec.Struct, frozen=True, kw_only=True):
     """`token`: `text` is the new text since the previous event (may be "" for a

@@ -44,7 +44,14 @@ class FakeHandle:
 
     def _run(self, text: str, stats: RequestStats) -> None:
         start = time.monotonic()
-        time.sleep(self._engine.prefill_delay)
+        prefill, deadline = self._engine.prefill_delay, self.request.deadline
+        if prefill > 0 and deadline is not None and start + prefill > deadline:
+            # The deadline ends it mid-prefill, as the scheduler does: its rows so far kept, no text.
+            time.sleep(max(0.0, deadline - start))
+            done_share = max(0.0, deadline - start) / prefill
+            self._end("", "deadline", {**_to_dict(stats), "prefilled_tokens": int(stats.prefilled_tokens * done_share)}, start)
+            return
+        time.sleep(prefill)
         gate = self._engine.background_gate
         if self.request.background and gate is not None:  # a warm-up that runs until the test opens the gate
             while not gate.wait(0.005) and not self._cancel.is_set():
@@ -68,8 +75,10 @@ class FakeHandle:
             time.sleep(self._engine.token_delay)
         if self._cancel.is_set():
             reason = "cancelled"
-        total = (time.monotonic() - start) * 1000
-        done = {**_to_dict(stats), "total_ms": total, "generated_tokens": len(out) // CHARS_PER_TOKEN}
+        self._end(out, reason, {**_to_dict(stats), "generated_tokens": len(out) // CHARS_PER_TOKEN}, start)
+
+    def _end(self, out: str, reason: str, counts: dict, start: float) -> None:
+        done = {**counts, "total_ms": (time.monotonic() - start) * 1000}
         final = Completion(text=out, finish_reason=reason, stats=RequestStats(**done))
         self._final = final
         self._engine._finished(self, final)

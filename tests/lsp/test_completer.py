@@ -239,3 +239,34 @@ async def test_a_generation_the_deadline_ends_is_cut_like_a_max_tokens_cut_and_c
     assert isinstance(answer, Answer) and answer.text in ("x =", "x = a +")  # never "x = a + comp"
     assert rig2.stats.deadline_cuts == 1
     assert rig2.stats.to_wire(None, 0, 0)["deadlineCuts"] == 1
+    # Both prompts were computed whole before the cut: nothing is left to finish.
+    assert not any(r.background for r in rig.engine.requests + rig2.engine.requests)
+    assert rig.stats.warm_after_deadline_cuts == rig2.stats.warm_after_deadline_cuts == 0
+
+
+@pytest.mark.parametrize("warm_ahead", [True, False])
+async def test_a_prompt_the_deadline_cut_mid_prefill_is_finished_in_the_background(warm_ahead):
+    """A busy machine: the deadline ends the request while its prompt is prefilled. The rest
+    of that prompt goes on as a warm-up (no deadline), so the next request here — or another
+    window on the same file — finds it computed; `warmAhead: off` keeps it from running."""
+    slow = FakeEngine(lambda r: "pass\n", prefill_delay=0.4)
+    rig = await Rig(slow, timeoutMs=100, warmAhead=warm_ahead).start()
+    before = len(rig.engine.requests)
+    answer = await rig.complete(BODY)
+    assert isinstance(answer, Declined) and answer.code == "deadline"
+    cut = rig.engine.handles[before]._final
+    assert cut.finish_reason == "deadline" and cut.stats.prompt_unfinished
+    after = rig.engine.requests[before + 1 :]
+    if not warm_ahead:
+        assert after == [] and rig.stats.warm_after_deadline_cuts == 0
+        return
+    (warm,) = after
+    asked = rig.engine.requests[before]
+    assert warm.background and warm.deadline is None and warm.n == 1
+    assert (warm.key, warm.prefix, warm.suffix, warm.increment, warm.max_tokens) == (
+        asked.key, asked.prefix, asked.suffix, asked.increment, asked.max_tokens)
+    assert rig.stats.warm_after_deadline_cuts == 1 and rig.stats.warm_submitted == 1
+    rig.engine.wait_idle()
+    await asyncio.sleep(0.05)  # the warm-up's accounting task
+    assert rig.stats.warm_completed == 1
+    assert rig.stats.to_wire(None, 0, 0)["warmup"]["afterDeadlineCuts"] == 1
