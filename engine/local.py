@@ -400,9 +400,7 @@ class LocalEngine:
         """A request failed for want of memory (engine thread, from its sink): free the
         retained KV (the only KV outside the preallocated pool) and report it."""
         self.oom_errors += 1
-        retained = self.scheduler.retained
-        for key, _ in retained.entries():
-            retained.take(key)
+        self.scheduler.retained.clear()
         message = f"out of memory while computing a completion ({error}); that request failed, the documents' KV was freed"
         log.error("%s", message)
         self._report("out-of-memory", message)

@@ -5,11 +5,21 @@ request's key — the document. The next request of that document takes it back 
 from its rows: no gather from the pool, and the generated tokens (which never enter the
 radix cache) are reused too, which matters when the user accepts a suggestion.
 
+Documents with the same text keep one KV: the same file open in two editor windows (two
+fronts of the engine daemon, whose keys differ) ends with the same rows. An entry whose ids
+equal another's, or begin or extend them, keeps the KV of the longer one (rows
+`[:len(ids)]` are the same tokens at the same positions), so each window's file costs its
+rows once; taking a shared entry hands out a copy (the others keep theirs).
+
 Contracts:
 - At most `max_entries` documents are kept, and (when `budget_bytes` is set) at most that
   many bytes; the least recently kept go first. The newest entry goes too if it alone
   exceeds the bytes: its prompt rows are in the radix cache, only generated rows are lost.
-- `take` removes the entry: a sequence owns its KV exclusively while it runs.
+- `take` removes the entry: a sequence owns its KV exclusively while it runs (an entry
+  whose KV another entry shares is taken as a copy; `shared` says so beforehand, so the
+  scheduler charges the copy's bytes first).
+- Bytes are counted once per KV, however many entries share it; dropping an entry frees
+  its bytes only when no other entry keeps its KV.
 - The scheduler also drops entries (`evict_oldest`) to make room for running sequences'
   working KV, which shares the KV budget with this store (docs/reliability.md).
 - A `KVStore` (`engine.kv.store`) keyed by document: `match` is `peek`, `insert` is
@@ -47,8 +57,40 @@ class RetainedKV:
         self._by_key: collections.OrderedDict[str, RetainedSequence] = collections.OrderedDict()
 
     def take(self, key: DocumentKey) -> RetainedSequence | None:
-        """Remove and return `key`'s entry (None when there is none)."""
-        return self._by_key.pop(key, None)
+        """Remove and return `key`'s entry (None when there is none); its KV is a copy when
+        another entry shares it."""
+        seq = self._by_key.pop(key, None)
+        if seq is not None and self._holds(seq.kv):
+            seq = RetainedSequence(seq.kv.clone(), seq.ids)
+        return seq
+
+    def shared(self, key: DocumentKey) -> bool:
+        """Whether `key`'s entry shares its KV with another entry (taking it copies the KV)."""
+        seq = self._by_key.get(key)
+        return seq is not None and sum(s.kv is seq.kv for s in self._by_key.values()) > 1
+
+    def _holds(self, kv: KV) -> bool:
+        """Whether an entry keeps `kv`."""
+        return any(s.kv is kv for s in self._by_key.values())
+
+    def _share(self, seq: RetainedSequence) -> RetainedSequence:
+        """`seq` on the KV of the entry whose ids begin or extend its own (the longer one's
+        KV serves both; entries on a shorter KV move to `seq`'s), else `seq` itself."""
+        ids = seq.ids
+        for other in self._by_key.values():
+            if other.kv is seq.kv or not other.ids or not ids or other.ids[0] != ids[0]:
+                continue
+            n = min(len(other.ids), len(ids))
+            if other.ids[n - 1] != ids[n - 1] or other.ids[:n] != ids[:n]:
+                continue
+            if len(other.ids) >= len(ids):
+                return RetainedSequence(other.kv, ids)
+            old = other.kv
+            for key, s in self._by_key.items():
+                if s.kv is old:
+                    self._by_key[key] = RetainedSequence(seq.kv, s.ids)
+            return seq
+        return seq
 
     def match(self, key: DocumentKey) -> RetainedSequence | None:
         """`key`'s entry, left in place (None when there is none)."""
@@ -58,13 +100,14 @@ class RetainedKV:
         """`match`, in the scheduler's words."""
         return self.match(key)
 
-    def evict_oldest(self, spare: DocumentKey | None = None) -> int:
-        """Drop the least recently kept entry other than `spare`'s; returns its bytes (0 when
-        there is none to drop)."""
+    def evict_oldest(self, spare: DocumentKey | None = None) -> bool:
+        """Drop the least recently kept entry other than `spare`'s; False when there is none
+        to drop."""
         for key in self._by_key:
             if key != spare:
-                return kv_bytes(self._by_key.pop(key).kv)
-        return 0
+                self._drop(key)
+                return True
+        return False
 
     def evict(self, n: int, spare: DocumentKey | None = None) -> int:
         """Drop the least recently kept entries other than `spare`'s until at least `n`
@@ -73,14 +116,19 @@ class RetainedKV:
         for key in [k for k in self._by_key if k != spare]:  # least recently kept first
             if freed >= n:
                 break
-            freed += kv_bytes(self._by_key.pop(key).kv)
+            freed += self._drop(key)
         return freed
+
+    def _drop(self, key: DocumentKey) -> int:
+        """Remove `key`'s entry; the bytes that frees (0 while another entry keeps its KV)."""
+        kv = self._by_key.pop(key).kv
+        return 0 if self._holds(kv) else kv_bytes(kv)
 
     def insert(self, key: DocumentKey, seq: RetainedSequence) -> None:
         """Keep `seq` as the document's latest; then drop the least recently kept beyond the
         count and byte limits."""
-        self._by_key[key] = seq
-        self._by_key.move_to_end(key)
+        self._by_key.pop(key, None)  # its own previous entry is replaced, never shared with
+        self._by_key[key] = self._share(seq)
         limit = self.budget_bytes
         while self._by_key and (
             len(self._by_key) > self.max_entries or (limit is not None and self.nbytes() > limit)
@@ -91,6 +139,10 @@ class RetainedKV:
         """`insert`, in the scheduler's words."""
         self.insert(key, seq)
 
+    def clear(self) -> None:
+        """Drop every entry (memory pressure)."""
+        self._by_key.clear()
+
     def entries(self) -> list[tuple[str, RetainedSequence]]:
         """(key, sequence) of every kept document, least recently kept first (the disk
         tier's snapshot reads them; the caller must not change the rows)."""
@@ -98,7 +150,8 @@ class RetainedKV:
 
     def nbytes(self) -> int:
         """Bytes held by the kept KV (outside the pool, inside the engine's KV budget)."""
-        return sum(kv_bytes(s.kv) for s in list(self._by_key.values()))
+        unique = {id(s.kv): s.kv for s in list(self._by_key.values())}
+        return sum(kv_bytes(kv) for kv in unique.values())
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the store keeps within its count and byte limits and

@@ -85,6 +85,7 @@ def test_token_healing_spells_the_dropped_text_then_goes_on(engine, source, inc)
     segs = engine.template.render(InfillRequest(key="x", prefix=P, suffix=S, increment=inc))
     enc = tok.encode(segs, heal=True)
     assert enc.healing is not None and c.stats.healed_tokens == len(enc.healing.removed_ids) >= 1
+    assert not c.stats.prompt_unfinished  # healed tokens are not prompt rows left to compute
     # Independent check: the prompt without the dropped tokens, then the masked argmax per step.
     model = engine.model
     kv = model.new_kv(len(enc.ids) + 8)
@@ -109,6 +110,27 @@ def test_token_healing_spells_the_dropped_text_then_goes_on(engine, source, inc)
     assert c.text == spelled[len(removed) :].decode("utf-8", errors="replace")
     unhealed = run(engine, key="heal2", prefix=P, suffix=S, increment=inc, heal=False, max_tokens=4)
     assert unhealed.stats.healed_tokens == 0
+    settle(engine)
+
+
+def test_the_same_text_under_two_keys_keeps_one_kv_and_each_goes_on_alone(engine, source):
+    """Two editor windows on one file (two daemon fronts: two keys, one engine): the second
+    reuses the first's rows, and both documents then keep one KV between requests; each
+    document's next keystroke takes its own copy and computes what a fresh prefill does."""
+    P, S = window(source, 7000)
+    a = run(engine, key="twin-a", prefix=P, suffix=S, increment="x")
+    b = run(engine, key="twin-b", prefix=P, suffix=S, increment="x")
+    assert b.text == a.text and b.stats.reused_tokens >= b.stats.prompt_tokens - 2
+    engine.wait_idle()
+    retained = engine.scheduler.retained
+    assert retained.match("twin-a").kv is retained.match("twin-b").kv and retained.shared("twin-a")
+    a2 = run(engine, key="twin-a", prefix=P, suffix=S, increment="x = ")
+    b2 = run(engine, key="twin-b", prefix=P, suffix=S, increment="x =")
+    for got, inc in ((a2, "x = "), (b2, "x =")):
+        fresh = run(engine, key="fresh", prefix=P, suffix=S, increment=inc, cache=False)
+        assert got.text == fresh.text and got.stats.prefilled_tokens <= 3
+    engine.wait_idle()
+    assert retained.match("twin-a").kv is not retained.match("twin-b").kv  # they differ now
     settle(engine)
 
 
@@ -247,9 +269,11 @@ def test_cancel_mid_prefill_keeps_done_steps(small_step_engine, source, monkeypa
     assert c.finish_reason == "cancelled"
     step = 64 * SOLO_STEP_FACTOR  # the request is alone in the engine: solo-sized steps
     assert c.stats.prefilled_tokens == 3 * step  # stopped at the step boundary after the cancel
+    assert c.stats.prompt_unfinished
     monkeypatch.setattr(eng.model, "forward", real)
     again = eng.submit(InfillRequest(key="c2", prefix=P, suffix=S, max_tokens=4)).result(60)
     assert again.stats.reused_tokens >= 3 * step  # from the radix tree (another key)
+    assert not again.stats.prompt_unfinished
     settle(eng)
 
 
