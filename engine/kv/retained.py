@@ -9,15 +9,16 @@ Documents with the same text keep one KV: the same file open in two editor windo
 fronts of the engine daemon, whose keys differ) ends with the same rows. An entry whose ids
 equal another's, or begin or extend them, keeps the KV of the longer one (rows
 `[:len(ids)]` are the same tokens at the same positions), so each window's file costs its
-rows once; taking a shared entry hands out a copy (the others keep theirs).
+rows once. Taking a shared entry hands its KV to the taker as it is (no copy on a keystroke's
+path) and drops the other entries on it: the window typed in keeps the rows, the others
+start from the radix cache's rows when they are used again.
 
 Contracts:
 - At most `max_entries` documents are kept, and (when `budget_bytes` is set) at most that
   many bytes; the least recently kept go first. The newest entry goes too if it alone
   exceeds the bytes: its prompt rows are in the radix cache, only generated rows are lost.
-- `take` removes the entry: a sequence owns its KV exclusively while it runs (an entry
-  whose KV another entry shares is taken as a copy; `shared` says so beforehand, so the
-  scheduler charges the copy's bytes first).
+- `take` removes the entry: a sequence owns its KV exclusively while it runs (the entries
+  sharing that KV are dropped with it).
 - Bytes are counted once per KV, however many entries share it; dropping an entry frees
   its bytes only when no other entry keeps its KV.
 - The scheduler also drops entries (`evict_oldest`) to make room for running sequences'
@@ -57,15 +58,16 @@ class RetainedKV:
         self._by_key: collections.OrderedDict[str, RetainedSequence] = collections.OrderedDict()
 
     def take(self, key: DocumentKey) -> RetainedSequence | None:
-        """Remove and return `key`'s entry (None when there is none); its KV is a copy when
-        another entry shares it."""
+        """Remove and return `key`'s entry (None when there is none); the entries that share
+        its KV go too (the taker will write to it)."""
         seq = self._by_key.pop(key, None)
-        if seq is not None and self._holds(seq.kv):
-            seq = RetainedSequence(seq.kv.clone(), seq.ids)
+        if seq is not None:
+            for other in [k for k, s in self._by_key.items() if s.kv is seq.kv]:
+                del self._by_key[other]
         return seq
 
     def shared(self, key: DocumentKey) -> bool:
-        """Whether `key`'s entry shares its KV with another entry (taking it copies the KV)."""
+        """Whether `key`'s entry shares its KV with another entry."""
         seq = self._by_key.get(key)
         return seq is not None and sum(s.kv is seq.kv for s in self._by_key.values()) > 1
 

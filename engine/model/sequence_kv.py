@@ -71,10 +71,6 @@ class SequenceKV(NamedTuple):
         """Layer i's rows 0..n-1 in the compute dtype, as attention reads them (views)."""
         return self.k[i, :, :n], self.v[i, :, :n]
 
-    def clone(self) -> "SequenceKV":
-        """An independent copy (every row, the same capacity)."""
-        return SequenceKV(self.k.clone(), self.v.clone())
-
     def copy_rows(self, src: SequenceKV, n: int, src_lo: int = 0, dst_lo: int = 0) -> None:
         """Copy rows src_lo..src_lo+n-1 of `src` (the same format) to rows dst_lo.. of this KV."""
         _same_format(self, src)
@@ -150,10 +146,6 @@ class Int8SequenceKV(NamedTuple):
         torch.mul(self.k8[i, :, :n], self.k_scale[i, :, :n, None], out=k)
         torch.mul(self.vt8[i, :, :, :n].transpose(1, 2), self.v_scale[i, :, :n, None], out=v)
         return k, v
-
-    def clone(self) -> "Int8SequenceKV":
-        """An independent copy (every row, the same capacity)."""
-        return Int8SequenceKV(*(t.clone() for t in self))
 
     def copy_rows(self, src: Int8SequenceKV, n: int, src_lo: int = 0, dst_lo: int = 0) -> None:
         """Copy int8 rows and their scales as they are (no requantisation)."""

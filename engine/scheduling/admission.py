@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 from engine.cacheblend.document_kv import DocumentIndex
 from engine.kv.radix import common_prefix_len
-from engine.kv.retained import kv_bytes
 from engine.scheduling.fairness import Turns, interleave
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.sequence import Prompt, Sequence
@@ -171,8 +170,6 @@ class Admission:
                 seq.blend = None
             capacity, reuses_prev = share.capacity(seq, prev)
             need = 0 if reuses_prev else share.rows_bytes(capacity)
-            if reuses_prev and self.retained.shared(seq.key):
-                need = kv_bytes(prev.kv)  # taken as a copy: the documents sharing it keep theirs
             spare = seq.key if prev is not None else None
             foreground = not seq.background
             blend = share.blend_rows(seq, reuse, seq.blend) * share.dense_row_bytes if seq.blend is not None else 0
@@ -194,7 +191,7 @@ class Admission:
         self.waiting.remove(seq)
         seq.t_admit = time.perf_counter()
         if prev is not None:
-            prev = self.retained.take(seq.key)  # its bytes move from the retained store to this sequence
+            self.retained.take(seq.key)  # its bytes move from the retained store to this sequence
             if seq.may_speculate:  # the previous suggestion: worth looking up in
                 seq.lookup_extra = prev.ids[max(have, len(prev.ids) - LOOKUP_EXTRA_TOKENS) :]
         if match is not None:  # again: making room may have finished sequences, which reshapes the tree

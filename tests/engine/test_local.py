@@ -115,8 +115,9 @@ def test_token_healing_spells_the_dropped_text_then_goes_on(engine, source, inc)
 
 def test_the_same_text_under_two_keys_keeps_one_kv_and_each_goes_on_alone(engine, source):
     """Two editor windows on one file (two daemon fronts: two keys, one engine): the second
-    reuses the first's rows, and both documents then keep one KV between requests; each
-    document's next keystroke takes its own copy and computes what a fresh prefill does."""
+    reuses the first's rows, and both documents then keep one KV between requests. A key
+    typed in one takes that KV (the other's entry goes); the other's next key starts from
+    the radix cache's rows; both compute what a fresh prefill does."""
     P, S = window(source, 7000)
     a = run(engine, key="twin-a", prefix=P, suffix=S, increment="x")
     b = run(engine, key="twin-b", prefix=P, suffix=S, increment="x")
@@ -125,6 +126,7 @@ def test_the_same_text_under_two_keys_keeps_one_kv_and_each_goes_on_alone(engine
     retained = engine.scheduler.retained
     assert retained.match("twin-a").kv is retained.match("twin-b").kv and retained.shared("twin-a")
     a2 = run(engine, key="twin-a", prefix=P, suffix=S, increment="x = ")
+    assert retained.match("twin-b") is None  # went with the KV a's key took
     b2 = run(engine, key="twin-b", prefix=P, suffix=S, increment="x =")
     for got, inc in ((a2, "x = "), (b2, "x =")):
         fresh = run(engine, key="fresh", prefix=P, suffix=S, increment=inc, cache=False)
