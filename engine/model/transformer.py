@@ -310,9 +310,8 @@ class Transformer:
     # --------------------------------------------------------------- building blocks
 
     def new_kv(self, capacity: int) -> SequenceKV | Int8SequenceKV:
-        """A zeroed KV workspace for `capacity` tokens in this model's `kv_dtype` (zero, not
-        empty: masked-out rows must never hold NaN, which a masked softmax would still
-        propagate)."""
+        """A KV workspace for `capacity` tokens in this model's `kv_dtype`: int8 zeroed (its
+        V^T padding is read by the int8 matmul), the model dtype's left unwritten."""
         c = self.config
         shape = (c.n_layers, c.n_kv_heads, capacity, c.head_dim)
         if self.kv_dtype == "int8":
@@ -327,9 +326,14 @@ class Transformer:
                 torch.zeros((c.n_layers, c.n_kv_heads, c.head_dim, padded), dtype=torch.int8, device=self.device),
                 torch.zeros(scales, dtype=self.dtype, device=self.device),
             )
+        # Not zeroed: every reader takes rows below those written (attention over [:position + 1],
+        # CacheBlend's spans, copies of [:n]) — checked by running the engine, kernel and LSP
+        # end-to-end tests with these rows filled with NaN. A window's KV is tens of MB:
+        # zeroing it was ~10 % of the engine thread under a burst of jumps (py-spy), on the
+        # engine thread between another window's decode steps, and touched rows never used.
         return SequenceKV(
-            torch.zeros(shape, dtype=self.dtype, device=self.device),
-            torch.zeros(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.dtype, device=self.device),
+            torch.empty(shape, dtype=self.dtype, device=self.device),
         )
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
