@@ -269,7 +269,8 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
     a, b = await asyncio.gather(*(start_front(model, daemon, env, "file:///bench/a.py") for _ in range(2)))
     infos = await asyncio.gather(wait_ready(a), wait_ready(b))
     daemon_pid = infos[0]["engine"].get("daemon", {}).get("pid") if daemon else None
-    solo = await type_keys(a, "file:///bench/solo.py", text, cursor, keys)
+    solo = await type_keys(a, "file:///bench/solo.py", text, cursor, keys, reset_stats=True)
+    solo_server = server_view(await a.stats())
     other = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
     b_uri = "file:///bench/burst.py"
     b.client.text_document_did_open(t.DidOpenTextDocumentParams(
@@ -291,7 +292,8 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
 
     burster = asyncio.ensure_future(burst())
     started = time.monotonic()
-    busy = await type_keys(a, "file:///bench/busy.py", text, cursor, keys)
+    busy = await type_keys(a, "file:///bench/busy.py", text, cursor, keys, reset_stats=True)
+    busy_server = server_view(await a.stats())
     stop.set()
     await asyncio.gather(burster, return_exceptions=True)
     elapsed = time.monotonic() - started
@@ -301,7 +303,16 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
     summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
     return {"mode": "daemon" if daemon else "in-process", "keystrokes": len(keys), "burst_per_s": round(sent / elapsed, 1),
             "solo_ms": summary(solo), "with_burst_ms": summary(busy),
-            "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2)}
+            "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2),
+            "slowest_ms": {"solo": sorted(round(x) for x in solo)[-4:], "with_burst": sorted(round(x) for x in busy)[-4:]},
+            # A's own server's view of the same requests (its latency: request in → answer out).
+            "server_solo": solo_server, "server_with_burst": busy_server}
+
+
+def server_view(stats: dict) -> dict:
+    """What a front's `efim/stats` says of its requests since its last reset."""
+    return {"latency_ms": stats["latencyMs"], "ttft_ms": stats["ttftMs"], "deadline_cuts": stats["deadlineCuts"],
+            "served": stats["served"], "engine_latency_ms": stats["engineLatencyMs"]}
 
 
 def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int) -> dict:

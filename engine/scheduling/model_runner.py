@@ -50,6 +50,10 @@ def needs_exact_head(seq: Sequence) -> bool:
     return seq.healing is not None or not seq.sampler.greedy
 
 
+def _never() -> bool:
+    return False
+
+
 def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
@@ -111,7 +115,8 @@ class ModelRunner:
         """Compute the next prompt rows: up to `limit` (default `step_tokens`), or — when the
         sequence blends — the whole rest in one CacheBlend pass (it is the cheap part).
         Raises `engine.cacheblend.blend.BlendCancelled` when the sequence is cancelled mid-blend, or
-        when `preempted()` turns true between layers (a background sequence giving way)."""
+        when `preempted()` turns true between layers (a background sequence giving way; the
+        scheduler passes no `preempted` to a request that blends)."""
         lo = seq.n_valid
         blended = seq.blend is not None
         if blended:
@@ -124,14 +129,18 @@ class ModelRunner:
             logits, seq.blend, seq.blend_spans = out.logits, None, ()
             seq.reused += out.reused
             seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
-        elif preempted is not None and seq.background:
-            # A warm-up samples nothing: its step may pause between layers when a foreground
-            # request arrives (that request then waits for one layer, not the whole step).
+        elif seq.paused is not None and seq.paused.start == lo or preempted is not None and (
+            seq.background or min(seq.n_prompt, lo + (limit or self.step_tokens)) < seq.n_prompt
+        ):
+            # A step that samples nothing (a warm-up's, or a request's before its last) may
+            # pause between layers when `preempted()` turns true (a foreground request for a
+            # warm-up, another window's request while windows share the engine): the request
+            # that arrived waits for one layer, not the whole step. It goes on from that layer.
             pause = seq.paused if seq.paused is not None and seq.paused.start == lo else None
             hi = lo + pause.rows if pause is not None else min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
-            seq.paused = self.model.prefill_pausable(ids, seq.kv, lo, resume=pause, stop=preempted)
+            seq.paused = self.model.prefill_pausable(ids, seq.kv, lo, resume=pause, stop=preempted or _never)
             logits = torch.empty(0, self.model.vocab_size)
             if seq.paused is not None:
                 return PrefillOut(logits, False, 0, False, paused=True)
@@ -139,6 +148,7 @@ class ModelRunner:
             seq.prefilled += hi - lo
             return PrefillOut(logits, last, hi - lo, False, paused=pause is not None)
         else:
+            seq.paused = None  # (a pause of rows since computed another way: nothing to resume)
             hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]

@@ -355,6 +355,11 @@ class Scheduler:
             arrived = any(not s.background and s.key != key for s in self._inbox)
         return arrived or any(not s.background and s.key != key for s in self._waiting)
 
+    def _other_owner_arrived(self, owner: str) -> bool:
+        """A foreground request of another owner than `owner` has arrived (not admitted yet)."""
+        with self._cond:
+            return any(not s.background and s.owner != owner for s in self._inbox)
+
     def _wait_seconds(self) -> float | None:
         """How long the loop may sleep: None (until woken) when there is nothing at all,
         0 when there is work now, else until the idle grace for document pieces is over."""
@@ -435,7 +440,8 @@ class Scheduler:
                 self.turns.charge_rows(owners, time.perf_counter() - t0)
             if foreground or self._decoding:
                 self._last_foreground = time.perf_counter()
-                self._share_with_warm_up(self._last_foreground - began)
+                served = prefill.owner if prefill is not None else turn
+                self._share_with_warm_up(self._last_foreground - began, served)
             elif self._prefilling:  # background sequences only
                 self._foreground_since_warm = 0.0
                 self.finisher.guard(self._prefilling[0], self._prefill)
@@ -448,11 +454,15 @@ class Scheduler:
                 self.check_integrity()
             self._run_idle_work()
 
-    def _share_with_warm_up(self, foreground_s: float) -> None:
+    def _share_with_warm_up(self, foreground_s: float, served: str | None) -> None:
         """While foreground work keeps coming, a waiting warm-up still gets a slice after every
         `background_share_after` seconds of it (its slice: a fifth to a third of the engine): else keystrokes
-        typed back to back would keep a person on a first window for as long as they type."""
-        warm = next((s for s in self._prefilling if s.background), None)
+        typed back to back would keep a person on a first window for as long as they type.
+        While windows share the engine (`Turns.shared`), only a warm-up of the owner this step
+        served gets one, charged to that owner: another window's warm-ups never cut into a
+        request of this one (a burst of jumps leaves a warm-up behind each)."""
+        shared = self.turns.shared()
+        warm = next((s for s in self._prefilling if s.background and (not shared or s.owner == served)), None)
         if warm is None:
             self._foreground_since_warm = 0.0
             return
@@ -460,7 +470,9 @@ class Scheduler:
         if self._foreground_since_warm >= self.background_share_after:
             self._foreground_since_warm = 0.0
             # Its slice, then it pauses for the requests that are running as well as new ones.
+            t0 = time.perf_counter()
             self.finisher.guard(warm, lambda seq: self._prefill(seq, during_foreground=True))
+            self.turns.charge(warm.owner, time.perf_counter() - t0)
 
     def _turn(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
         """(the prefilling request this step serves, the owner whose decode-only turn it is).
@@ -555,6 +567,11 @@ class Scheduler:
 
             self.steps.prefill(seq, self.background_step_rows(), preempted=preempted)
             seq.paused_at = time.perf_counter() if seq.paused is not None else None
+        elif self.turns.shared() and seq.blend is None:
+            # Windows share the engine: another owner's request arriving mid-step takes the
+            # engine after the layer running now, not after the whole step (its own rows are
+            # few: a keystroke); this step goes on from that layer at its owner's next turn.
+            self.steps.prefill(seq, self._foreground_step_rows(seq), preempted=lambda: self._other_owner_arrived(seq.owner))
         else:
             self.steps.prefill(seq, self._foreground_step_rows(seq))
 

@@ -188,6 +188,33 @@ def test_a_waiting_warm_up_gets_a_slice_while_foreground_work_goes_on(tiny_model
         eng.close()
 
 
+@pytest.mark.parametrize("warm_owner", ["A", "B"])
+def test_while_windows_share_the_engine_only_the_served_windows_warm_up_gets_a_slice(tiny_model_factory, text, warm_owner):
+    """Two owners (the daemon's fronts) had work a moment ago: a warm-up waiting behind owner
+    A's request gets slices between that request's steps only when it is A's own; owner B's
+    warm-up (a burst of jumps leaves one behind each) waits until A's request is done."""
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True, idle_grace=0.0,
+        background_step_tokens=32, background_min_slice=0.0, background_share_after=0.0,
+    )
+    try:
+        at = text.index("def fill(")
+        prefix, suffix = _window(text, at, before=2400, after=600)
+        trace: list = []
+        eng.scheduler.trace = trace
+        eng.scheduler.turns.active(["A", "B"])  # both windows had foreground work just now
+        warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True, owner=warm_owner))
+        _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n", max_tokens=24, owner="A")
+        warm.result(120)
+        first = trace.index(("prefill", "other", False))
+        last = len(trace) - 1 - trace[::-1].index(("decode", "other", False))
+        assert last - first >= 10  # the request decoded for a while
+        during = [t for t in trace[first:last] if t == ("prefill", "doc", True)]
+        assert bool(during) == (warm_owner == "A"), (warm_owner, len(during))
+    finally:
+        eng.close()
+
+
 def test_a_request_of_the_same_document_takes_over_its_warm_up(engine, text):
     warm, _, prefix, suffix = _warm_up_running(engine, text, steps=3)
     real = engine.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, increment="x", max_tokens=4)).result(60)

@@ -381,6 +381,47 @@ def test_an_urgent_request_has_its_owner_served_until_it_ends(model):
     assert b_steps == 0 and order == ["a", "b"], (a_steps, b_steps, order)
 
 
+def test_another_owners_request_waits_for_a_layer_of_a_prefill_step_not_the_step(model):
+    """While windows share the engine (`Turns.shared`), a request of another owner arriving
+    during a prefill step takes the engine after the layer running then: the step pauses with
+    its rows so far written, the newcomer is admitted and prefilled at the next step, and the
+    paused step goes on from its layer afterwards — the same answer as without the pause.
+    A request's last prefill step (it samples) never pauses."""
+    def run(pause: bool) -> tuple[list[int], list[tuple[str, str]], Sequence]:
+        s = make(model, step=64)
+        s.trace = trace = []
+        s.turns.active(["A", "B"])  # both windows had work a moment ago: they share the engine
+        order: list[str] = []
+        a = _owner_job(Sink(prompt(600, 60), max_tokens=3), "a", "A", order)
+        b = _owner_job(Sink(prompt(50, 61), max_tokens=2), "b", "B", order)
+        real, checks = s._other_owner_arrived, []
+
+        def arriving(owner: str) -> bool:  # b arrives while the second layer of a's first step runs
+            checks.append(owner)
+            if pause and len(checks) == 2:
+                s.submit(b)
+            return real(owner)
+
+        s._other_owner_arrived = arriving
+        s.submit(a)
+        s.step()  # admits a; its first prefill step
+        if pause:
+            assert a.paused is not None and a.paused.layer == 2 and a.n_valid == 0 and b.sink.finished is None
+        else:
+            assert a.paused is None and a.n_valid > 0
+            s.submit(b)
+        drain(s)
+        assert order == ["b", "a"] and a.sink.finished[0] == b.sink.finished[0] == "length"
+        assert a.sink.finished[1].prefilled_tokens == 600
+        s.cache.check_integrity()
+        return a.sink.tokens, [(what, key) for what, key, _ in trace if what in ("admit", "prefill")], a
+
+    tokens, steps, _ = run(pause=True)
+    assert steps[:4] == [("admit", "a"), ("prefill", "a"), ("admit", "b"), ("prefill", "b")], steps
+    plain, _, _ = run(pause=False)
+    assert tokens == plain and len(tokens) == 3
+
+
 def test_turns_serve_the_owner_of_least_recent_usage():
     import math
 
