@@ -155,6 +155,13 @@ class RetainedKV:
         unique = {id(s.kv): s.kv for s in list(self._by_key.values())}
         return sum(kv_bytes(kv) for kv in unique.values())
 
+    def nbytes_besides(self, key: DocumentKey | None) -> int:
+        """Bytes that dropping every entry but `key`'s would free (`key`'s KV stays, with
+        every entry sharing it)."""
+        spared = self._by_key.get(key) if key is not None else None
+        unique = {id(s.kv): s.kv for s in list(self._by_key.values()) if spared is None or s.kv is not spared.kv}
+        return sum(kv_bytes(kv) for kv in unique.values())
+
     def check_integrity(self) -> None:
         """Raise AssertionError unless the store keeps within its count and byte limits and
         every entry's ids fit the rows of its KV."""

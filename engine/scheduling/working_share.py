@@ -169,11 +169,10 @@ class WorkingShare:
         rows are never taken); `fits(nbytes)` says afterwards whether the room was made."""
         if self.fits(nbytes):
             return
-        spared = self.retained.peek(spare) if spare is not None else None
         piece = self.piece_in_flight()
         warm = [s for s in self.holding if s.background] if foreground else []
         can_free = (
-            self.retained.nbytes() - (kv_bytes(spared.kv) if spared is not None else 0)
+            self.retained.nbytes_besides(spare)
             + (kv_bytes(piece) if piece is not None else 0)
             + sum(self.charge_of(s) for s in warm)
         )

@@ -215,6 +215,8 @@ def test_retained_keeps_one_kv_for_the_same_rows_under_several_keys():
     assert store.match("b").kv is kv_a and store.nbytes() == one and store.shared("a") and store.shared("b")
     store.insert("c", RetainedSequence(SequenceKV(*_rows(8, 3)), [5, 6, 9]))  # differs at the third id
     assert store.match("c").kv is not kv_a and store.nbytes() == 2 * one and not store.shared("c")
+    # What making room may free besides a document's own KV: b's shares a's, so only c's.
+    assert store.nbytes_besides("a") == store.nbytes_besides("b") == one and store.nbytes_besides(None) == 2 * one
     store.check_integrity()
 
     taken = store.take("b")
