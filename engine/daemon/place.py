@@ -98,28 +98,33 @@ class Place:
         return " | ".join(kept[-lines:])
 
 
+def _peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of a Unix socket (Linux SO_PEERCRED),
+    None where the platform has no such option."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+
+
 def peer_uid(sock: socket.socket) -> int | None:
     """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED; None
     where the platform cannot tell)."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
+    creds = _peer_credentials(sock)
+    if creds is None:
         try:
             uid, _gid = sock.getpeereid()  # type: ignore[attr-defined]  # BSD / macOS, where present
             return uid
         except (AttributeError, OSError):
             return None
-    _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
-    return uid
+    return creds[1]
 
 
 def peer_pid(sock: socket.socket) -> int | None:
     """The pid of the process at the other end of a connected Unix socket — for a listener,
     the process that called listen() (Linux SO_PEERCRED; None elsewhere)."""
-    option = getattr(socket, "SO_PEERCRED", None)
-    if option is None:
-        return None
-    pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
-    return pid
+    creds = _peer_credentials(sock)
+    return None if creds is None else creds[0]
 
 
 __all__ = ["supported", "runtime_dir", "Place", "peer_uid", "peer_pid"]
