@@ -152,8 +152,7 @@ class RetainedKV:
 
     def nbytes(self) -> int:
         """Bytes held by the kept KV (outside the pool, inside the engine's KV budget)."""
-        unique = {id(s.kv): s.kv for s in list(self._by_key.values())}
-        return sum(kv_bytes(kv) for kv in unique.values())
+        return self.nbytes_besides(None)
 
     def nbytes_besides(self, key: DocumentKey | None) -> int:
         """Bytes that dropping every entry but `key`'s would free (`key`'s KV stays, with

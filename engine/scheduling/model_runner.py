@@ -119,6 +119,8 @@ class ModelRunner:
         scheduler passes no `preempted` to a request that blends)."""
         lo = seq.n_valid
         blended = seq.blend is not None
+        pause = seq.paused if seq.paused is not None and seq.paused.start == lo else None
+        step_hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
         if blended:
             hi, last = seq.n_prompt, True
             stop = (lambda: seq.cancelled or preempted()) if preempted is not None else (lambda: seq.cancelled)
@@ -129,15 +131,12 @@ class ModelRunner:
             logits, seq.blend, seq.blend_spans = out.logits, None, ()
             seq.reused += out.reused
             seq.prefilled += out.prefilled - out.reused  # + (hi - lo) below: recomputed rows + chunks prefilled alone
-        elif seq.paused is not None and seq.paused.start == lo or preempted is not None and (
-            seq.background or min(seq.n_prompt, lo + (limit or self.step_tokens)) < seq.n_prompt
-        ):
+        elif pause is not None or preempted is not None and (seq.background or step_hi < seq.n_prompt):
             # A step that samples nothing (a warm-up's, or a request's before its last) may
             # pause between layers when `preempted()` turns true (a foreground request for a
             # warm-up, another window's request while windows share the engine): the request
             # that arrived waits for one layer, not the whole step. It goes on from that layer.
-            pause = seq.paused if seq.paused is not None and seq.paused.start == lo else None
-            hi = lo + pause.rows if pause is not None else min(seq.n_prompt, lo + (limit or self.step_tokens))
+            hi = lo + pause.rows if pause is not None else step_hi
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
             seq.paused = self.model.prefill_pausable(ids, seq.kv, lo, resume=pause, stop=preempted or _never)
@@ -149,7 +148,7 @@ class ModelRunner:
             return PrefillOut(logits, last, hi - lo, False, paused=pause is not None)
         else:
             seq.paused = None  # (a pause of rows since computed another way: nothing to resume)
-            hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
+            hi = step_hi
             last = hi == seq.n_prompt
             ids = torch.tensor(seq.tokens[lo:hi], dtype=torch.int64)  # [T]
             logits = self.model.forward(ids, seq.kv, lo, "last" if last else "none", exact_head=needs_exact_head(seq))  # [1, V] or [0, V]
