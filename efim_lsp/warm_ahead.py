@@ -57,6 +57,11 @@ def document_pass(engine: Engine, uri: str, text: str, cursor: int) -> None:
         engine.forget_document(uri)
 
 
+def _warming(state: DocumentState, prompt: str) -> bool:
+    """A warm-up of the document computes `prompt` now."""
+    return state.warming is not None and not state.warming.done and state.warming_prompt == prompt
+
+
 class WarmAhead:
     """Background warm-ups of the documents' windows, at the cursor signals they get."""
 
@@ -162,7 +167,7 @@ class WarmAhead:
             return False  # the last request here ran to its end: its prompt's KV is the engine's
         request, segments = self._request_at(uri, doc, state, cursor, settings, info)
         prompt = self.prompt_of(request, segments, info)
-        if state.warming is not None and not state.warming.done and state.warming_prompt == prompt:
+        if _warming(state, prompt):
             return False  # the warm-up in flight computes this prompt: a repeated signal keeps it
         # Where the full window is cold, its small window first (a few hundred ms): a request
         # after a pause then finds the first answer's prompt computed (efim_lsp.first_window).
@@ -217,7 +222,7 @@ class WarmAhead:
         settings = self.settings()
         if not settings.warm_ahead or not settings.cache or not self.holder.ready:
             return False
-        if state.warming is not None and not state.warming.done and state.warming_prompt == prompt:
+        if _warming(state, prompt):
             return False
         if not self.submit_warmup(uri, state, msgspec.structs.replace(request, deadline=None), segments, prompt):
             return False
