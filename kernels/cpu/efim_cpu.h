@@ -49,6 +49,25 @@ static inline __m512 exp2_fraction_avx512(__m512 f) {
 static inline __m512 load_bf16x16(const uint16_t *p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+
+/* The lanes below n (0..16) set. */
+static inline __mmask16 first_lanes(int n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define EFIM_AVX512_BW 1
+/* The first n (0..16) of 16 bf16 values as float32, the rest 0. */
+static inline __m512 load_bf16x16_n(const uint16_t *p, int n) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first_lanes(n), p)), 16));
+}
+#endif
+
+/* float32 -> bf16, round to nearest even (finite values), 16 at a time. */
+static inline __m256i to_bf16x16(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
 #endif
 
 #endif

@@ -37,14 +37,6 @@ int efim_add_rms_norm(int M, int K, uint16_t *h, long ldh, const uint16_t *delta
 }
 
 #if defined(__AVX512F__)
-/* float32 -> bf16, round to nearest even (finite values), 16 at a time. */
-static inline __m256i to_bf16x16(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb);
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
-}
-
 /* x rounded to bf16's precision (nearest even), kept in float32 lanes. */
 static inline __m512 round_bf16(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);

@@ -77,6 +77,33 @@ def test_the_c_term_equals_the_torch_term(kernel_cache, bf16_weights, rows):
 
 
 @needs_cc
+@pytest.mark.parametrize("seed", range(6))
+def test_odd_shapes_and_overlapping_segments_equal_the_exact_term(kernel_cache, seed):
+    """Ranks and widths that are not multiples of the vector width (the vector loop's masked
+    tails: 1-70 ranks, 1-200 columns, any K), and a B whose segments share columns (the
+    portable loop), for 1-16 rows."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))  # noqa: E731
+    k, rows = pick(1, 700), pick(1, MAX_ROWS + 1)
+    parts = [(pick(1, 40), pick(1, 200)) for _ in range(pick(1, 4))]
+    a, b = block_diagonal(parts, k, bf16=seed % 2 == 0, seed=seed)
+    if seed % 3 == 2:  # every rank also feeds the first columns: segments over shared columns
+        b[: min(8, b.shape[0]), :] = torch.randn(min(8, b.shape[0]), b.shape[1], generator=g).bfloat16().float() * 0.05
+        assert len({(n0, n1) for *_, n0, n1 in segments(b)}) > 1 or len(parts) == 1
+    if seed % 2:
+        a = a + 1e-4
+    term = LowRankAdd.pack(a, b, kernel_cache)
+    assert term is not None
+    x = torch.randn(rows, k + 3, generator=g).bfloat16()[:, :k]
+    y = torch.randn(rows, b.shape[0], generator=g).bfloat16()
+    got = y.clone()
+    assert term(x, got)
+    exact = x.double() @ a.double().t() @ b.double().t() + y.double()
+    # One bf16 rounding of a float32 sum: within a bf16 step of the exact value (plus float32 noise).
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
+
+
+@needs_cc
 def test_calls_it_does_not_run_leave_the_output_alone(kernel_cache):
     a, b = block_diagonal([(4, 16)], 32, bf16=True)
     term = LowRankAdd.pack(a, b, kernel_cache)
