@@ -270,7 +270,12 @@ class Int4Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < _INT4_GEMM_ROWS and x.dtype == self.scales_zeros.dtype:
             # The kernel refuses strided rows (the fused small-row RMSNorm returns a column slice).
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, self.group, self.scales_zeros)  # [M, N]
+            x = x.contiguous()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)  # [M, N]
+            if self.lora_c is not None and x.shape[0] <= self.lora_c.max_rows:
+                # The step's own bf16 rows and the kernel's fresh output: what add_rows asks.
+                self.lora_c.add_rows(x, y)
+                return y if self.bias is None else y.add_(self.bias)
         else:
             y = torch.mm(x, self._dequantize_t().to(x.dtype))  # [M, N]
         if self.lora_a is not None and (self.lora_c is None or not self.lora_c(x, y)):

@@ -70,6 +70,7 @@ class LowRankAdd:
     (another dtype, more than `MAX_ROWS` rows, strided columns)."""
 
     __slots__ = ("a", "b", "seg", "n_seg", "k", "r", "n", "_fn", "_a_ptr", "_b_ptr")
+    max_rows = MAX_ROWS
 
     def __init__(self, a: torch.Tensor, b: torch.Tensor, fn, seg: list[tuple[int, int, int, int]], dtype: torch.dtype) -> None:
         self.r, self.k = a.shape
@@ -108,6 +109,14 @@ class LowRankAdd:
         self._fn(m, self.k, self.r, self.n, x.data_ptr(), x.stride(0), self._a_ptr, self._b_ptr, y.data_ptr(), y.stride(0),
                  self.n_seg, self.seg)
         return True
+
+    def add_rows(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """`__call__` without its checks, for a caller that vouches for them: x [M, K] and
+        y [M, N] bf16 on the CPU, M <= `MAX_ROWS`, unit column stride (a decode step's own
+        rows and the fresh output of its matmul). ~2 us of attribute reads fewer a call, 120
+        calls a step of the served model."""
+        self._fn(x.shape[0], self.k, self.r, self.n, x.data_ptr(), x.stride(0), self._a_ptr, self._b_ptr, y.data_ptr(),
+                 y.stride(0), self.n_seg, self.seg)
 
     def nbytes(self) -> int:
         return self.a.numel() * self.a.element_size() + self.b.numel() * self.b.element_size()
