@@ -15,7 +15,9 @@ usage per owner, as classic fair-share CPU schedulers do):
   decode-only step — another owner's long prefill waits for it, instead of every one of its
   tokens waiting for a prefill step of the other's; ties go to the owner not served last;
 - an owner back from having no foreground work has `WAKE_CREDIT` (1 s) taken off its usage
-  (a sleeper's credit): a window that types is idle between keystrokes, a burst is not;
+  (a sleeper's credit): a window that types is idle between keystrokes, a burst is not — work
+  arriving within `REPLACED_WITHIN` of the owner's last request being cancelled (superseded)
+  is its replacement and gets no credit;
 - so a light owner (a window typing: a few rows to prefill, a few tokens to decode) is
   served first whenever it has work, as long as it used the engine less than the other
   lately (credit included), and two heavy owners alternate; an owner that ran alone for long waits at most
@@ -56,6 +58,13 @@ MEMORY = 3.0
 # is idle between keystrokes, so each keystroke's request runs first for up to this much
 # engine time even when the window used about as much lately as a burst that never pauses.
 WAKE_CREDIT = 1.0
+# Work that comes back within this many seconds of the owner's last request being cancelled is
+# that request's replacement, not a return from idle: no sleeper's credit. A burst of jumps
+# supersedes its request every ~50 ms and, without this, found itself "back from idle" in the
+# step between the cancel and the next admission — credited a second each time, it took turns
+# from a typing window whose request had just arrived (measured: 300 ms waits, see
+# docs/daemon.md "Fairness"). A person who stops after a cancel is idle again past this.
+REPLACED_WITHIN = 0.25
 # The engine counts as shared while more than one owner had foreground work within this many seconds.
 SHARED_WINDOW = 2.0
 # A foreground request running this long (seconds since it was submitted) has its owner served
@@ -78,6 +87,7 @@ class Turns:
         self.awake: set[str] = set()  # the owners with foreground work at the last `active` call
         self.wake_credit = WAKE_CREDIT
         self.spent: dict[str, float] = {}  # owner -> engine seconds charged to it, not decayed (reported)
+        self.cancelled_at: dict[str, float] = {}  # owner -> time.monotonic() its last request ended cancelled
 
     def used(self, owner: str, now: float | None = None) -> float:
         """`owner`'s recent engine time now (decayed)."""
@@ -93,7 +103,8 @@ class Turns:
         at = self.clock()
         for owner in owners:
             self.seen[owner] = now
-            if owner not in self.awake and owner in self.usage:  # back from idle: the sleeper's credit
+            if owner not in self.awake and owner in self.usage and not self._replaced(owner, now):
+                # back from idle: the sleeper's credit
                 self.usage[owner] = (max(0.0, self.used(owner, at) - self.wake_credit), at)
         self.awake = set(owners)
         if len(self.usage) > len(owners):
@@ -115,6 +126,20 @@ class Turns:
             chosen = min(owners, key=lambda o: (self.used(o, now), o == self.last))
         self.last = chosen
         return chosen
+
+    def ended(self, owner: str, cancelled: bool) -> None:
+        """A foreground request of `owner` ended: answered, or `cancelled` (superseded by the
+        owner's next request, or given up)."""
+        if cancelled:
+            self.cancelled_at[owner] = time.monotonic()
+        else:
+            self.cancelled_at.pop(owner, None)
+
+    def _replaced(self, owner: str, now: float) -> bool:
+        """`owner`'s last request was cancelled less than `REPLACED_WITHIN` ago: the work now
+        is its replacement (a burst of jumps, each superseding the last), not a return from idle."""
+        at = self.cancelled_at.get(owner)
+        return at is not None and now - at < REPLACED_WITHIN
 
     def shared(self, now: float | None = None) -> bool:
         """More than one owner had foreground work in the last `SHARED_WINDOW` seconds."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 from engine.api import FinishReason
 from engine.kv.retained import RetainedKV, RetainedSequence
+from engine.scheduling.fairness import Turns
 from engine.scheduling.sequence import Sequence
 from engine.scheduling.working_share import WorkingShare
 
@@ -72,7 +73,9 @@ class Finisher:
         waiting: list[Sequence],
         prefilling: list[Sequence],
         decoding: list[Sequence],
+        turns: Turns | None = None,
     ) -> None:
+        self.turns = turns  # told how each foreground request ended (the sleeper's credit, fairness)
         self.cache = cache
         self.retained = retained
         self.share = share
@@ -115,6 +118,8 @@ class Finisher:
             c.warm_ms += seq.compute_s * 1e3
             self._tell_sink(seq, reason, error)
             return
+        if self.turns is not None:
+            self.turns.ended(seq.owner, cancelled=reason == "cancelled")
         if reason == "cancelled":
             c.cancelled += 1
         elif reason == "error":

@@ -134,13 +134,13 @@ class Scheduler:
         self._waiting: list[Sequence] = []
         self._prefilling: list[Sequence] = []
         self._decoding: list[Sequence] = []
-        self.finisher = Finisher(
-            cache, self.retained, self.share, self.counters,
-            waiting=self._waiting, prefilling=self._prefilling, decoding=self._decoding,
-        )
         # Turns across owners (`InfillRequest.owner`): engine time charged per owner
         # (engine.scheduling.fairness); one owner alone runs in the usual order.
         self.turns = Turns()
+        self.finisher = Finisher(
+            cache, self.retained, self.share, self.counters,
+            waiting=self._waiting, prefilling=self._prefilling, decoding=self._decoding, turns=self.turns,
+        )
         self.urgent_age = URGENT_AGE  # a request running this long has its owner served first (fairness)
         self.admission = Admission(
             self.runner, cache, self.retained, self.share, self.blend_store, self.finisher, self.counters,

@@ -479,3 +479,27 @@ def test_turns_serve_the_owner_of_least_recent_usage():
     assert t.next(["B"]) == "B"  # A has nothing to run for a moment
     assert t.next(["A", "B"]) == "A" and abs(t.used("A") - (2.0 - t.wake_credit)) < 1e-9
     assert abs(t.used("B") - 1.5) < 1e-9
+
+
+def test_a_burst_whose_request_was_superseded_gets_no_sleepers_credit():
+    """An owner whose last request was cancelled moments ago (superseded by its next: a burst
+    of jumps) is not back from idle when its next one runs; one whose request was answered
+    is, and so is one that stayed away past `REPLACED_WITHIN` after a cancel."""
+    from engine.scheduling.fairness import REPLACED_WITHIN, Turns
+
+    now = [0.0]
+    t = Turns(memory=3.0, clock=lambda: now[0])
+    t.next(["A", "B"])
+    t.charge("A", 1.9)
+    t.charge("B", 2.0)
+    t.ended("B", cancelled=True)  # B's request superseded; its replacement not admitted yet
+    assert t.next(["A"]) == "A"
+    assert t.next(["A", "B"]) == "A"  # B's replacement runs: no credit, so A (less usage) goes first
+    assert abs(t.used("B") - 2.0) < 1e-9
+    t.ended("A", cancelled=False)  # A answered, then back with its next keystroke
+    assert t.next(["B"]) == "B"
+    assert t.next(["A", "B"]) == "A" and abs(t.used("A") - (1.9 - t.wake_credit)) < 1e-9
+    t.ended("B", cancelled=True)
+    assert t.next(["A"]) == "A"
+    t.cancelled_at["B"] -= REPLACED_WITHIN  # B stayed away after its cancel: idle again
+    assert t.next(["A", "B"]) in ("A", "B") and abs(t.used("B") - (2.0 - t.wake_credit)) < 1e-9
