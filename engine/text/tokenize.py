@@ -264,6 +264,11 @@ def whole_indentation(before: str, after: str, *, lookback: int = 60) -> bool:
 HEAL_MAX_TOKENS = 8
 
 
+# Texts from this many characters are tokenized without holding the GIL (`SegmentTokenizer._raw`);
+# shorter ones (a keystroke's increment) cost less than the hand-off to the tokenizer's worker.
+_RELEASE_GIL_CHARS = 256
+
+
 class SegmentTokenizer:
     """Tokenizes prompt segments independently. A small LRU remembers the ids of recent
     texts, so an unchanged prefix or suffix costs a dict lookup; `encode`/`encode_text`
@@ -283,6 +288,11 @@ class SegmentTokenizer:
         self._marker_ids = self._raw(_MARKER)
 
     def _raw(self, text: str) -> list[int]:
+        if len(text) >= _RELEASE_GIL_CHARS:
+            # The same ids; `encode_batch` lets go of the GIL while it works (`encode` keeps
+            # it): a window's text takes 2-4 ms, and the other threads of the process —
+            # the engine's between its ops, the server's or daemon's loop — run meanwhile.
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_text(self, text: str, *, dummy_prefix: bool = False) -> tuple[int, ...]:
