@@ -49,6 +49,17 @@ def test_sentinels_are_ids_and_special_spellings_in_text_stay_text(seg_tok):
     assert tpl.name == "starcoder"
 
 
+def test_long_and_short_texts_get_the_tokenizers_own_ids(seg_tok, source):
+    """Texts past the GIL-free threshold go through `encode_batch`, short ones `encode`: the
+    ids are the tokenizer's own either way, special spellings included."""
+    tok = Tokenizer.from_str(tiny_tokenizer_json(True))
+    tok.encode_special_tokens = True
+    for text in (source[:40], source[:255], source[:256], source[1000:5000], "x = '<fim_prefix>' " * 40):
+        want = tok.encode(text, add_special_tokens=False).ids
+        assert list(seg_tok.encode_uncached(text)) == want
+        assert seg_tok.count(text) == len(want)
+
+
 def test_roundtrip_bytes_of_vocab(seg_tok, source):
     text = source[:3000] + "\n# héllo 日本 ✓ 🙂\n"
     ids = seg_tok.encode_text(text)
