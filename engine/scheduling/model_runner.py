@@ -58,6 +58,11 @@ def _round_up(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
+# A request's last prefill step of more rows than this is split (its last row alone) when it
+# may be preempted (`ModelRunner.prefill_step`).
+_SPLIT_LAST_ABOVE = 8
+
+
 class ModelRunner:
     def __init__(self, model: Transformer, cache: RadixCache, blend_store: BlendStore, *, step_tokens: int = 256) -> None:
         if not 1 <= step_tokens:
@@ -121,6 +126,13 @@ class ModelRunner:
         blended = seq.blend is not None
         pause = seq.paused if seq.paused is not None and seq.paused.start == lo else None
         step_hi = min(seq.n_prompt, lo + (limit or self.step_tokens))
+        if preempted is not None and not seq.background and not blended and step_hi == seq.n_prompt and step_hi - lo > _SPLIT_LAST_ABOVE:
+            # A request's last step samples, so it cannot pause; while another window may
+            # arrive, its last row is left to a step of its own and the rest may pause: a first
+            # window of ~90 rows (one step, 80-150 ms on 2 cores) kept another window's
+            # keystroke waiting for all of it (traced through the daemon under a burst). The
+            # extra one-row forward costs about a decode step.
+            step_hi -= 1
         if blended:
             hi, last = seq.n_prompt, True
             stop = (lambda: seq.cancelled or preempted()) if preempted is not None else (lambda: seq.cancelled)
