@@ -15,8 +15,12 @@ start from the radix cache's rows when they are used again.
 
 Contracts:
 - At most `max_entries` documents are kept, and (when `budget_bytes` is set) at most that
-  many bytes; the least recently kept go first. The newest entry goes too if it alone
-  exceeds the bytes: its prompt rows are in the radix cache, only generated rows are lost.
+  many bytes; the least recently kept go first — of the owner whose entry or work needs the
+  room, when it has one, before another owner's: one window's burst of jumps replaces its
+  own KV, not the KV of the window someone is typing in (which would then gather its ~1,400
+  rows from the pool at each keystroke: 30-40 ms, measured through the daemon). The newest
+  entry goes too if it alone exceeds the bytes: its prompt rows are in the radix cache, only
+  generated rows are lost.
 - `take` removes the entry: a sequence owns its KV exclusively while it runs (the entries
   sharing that KV are dropped with it).
 - Bytes are counted once per KV, however many entries share it; dropping an entry frees
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 class RetainedSequence(NamedTuple):
     kv: KV
     ids: list[int]  # the tokens whose rows kv holds, row i = ids[i]
+    owner: str = ""  # the request's owner (`InfillRequest.owner`: one window of a shared engine)
 
 
 def kv_bytes(kv: KV) -> int:
@@ -86,11 +91,11 @@ class RetainedKV:
             if other.ids[n - 1] != ids[n - 1] or other.ids[:n] != ids[:n]:
                 continue
             if len(other.ids) >= len(ids):
-                return RetainedSequence(other.kv, ids)
+                return RetainedSequence(other.kv, ids, seq.owner)
             old = other.kv
             for key, s in self._by_key.items():
                 if s.kv is old:
-                    self._by_key[key] = RetainedSequence(seq.kv, s.ids)
+                    self._by_key[key] = RetainedSequence(seq.kv, s.ids, s.owner)
             return seq
         return seq
 
@@ -102,14 +107,23 @@ class RetainedKV:
         """`match`, in the scheduler's words."""
         return self.match(key)
 
-    def evict_oldest(self, spare: DocumentKey | None = None) -> bool:
-        """Drop the least recently kept entry other than `spare`'s; False when there is none
-        to drop."""
-        for key in self._by_key:
-            if key != spare:
-                self._drop(key)
-                return True
-        return False
+    def evict_oldest(self, spare: DocumentKey | None = None, owner: str | None = None) -> bool:
+        """Drop the least recently kept entry other than `spare`'s — `owner`'s own first, when
+        it has one; False when there is none to drop."""
+        key = self._oldest(spare, owner)
+        if key is None:
+            return False
+        self._drop(key)
+        return True
+
+    def _oldest(self, spare: DocumentKey | None, owner: str | None) -> DocumentKey | None:
+        """The least recently kept key other than `spare`: among `owner`'s entries when it has
+        one, else among all."""
+        if owner is not None:
+            key = next((k for k, s in self._by_key.items() if k != spare and s.owner == owner), None)
+            if key is not None:
+                return key
+        return next((k for k in self._by_key if k != spare), None)
 
     def evict(self, n: int, spare: DocumentKey | None = None) -> int:
         """Drop the least recently kept entries other than `spare`'s until at least `n`
@@ -135,7 +149,8 @@ class RetainedKV:
         while self._by_key and (
             len(self._by_key) > self.max_entries or (limit is not None and self.nbytes() > limit)
         ):
-            self._by_key.popitem(last=False)
+            oldest = self._oldest(key, seq.owner)  # the keeper's own older entries first
+            del self._by_key[key if oldest is None else oldest]
 
     def keep(self, key: DocumentKey, seq: RetainedSequence) -> None:
         """`insert`, in the scheduler's words."""

@@ -173,9 +173,9 @@ class Admission:
             spare = seq.key if prev is not None else None
             foreground = not seq.background
             blend = share.blend_rows(seq, reuse, seq.blend) * share.dense_row_bytes if seq.blend is not None else 0
-            if blend and make_room(need + blend, spare, foreground):
+            if blend and make_room(need + blend, spare, foreground, seq.owner):
                 pass
-            elif make_room(need, spare, foreground):
+            elif make_room(need, spare, foreground, seq.owner):
                 if blend:
                     log.debug("request %d: its CacheBlend pass does not fit the KV budget now; prefilled plainly",
                               seq.request_id)

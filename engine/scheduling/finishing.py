@@ -99,7 +99,7 @@ class Finisher:
                 log.exception("unpin failed for request %d", seq.request_id)
             seq.pinned = None
         if seq.cache and error is None and seq.kv is not None and seq.n_valid > 0:
-            self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid]))
+            self.retained.keep(seq.key, RetainedSequence(seq.kv, seq.tokens[: seq.n_valid], seq.owner))
         seq.kv = None
         self.share.release(seq)  # its working KV is given back (or now counted as retained)
         c = self.counters
@@ -152,11 +152,12 @@ class Finisher:
         for seq in [s for s in (*self.waiting, *self.prefilling) if s.expired(now)]:
             self.finish(seq, "deadline")  # waited behind other work past its deadline; rows kept
 
-    def make_room(self, nbytes: int, spare: str | None, foreground: bool) -> bool:
-        """Room in the working share for `nbytes` more (`WorkingShare.reclaim`): the running
-        background sequences it names for foreground work end "cancelled" (their rows stay
-        committed and retained). False, with nothing dropped, when it cannot be made now."""
-        for warm in self.share.reclaim(nbytes, spare, foreground):
+    def make_room(self, nbytes: int, spare: str | None, foreground: bool, owner: str | None = None) -> bool:
+        """Room in the working share for `nbytes` more (`WorkingShare.reclaim`; `owner`: whose
+        work needs it, its own retained KV goes first): the running background sequences it
+        names for foreground work end "cancelled" (their rows stay committed and retained).
+        False, with nothing dropped, when it cannot be made now."""
+        for warm in self.share.reclaim(nbytes, spare, foreground, owner):
             self.finish(warm, "cancelled")
         return self.share.fits(nbytes)
 

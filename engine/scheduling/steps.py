@@ -170,7 +170,7 @@ class StepRunner:
         only its generated tokens; cancelling `seq` cancels it (`Sequence.cancel_requested`).
         None when the KV budget cannot hold its KV now."""
         rows = self.share.within_room(self.runner.fork_capacity(seq), seq.n_valid + max(seq.max_tokens, 0) + 1)
-        if not self.finisher.make_room(self.share.rows_bytes(rows), None, True):
+        if not self.finisher.make_room(self.share.rows_bytes(rows), None, True, seq.owner):
             return None
         kv = self.runner.fork_kv(seq, rows)
         fork = Sequence(
@@ -266,7 +266,7 @@ class StepRunner:
         rows = self.share.within_room(min(self.runner.context_length, cap * 2), seq.n_prompt + max(seq.max_tokens, 0) + 1)
         if rows <= cap:
             return False
-        if not self.finisher.make_room(self.share.rows_bytes(rows), None, not seq.background):  # the old KV stays until copied
+        if not self.finisher.make_room(self.share.rows_bytes(rows), None, not seq.background, seq.owner):  # the old KV stays until copied
             self.counters.kv_grow_refused += 1
             log.info("request %d: its KV of %d rows cannot grow within the KV budget now; it ends", seq.request_id, cap)
             return False

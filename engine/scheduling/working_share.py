@@ -160,9 +160,9 @@ class WorkingShare:
         """Room for `nbytes` more in the working share now."""
         return self.working_limit is None or nbytes <= 0 or nbytes <= self.room()
 
-    def reclaim(self, nbytes: int, spare: str | None, foreground: bool) -> Iterator[Sequence]:
-        """Make room for `nbytes` more: drop retained KV (least recently kept first, never
-        `spare`'s), then the document piece in flight, then — for foreground work — yield
+    def reclaim(self, nbytes: int, spare: str | None, foreground: bool, owner: str | None = None) -> Iterator[Sequence]:
+        """Make room for `nbytes` more: drop retained KV (least recently kept first, `owner`'s
+        own first, never `spare`'s), then the document piece in flight, then — for foreground work — yield
         running background sequences, newest first, for the caller to end (its KV is then
         given back, or kept as retained KV and dropped here) before the next is decided.
         Drops and yields nothing when all of that would not be enough (running requests'
@@ -178,7 +178,7 @@ class WorkingShare:
         )
         if nbytes > self.room() + can_free:
             return
-        while nbytes > self.room() and self.retained.evict_oldest(spare):
+        while nbytes > self.room() and self.retained.evict_oldest(spare, owner):
             pass
         if nbytes > self.room() and piece is not None:
             self.documents.drop_in_flight()
@@ -186,7 +186,7 @@ class WorkingShare:
             if nbytes <= self.room():
                 break
             yield bg  # the caller ends it: its rows stay committed; its KV is kept, then dropped below
-            while nbytes > self.room() and self.retained.evict_oldest(spare):
+            while nbytes > self.room() and self.retained.evict_oldest(spare, owner):
                 pass
 
 

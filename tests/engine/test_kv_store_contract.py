@@ -150,6 +150,25 @@ def test_retained_evicts_least_recently_kept_first_and_spares():
     assert store.match("a") is store.peek("a") is not None
 
 
+def test_retained_makes_room_from_the_asking_owners_own_entries_first():
+    """One window's burst of jumps replaces its own retained KV before the KV of the window
+    someone is typing in: at the count limit and when the scheduler makes room for an owner's
+    work. Without owners (one window) it is least recently kept first, as before."""
+    store = RetainedKV(max_entries=3)
+    store.insert("A/doc", RetainedSequence(SequenceKV(*_rows(4)), [1], "A"))  # the typing window
+    for i in range(5):  # the other window's jumps, each under two keys of its own
+        store.insert("B/doc", RetainedSequence(SequenceKV(*_rows(4)), [10 + i], "B"))
+        store.insert(f"B/small{i % 2}", RetainedSequence(SequenceKV(*_rows(4)), [20 + i], "B"))
+    assert "A/doc" in store and len(store) == 3
+    assert store.evict_oldest(spare="B/doc", owner="B") and "A/doc" in store  # B's older small window went
+    assert store.evict_oldest(spare="B/doc", owner="B") and list(k for k, _ in store.entries()) == ["B/doc"]
+    plain = RetainedKV(max_entries=2)
+    for key in "abc":
+        plain.insert(key, RetainedSequence(SequenceKV(*_rows(4)), [ord(key)]))
+    assert [k for k, _ in plain.entries()] == ["b", "c"]
+    assert plain.evict_oldest(owner="") and [k for k, _ in plain.entries()] == ["c"]
+
+
 def test_pool_marks_follow_each_slot():
     pool = SlotPool(n_layers=L, n_kv_heads=H, head_dim=D, dtype=torch.float32, budget_bytes=8 * PER_SLOT)
     none = torch.empty(0, dtype=torch.int64)
