@@ -172,7 +172,7 @@ class SlotPool:
     def gather(self, slots: torch.Tensor, kv: KV, start: int = 0) -> None:
         """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],
         or with an int8 pool an Int8SequenceKV: rows and scales as they are) at rows
-        start..start+n-1. One index_select over all layers per tensor."""
+        start..start+n-1."""
         n = slots.shape[0]
         if n == 0:
             return
@@ -184,8 +184,13 @@ class SlotPool:
             kv.vt8[:, :, :, rows].copy_(self.v8.index_select(1, slots).permute(0, 2, 3, 1))  # [L, H_kv, D, n]
             kv.v_scale[:, :, rows].copy_(self.v_scale.index_select(1, slots).transpose(1, 2))
             return
-        kv.k[:, :, rows].copy_(self.k.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
-        kv.v[:, :, rows].copy_(self.v.index_select(1, slots).transpose(1, 2))  # [L, H_kv, n, D]
+        # Straight into the workspace, one (layer, head) at a time: an index_select over all
+        # layers made an [L, n, H_kv, D] temporary and then a transposing copy — 2-3x slower
+        # (a window's 1,216 rows of the embedded model: ~11-17 ms for k and v, against ~6).
+        for src, dst in ((self.k, kv.k), (self.v, kv.v)):
+            for layer in range(src.shape[0]):
+                for head in range(src.shape[2]):
+                    torch.index_select(src[layer, :, head], 0, slots, out=dst[layer, head, rows])  # [n, D]
 
     def _check_format(self, kv: KV) -> None:
         if bool(getattr(kv, "quantized", False)) != self.int8:
