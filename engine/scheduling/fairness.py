@@ -6,8 +6,8 @@ same owner — all of them, when nobody names one — keep the engine's usual or
 first). Across owners the engine serves the owner that used it least lately (`Turns`, decayed
 usage per owner, as classic fair-share CPU schedulers do):
 
-- every unit of foreground model work is charged to its owner: each prefill step to the
-  request's owner, a batched decode step to the owners of its rows (split by rows);
+- every unit of model work is charged to its owner: each prefill step to the request's (or
+  warm-up's) owner, a batched decode step to the owners of its rows (split by rows);
 - the charges decay (time constant `MEMORY`, 3 s): an owner's usage is what it ran lately;
 - each loop step serves the owner with foreground work (prefilling or decoding) of least
   recent usage: its oldest prefilling request gets the step's prefill (and the decode step

@@ -444,7 +444,12 @@ class Scheduler:
                 self._share_with_warm_up(self._last_foreground - began, served)
             elif self._prefilling:  # background sequences only
                 self._foreground_since_warm = 0.0
-                self.finisher.guard(self._prefilling[0], self._prefill)
+                warm, t0 = self._prefilling[0], time.perf_counter()
+                self.finisher.guard(warm, self._prefill)
+                # Charged to its owner like its requests: a window that jumps 20 times a second
+                # leaves a warm-up behind each jump, and that work is what its usage must show,
+                # or the window typing beside it (a few tokens a request) looks the heavier one.
+                self.turns.charge(warm.owner, time.perf_counter() - t0)
             elif self.documents.pending() and time.perf_counter() >= self._last_foreground + self.idle_grace:
                 self._document_step()
         finally:

@@ -511,3 +511,16 @@ def test_a_burst_whose_request_was_superseded_gets_no_sleepers_credit():
     assert t.next(["A"]) == "A"
     t.cancelled_at["B"] -= REPLACED_WITHIN  # B stayed away after its cancel: idle again
     assert t.next(["A", "B"]) in ("A", "B") and abs(t.used("B") - (2.0 - t.wake_credit)) < 1e-9
+
+
+def test_a_warm_up_alone_is_charged_to_its_owner(model):
+    """A warm-up's steps are its owner's engine time whether they run beside requests or alone
+    (a window jumping 20 times a second leaves a warm-up behind each jump: its usage must show
+    it, or a window typing beside it looks the heavier one)."""
+    s = make(model, step=64)
+    warm = _owner_job(Sink(prompt(300, 62), max_tokens=2), "w", "B", [])
+    warm.background = True
+    s.submit(warm)
+    drain(s)
+    assert warm.sink.finished is not None and warm.prefilled == 300
+    assert s.turns.spent_by_owner().get("B", 0.0) > 0.0
