@@ -13,7 +13,7 @@ The pipeline, one noun a module (docs/design.md, "Data flow"): a request becomes
    With requests of several owners (`InfillRequest.owner`, e.g. the engine daemon's editor
    windows) the step serves the owner that used the engine least lately: its oldest
    prefilling request, or — an owner with only decoding rows — a decode step alone
-   (`engine.scheduling.fairness`);
+   (`engine.scheduling.turn_taking` over `engine.scheduling.fairness`' accounting);
 4. ends sequences as their sinks say (`Finisher.finish`: unpin, keep the KV for the
    document, count, tell the sink).
 
@@ -50,12 +50,13 @@ from engine.kv.radix import RadixCache
 from engine.kv.retained import RetainedKV
 from engine.scheduling.admission import Admission
 from engine.scheduling.background import DocumentWork
-from engine.scheduling.fairness import URGENT_AGE, Turns
+from engine.scheduling.fairness import Turns
 from engine.scheduling.finishing import Counters, Finisher
 from engine.scheduling.model_runner import ModelRunner
 from engine.scheduling.sequence import Sequence
 from engine.scheduling.speculation import VerifyCost
 from engine.scheduling.steps import StepRunner
+from engine.scheduling.turn_taking import OwnerTurns
 from engine.scheduling.working_share import WorkingShare
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ class Scheduler:
             cache, self.retained, self.share, self.counters,
             waiting=self._waiting, prefilling=self._prefilling, decoding=self._decoding, turns=self.turns,
         )
-        self.urgent_age = URGENT_AGE  # a request running this long has its owner served first (fairness)
+        self.owner_turns = OwnerTurns(self.turns, self._inbox, self._cond, self._prefilling, self._decoding)
         self.admission = Admission(
             self.runner, cache, self.retained, self.share, self.blend_store, self.finisher, self.counters,
             waiting=self._waiting, prefilling=self._prefilling, turns=self.turns,
@@ -355,11 +356,6 @@ class Scheduler:
             arrived = any(not s.background and s.key != key for s in self._inbox)
         return arrived or any(not s.background and s.key != key for s in self._waiting)
 
-    def _other_owner_arrived(self, owner: str) -> bool:
-        """A foreground request of another owner than `owner` has arrived (not admitted yet)."""
-        with self._cond:
-            return any(not s.background and s.owner != owner for s in self._inbox)
-
     def _wait_seconds(self) -> float | None:
         """How long the loop may sleep: None (until woken) when there is nothing at all,
         0 when there is work now, else until the idle grace for document pieces is over."""
@@ -425,7 +421,7 @@ class Scheduler:
             self.admission.start_waiting()
             foreground = [s for s in self._prefilling if not s.background]
             began = time.perf_counter()
-            prefill, turn = self._turn(foreground)
+            prefill, turn = self.owner_turns.serve(foreground)
             if prefill is not None:
                 t0 = time.perf_counter()
                 self.finisher.guard(prefill, self._prefill)
@@ -465,9 +461,8 @@ class Scheduler:
         typed back to back would keep a person on a first window for as long as they type.
         While windows share the engine (`Turns.shared`), only a warm-up of the owner this step
         served gets one, charged to that owner: another window's warm-ups never cut into a
-        request of this one (a burst of jumps leaves a warm-up behind each)."""
-        shared = self.turns.shared()
-        warm = next((s for s in self._prefilling if s.background and (not shared or s.owner == served)), None)
+        request of this one (`OwnerTurns.warm_up_for`)."""
+        warm = self.owner_turns.warm_up_for(served)
         if warm is None:
             self._foreground_since_warm = 0.0
             return
@@ -478,31 +473,6 @@ class Scheduler:
             t0 = time.perf_counter()
             self.finisher.guard(warm, lambda seq: self._prefill(seq, during_foreground=True))
             self.turns.charge(warm.owner, time.perf_counter() - t0)
-
-    def _turn(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
-        """(the prefilling request this step serves, the owner whose decode-only turn it is).
-        The request: the oldest of the owner whose turn it is (`Turns.next`, over the owners
-        with foreground work), and every decoding sequence decodes too (turn None). When that
-        owner has only decoding rows: no request, and the step decodes that owner's rows
-        alone. Nothing prefilling: everyone decodes together. One owner: its oldest."""
-        owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
-        if not foreground:
-            self.turns.active(owners)
-            return None, None
-        if len(set(owners)) == 1:
-            self.turns.next(owners)
-            return foreground[0], None
-        owner = self.turns.next(owners, urgent=self._urgent_owner(foreground))
-        prefill = next((s for s in foreground if s.owner == owner), None)
-        return prefill, (owner if prefill is None else None)
-
-    def _urgent_owner(self, foreground: list[Sequence]) -> str | None:
-        """The owner of the oldest foreground request (prefilling or decoding) that has run
-        `URGENT_AGE` seconds, if any (engine.scheduling.fairness)."""
-        oldest = min((s for s in (*foreground, *self._decoding) if not s.background), key=lambda s: s.submitted, default=None)
-        if oldest is None or time.perf_counter() - oldest.submitted < self.urgent_age:
-            return None
-        return oldest.owner
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the radix cache, the blend store and the retained KV
@@ -576,7 +546,7 @@ class Scheduler:
             # Windows share the engine: another owner's request arriving mid-step takes the
             # engine after the layer running now, not after the whole step (its own rows are
             # few: a keystroke); this step goes on from that layer at its owner's next turn.
-            self.steps.prefill(seq, self._foreground_step_rows(seq), preempted=lambda: self._other_owner_arrived(seq.owner))
+            self.steps.prefill(seq, self._foreground_step_rows(seq), preempted=lambda: self.owner_turns.other_owner_waiting(seq.owner))
         else:
             self.steps.prefill(seq, self._foreground_step_rows(seq))
 

@@ -365,7 +365,7 @@ def test_an_urgent_request_has_its_owner_served_until_it_ends(model):
     def run(urgent_age: float) -> tuple[int, int, list[str]]:
         s = make(model, step=32)
         s.verify_cost = None
-        s.urgent_age = urgent_age
+        s.owner_turns.urgent_age = urgent_age
         order: list[str] = []
         a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
         b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
@@ -395,12 +395,13 @@ def test_another_owners_request_waits_for_a_layer_of_a_prefill_step_not_the_step
 def _another_owner_waits_for_a_layer(model, rows: int) -> None:
     def run(pause: bool) -> tuple[list[int], list[tuple[str, str]], Sequence]:
         s = make(model, step=64)
+        s.owner_turns.urgent_age = 1e9  # the order here is the turns', not urgency's (a slow machine ages a)
         s.trace = trace = []
         s.turns.active(["A", "B"])  # both windows had work a moment ago: they share the engine
         order: list[str] = []
         a = _owner_job(Sink(prompt(rows, 60), max_tokens=3), "a", "A", order)
         b = _owner_job(Sink(prompt(50, 61), max_tokens=2), "b", "B", order)
-        real, checks = s._other_owner_arrived, []
+        real, checks = s.owner_turns.other_owner_waiting, []
 
         def arriving(owner: str) -> bool:  # b arrives while the second layer of a's first step runs
             checks.append(owner)
@@ -408,7 +409,7 @@ def _another_owner_waits_for_a_layer(model, rows: int) -> None:
                 s.submit(b)
             return real(owner)
 
-        s._other_owner_arrived = arriving
+        s.owner_turns.other_owner_waiting = arriving
         s.submit(a)
         s.step()  # admits a; its first prefill step
         if pause:
@@ -417,7 +418,7 @@ def _another_owner_waits_for_a_layer(model, rows: int) -> None:
             assert a.paused is None and a.n_valid > 0
             s.submit(b)
         drain(s)
-        if pause or rows > 64:  # (without the pause a one-step prompt is all but done when b arrives: either may end first)
+        if rows > 64:  # (a one-step prompt is all but done once b is prefilled: either may end first)
             assert order == ["b", "a"]
         assert a.sink.finished[0] == b.sink.finished[0] == "length"
         assert a.sink.finished[1].prefilled_tokens == rows
@@ -524,3 +525,35 @@ def test_a_warm_up_alone_is_charged_to_its_owner(model):
     drain(s)
     assert warm.sink.finished is not None and warm.prefilled == 300
     assert s.turns.spent_by_owner().get("B", 0.0) > 0.0
+
+
+def test_a_prefill_step_gives_way_at_a_layer_when_another_owners_request_turns_urgent(model):
+    """A request of another owner that has been running `URGENT_AGE` has every turn until it
+    ends; a prefill step begun before it turned urgent gives way at the next layer instead of
+    running to its end."""
+    s = make(model, step=64)
+    s.turns.active(["A", "B"])  # both windows had work a moment ago: they share the engine
+    s.owner_turns.urgent_age = 1e9  # nobody urgent yet
+    order: list[str] = []
+    b = _owner_job(Sink(prompt(20, 63), max_tokens=40), "b", "B", order)
+    s.submit(b)
+    for _ in range(50):
+        s.step()
+        if b in s._decoding:
+            break
+    assert b in s._decoding
+    a = _owner_job(Sink(prompt(600, 64), max_tokens=2), "a", "A", order)
+    real, checks = s.owner_turns.other_owner_waiting, []
+
+    def turning(owner: str) -> bool:  # b turns urgent while the second layer of a's step runs
+        checks.append(owner)
+        if len(checks) == 2:
+            s.owner_turns.urgent_age = 0.0
+        return real(owner)
+
+    s.owner_turns.other_owner_waiting = turning
+    s.submit(a)
+    s.step()  # admits a; its first prefill step (A has used nothing: its turn) gives way at layer 2
+    assert a.paused is not None and a.paused.layer == 2 and a.n_valid == 0
+    drain(s)
+    assert order == ["b", "a"] and a.sink.finished[1].prefilled_tokens == 600

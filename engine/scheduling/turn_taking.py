@@ -1,0 +1,78 @@
+"""Turn-taking across owners over the scheduler's lanes: which request a loop step serves,
+which warm-up gets a slice, and when a running step gives way to another owner.
+
+`engine.scheduling.fairness.Turns` keeps the accounting (each owner's decayed engine time,
+the sleeper's credit); this module applies it to the sequences the scheduler holds — the
+inbox (under the scheduler's lock), the prefilling and the decoding lanes — so the loop in
+`engine.scheduling.scheduler` only asks. One owner alone is served in the engine's usual
+order (oldest first). Engine thread only, except that `other_owner_waiting` takes the lock
+for the inbox it shares with `Scheduler.submit`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from engine.scheduling.fairness import URGENT_AGE, Turns
+from engine.scheduling.sequence import Sequence
+
+
+class OwnerTurns:
+    def __init__(
+        self, turns: Turns, inbox: deque[Sequence], lock: threading.Condition, prefilling: list[Sequence],
+        decoding: list[Sequence],
+    ) -> None:
+        self.turns = turns
+        self._inbox = inbox
+        self._lock = lock
+        self._prefilling = prefilling
+        self._decoding = decoding
+        self.urgent_age = URGENT_AGE  # a request running this long has its owner served first
+
+    def serve(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
+        """(the prefilling request this step serves, the owner whose decode-only turn it is).
+        The request: the oldest of the owner whose turn it is (`Turns.next`, over the owners
+        with foreground work), and every decoding sequence decodes too (turn None). When that
+        owner has only decoding rows: no request, and the step decodes that owner's rows
+        alone. Nothing prefilling: everyone decodes together. One owner: its oldest."""
+        owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
+        if not foreground:
+            self.turns.active(owners)
+            return None, None
+        if len(set(owners)) == 1:
+            self.turns.next(owners)
+            return foreground[0], None
+        owner = self.turns.next(owners, urgent=self.urgent_owner(foreground))
+        prefill = next((s for s in foreground if s.owner == owner), None)
+        return prefill, (owner if prefill is None else None)
+
+    def urgent_owner(self, foreground: list[Sequence]) -> str | None:
+        """The owner of the oldest foreground request (prefilling or decoding) that has run
+        `urgent_age` seconds, if any (engine.scheduling.fairness, `URGENT_AGE`)."""
+        oldest = min((s for s in (*foreground, *self._decoding) if not s.background), key=lambda s: s.submitted, default=None)
+        if oldest is None or time.perf_counter() - oldest.submitted < self.urgent_age:
+            return None
+        return oldest.owner
+
+    def other_owner_waiting(self, owner: str) -> bool:
+        """A foreground request of another owner than `owner` has arrived (not admitted yet),
+        or one of another owner's running requests has become urgent (its owner has every
+        turn until it ends, so a step begun before that gives way at a layer)."""
+        with self._lock:
+            if any(not s.background and s.owner != owner for s in self._inbox):
+                return True
+        old = time.perf_counter() - self.urgent_age
+        return any(s.owner != owner and not s.background and s.submitted <= old for s in (*self._prefilling, *self._decoding))
+
+    def warm_up_for(self, served: str | None) -> Sequence | None:
+        """The warm-up that gets a slice beside the requests (`Scheduler._share_with_warm_up`):
+        the oldest; while windows share the engine (`Turns.shared`), the oldest of the owner
+        this step served — another window's warm-ups never cut into a request of this one (a
+        burst of jumps leaves a warm-up behind each)."""
+        shared = self.turns.shared()
+        return next((s for s in self._prefilling if s.background and (not shared or s.owner == served)), None)
+
+
+__all__ = ["OwnerTurns"]
