@@ -110,6 +110,7 @@ class Turns:
         if len(self.usage) > len(owners):
             for owner in [o for o in self.usage if o not in owners and self.used(o, at) < 1e-4]:
                 del self.usage[owner]
+                self.cancelled_at.pop(owner, None)
         return owners
 
     def next(self, owners: Iterable[str], urgent: str | None = None) -> str | None:

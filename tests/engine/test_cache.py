@@ -81,6 +81,26 @@ def test_match_insert_split_and_gather_roundtrip():
     assert cache.stats().slots_used == 8
 
 
+def test_a_long_gather_copies_the_same_rows_as_a_short_one():
+    """Gathers of many rows copy per (layer, head) straight into the workspace, short ones
+    through one index_select: both land the pool's rows at the workspace's rows, each head's
+    its own, the rest of the workspace untouched."""
+    cache = make_cache(1200)
+    ids = [(i * 7919) % 50_000 + 1 for i in range(700)]
+    store(cache, ids)
+    m = cache.match(ids + [42])
+    want = workspace_for(ids)
+    want.k[:, 1] += 0.5  # heads differ, so a head copied into another's place shows
+    want.v[:, 0] -= 0.25
+    cache.pool.store_rows(m.slots, want, 0, len(ids))
+    for n, start in ((700, 0), (300, 5), (20, 3)):
+        ws = KV(torch.full((L, H, 720, D), -1.0), torch.full((L, H, 720, D), -1.0))
+        cache.gather(m.slots[:n], ws, start)
+        assert torch.equal(ws.k[:, :, start : start + n], want.k[:, :, :n])
+        assert torch.equal(ws.v[:, :, start : start + n], want.v[:, :, :n])
+        assert (ws.k[:, :, :start] == -1).all() and (ws.k[:, :, start + n :] == -1).all()
+
+
 def test_match_does_not_split_or_change_tree():
     cache = make_cache(50)
     store(cache, [1, 2, 3, 4])
