@@ -546,7 +546,7 @@ class Scheduler:
             # Windows share the engine: another owner's request arriving mid-step takes the
             # engine after the layer running now, not after the whole step (its own rows are
             # few: a keystroke); this step goes on from that layer at its owner's next turn.
-            self.steps.prefill(seq, self._foreground_step_rows(seq), preempted=lambda: self.owner_turns.other_owner_waiting(seq.owner))
+            self.steps.prefill(seq, self._foreground_step_rows(seq), preempted=lambda: self.owner_turns.other_owner_waiting(seq.owner, seq.submitted))
         else:
             self.steps.prefill(seq, self._foreground_step_rows(seq))
 

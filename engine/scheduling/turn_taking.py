@@ -56,14 +56,16 @@ class OwnerTurns:
             return None
         return oldest.owner
 
-    def other_owner_waiting(self, owner: str) -> bool:
-        """A foreground request of another owner than `owner` has arrived (not admitted yet),
-        or one of another owner's running requests has become urgent (its owner has every
-        turn until it ends, so a step begun before that gives way at a layer)."""
+    def other_owner_waiting(self, owner: str, submitted: float) -> bool:
+        """For a step of `owner`'s request submitted at `submitted`: a foreground request of
+        another owner has arrived (not admitted yet), or another owner's running request older
+        than this one has become urgent (the oldest urgent request's owner has every turn
+        until it ends, so a step begun before that gives way at a layer; a younger one would
+        not be served instead)."""
         with self._lock:
             if any(not s.background and s.owner != owner for s in self._inbox):
                 return True
-        old = time.perf_counter() - self.urgent_age
+        old = min(time.perf_counter() - self.urgent_age, submitted)
         return any(s.owner != owner and not s.background and s.submitted <= old for s in (*self._prefilling, *self._decoding))
 
     def warm_up_for(self, served: str | None) -> Sequence | None:

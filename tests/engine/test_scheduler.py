@@ -403,11 +403,11 @@ def _another_owner_waits_for_a_layer(model, rows: int) -> None:
         b = _owner_job(Sink(prompt(50, 61), max_tokens=2), "b", "B", order)
         real, checks = s.owner_turns.other_owner_waiting, []
 
-        def arriving(owner: str) -> bool:  # b arrives while the second layer of a's first step runs
+        def arriving(owner: str, submitted: float) -> bool:  # b arrives while the second layer of a's first step runs
             checks.append(owner)
             if pause and len(checks) == 2:
                 s.submit(b)
-            return real(owner)
+            return real(owner, submitted)
 
         s.owner_turns.other_owner_waiting = arriving
         s.submit(a)
@@ -545,11 +545,11 @@ def test_a_prefill_step_gives_way_at_a_layer_when_another_owners_request_turns_u
     a = _owner_job(Sink(prompt(600, 64), max_tokens=2), "a", "A", order)
     real, checks = s.owner_turns.other_owner_waiting, []
 
-    def turning(owner: str) -> bool:  # b turns urgent while the second layer of a's step runs
+    def turning(owner: str, submitted: float) -> bool:  # b turns urgent while the second layer of a's step runs
         checks.append(owner)
         if len(checks) == 2:
             s.owner_turns.urgent_age = 0.0
-        return real(owner)
+        return real(owner, submitted)
 
     s.owner_turns.other_owner_waiting = turning
     s.submit(a)
@@ -557,3 +557,29 @@ def test_a_prefill_step_gives_way_at_a_layer_when_another_owners_request_turns_u
     assert a.paused is not None and a.paused.layer == 2 and a.n_valid == 0
     drain(s)
     assert order == ["b", "a"] and a.sink.finished[1].prefilled_tokens == 600
+
+
+def test_a_step_gives_way_only_to_an_older_urgent_request_of_another_owner():
+    """`OwnerTurns.other_owner_waiting`: a new arrival of another owner, or another owner's
+    urgent request older than the one stepping; never a younger one (the stepping request,
+    the older, would be served again) nor the owner's own."""
+    import collections
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from engine.scheduling.fairness import Turns
+    from engine.scheduling.turn_taking import OwnerTurns
+
+    now = time.perf_counter()
+    req = lambda owner, age, background=False: SimpleNamespace(owner=owner, background=background, submitted=now - age)  # noqa: E731
+    inbox, decoding = collections.deque(), []
+    turns = OwnerTurns(Turns(), inbox, threading.Condition(), [], decoding)
+    turns.urgent_age = 0.25
+    decoding.extend([req("B", 0.5), req("A", 2.0), req("C", 0.9, background=True)])
+    assert turns.other_owner_waiting("A", now - 0.1)  # B's urgent request is older than A's 0.1 s one
+    assert not turns.other_owner_waiting("A", now - 1.0)  # ... younger than A's 1 s one
+    assert turns.other_owner_waiting("B", now - 0.1)  # A's 2 s request is older and urgent
+    assert not turns.other_owner_waiting("C", now - 3.0)  # nothing older than 3 s; C's own warm-up never counts
+    inbox.append(req("C", 0.0))
+    assert turns.other_owner_waiting("A", now - 1.0)  # a new arrival of another owner
