@@ -423,9 +423,7 @@ class Scheduler:
             began = time.perf_counter()
             prefill, turn = self.owner_turns.serve(foreground)
             if prefill is not None:
-                t0 = time.perf_counter()
-                self.finisher.guard(prefill, self._prefill)
-                self.turns.charge(prefill.owner, time.perf_counter() - t0)
+                self._charged(prefill, self._prefill)
             if self._decoding:
                 # An owner's decode-only turn decodes its rows alone (a lone greedy one verifies a
                 # speculation draft); else every decoding sequence, as always.
@@ -440,12 +438,10 @@ class Scheduler:
                 self._share_with_warm_up(self._last_foreground - began, served)
             elif self._prefilling:  # background sequences only
                 self._foreground_since_warm = 0.0
-                warm, t0 = self._prefilling[0], time.perf_counter()
-                self.finisher.guard(warm, self._prefill)
                 # Charged to its owner like its requests: a window that jumps 20 times a second
                 # leaves a warm-up behind each jump, and that work is what its usage must show,
                 # or the window typing beside it (a few tokens a request) looks the heavier one.
-                self.turns.charge(warm.owner, time.perf_counter() - t0)
+                self._charged(self._prefilling[0], self._prefill)
             elif self.documents.pending() and time.perf_counter() >= self._last_foreground + self.idle_grace:
                 self._document_step()
         finally:
@@ -470,9 +466,13 @@ class Scheduler:
         if self._foreground_since_warm >= self.background_share_after:
             self._foreground_since_warm = 0.0
             # Its slice, then it pauses for the requests that are running as well as new ones.
-            t0 = time.perf_counter()
-            self.finisher.guard(warm, lambda seq: self._prefill(seq, during_foreground=True))
-            self.turns.charge(warm.owner, time.perf_counter() - t0)
+            self._charged(warm, lambda seq: self._prefill(seq, during_foreground=True))
+
+    def _charged(self, seq: Sequence, work: Callable[[Sequence], object]) -> None:
+        """`work(seq)` under the finisher's guard, its seconds charged to `seq.owner` (fairness)."""
+        t0 = time.perf_counter()
+        self.finisher.guard(seq, work)
+        self.turns.charge(seq.owner, time.perf_counter() - t0)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the radix cache, the blend store and the retained KV
