@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--keystrokes", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="best of N for prefill/decode timings")
+    p.add_argument("--prefill", choices=("bf16", "int8"), default=None,
+                   help="the engine's prefill form for the end-to-end rows, as `efim serve --prefill` (docs/model.md \"int8 prefill\")")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out the transformers baseline")
     p.add_argument("--shapes", default=",".join(SHAPES),
@@ -241,7 +243,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         shapes, formats, context=args.decode_context, steps=decode_tokens, rounds=repeats + (0 if quick else 1),
         prefill_tokens=512))
     bw = on_a_thread_that_ends(memory_bandwidth_gbs)
-    eng = load_engine(args.model, dtype=args.dtype, kv_budget="1G")
+    eng = load_engine(args.model, dtype=args.dtype, kv_budget="1G", prefill=args.prefill)
     try:
         prompt = head_tokens(text, args.prefill_tokens, eng.count_tokens)
         prompt_ids = eng.tokenizer.encode_text(prompt)
@@ -258,7 +260,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     # The prefix-first layout with StarCoder sentinels, adapter off: FIM there re-prefills the
     # suffix every keystroke, which is the comparison this bench is for. (The shipped
     # suffix-first adapter appends under FIM too; see engine/adapters/smollm2-efim.)
-    eng = load_engine(args.model, dtype=args.dtype, fim_tokens="add", adapter="none", kv_budget="1G")
+    eng = load_engine(args.model, dtype=args.dtype, fim_tokens="add", adapter="none", kv_budget="1G", prefill=args.prefill)
     try:
         P, line, S = keystroke_window(text, eng.count_tokens)
         window_tokens = eng.count_tokens(P) + eng.count_tokens(S)
@@ -292,6 +294,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "fim_series": fim,
         "efim_series": efim,
         "threads": threads,
+        "prefill_form": args.prefill or "bf16",
         "decode_context": args.decode_context,
         "quick": quick,
         "seconds": time.perf_counter() - t_start,

@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key-env", help="default apiKeyEnv: the NAME of an environment variable holding the API key")
     p.add_argument("--dtype", help="engine weight dtype (bf16, fp32, ...)")
     p.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), help="engine weight format: none (bf16/fp32), int8, int4, auto (a GGUF keeps its own class), mixed (int4 decode steps, bf16 prefill); docs/model.md")
+    p.add_argument("--prefill", choices=("bf16", "int8"), help="a mixed model's prefill steps: bf16 (default) or int8 GEMMs (faster prefill, a little quality; docs/model.md \"int8 prefill\")")
     p.add_argument("--kv-dtype", choices=("auto", "bf16", "fp16", "fp32", "int8"), help="KV cache format: auto (the model dtype) or int8 (per token-head scales: about half the bytes, so --kv-budget holds ~2x the tokens; docs/model.md \"int8 KV cache\")")
     p.add_argument("--kv-budget", help="ceiling for all KV, e.g. 512MB (default: 25%% of available RAM, at most 4 GiB): 1/2 radix-cached pool, 1/2 the running requests' working KV and the per-document KV kept between keystrokes")
     p.add_argument("--kv-disk", action=argparse.BooleanOptionalAction, default=None, help="default kvDisk: keep documents' KV on disk so a restart starts with it (default on)")
@@ -95,7 +96,7 @@ def engine_factory(args: argparse.Namespace):
             return open_remote_engine(backend, endpoint, model=model, remote_model=remote_model or None,
                                       api_key_env=api_key_env or None)
         kwargs = {}
-        for name in ("dtype", "quant", "kv_budget", "kv_dtype", "threads"):  # this parser's flags
+        for name in ("dtype", "quant", "prefill", "kv_budget", "kv_dtype", "threads"):  # this parser's flags
             value = getattr(args, name)
             if value is not None:
                 kwargs[name] = value

@@ -538,6 +538,7 @@ def load_engine(
     threads: int | None = None,
     adapter: Path | str | None = "auto",
     fragment_trained: bool | None = None,
+    prefill: str | None = None,
     **engine_options,
 ) -> LocalEngine:
     """Load `model` with its adapter (`engine.runtime.loading.load_model_for_engine`: what `adapter`
@@ -556,7 +557,7 @@ def load_engine(
             reserve = 0  # LocalEngine reports the bad budget
         got = load_model_for_engine(
             model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, threads=threads, adapter=adapter,
-            fragment_trained=fragment_trained, reserve_bytes=reserve,
+            fragment_trained=fragment_trained, reserve_bytes=reserve, prefill=prefill,
         )
         return LocalEngine(
             got.loaded, kv_budget=kv_budget, fragment_trained=got.fragment_trained, quant=got.quant,

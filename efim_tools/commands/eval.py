@@ -27,6 +27,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="generate with transformers' forward (default), the product engine on a merged copy of the model (with --quant: on the model as `efim serve` loads it), or llama.cpp's llama-server on an exported GGUF through the remote engine")
     p.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), default=None,
                    help="--backend engine: load the model as `efim serve --quant` does (the adapter merged at load, a GGUF's int4 groups kept) in this weight form, instead of a merged float copy (docs/model.md \"Formats\")")
+    p.add_argument("--prefill", choices=("bf16", "int8"), default=None,
+                   help="with --quant mixed: the prefill steps' form, as `efim serve --prefill` (docs/model.md \"int8 prefill\")")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -119,10 +121,13 @@ def _infiller(args: argparse.Namespace):
         raise ValueError("--beams runs on the transformers backend only")
     if args.quant is not None and args.backend != "engine":
         raise ValueError("--quant is the product engine's weight form: use it with --backend engine")
+    if getattr(args, "prefill", None) is not None and args.quant is None:
+        raise ValueError("--prefill is the served model's prefill form: use it with --backend engine --quant mixed")
     if args.backend == "llama.cpp":
         return _llama_cpp_infiller(args)
     if args.backend == "engine" and args.quant is not None:
-        infiller = EngineInfiller.as_served(args.model, args.adapter, args.quant, threads=args.threads or None)
+        infiller = EngineInfiller.as_served(args.model, args.adapter, args.quant, threads=args.threads or None,
+                                            prefill=getattr(args, "prefill", None))
         atexit.register(infiller.close)
         return infiller
     if args.backend == "engine":

@@ -163,7 +163,7 @@ class EngineInfiller:
         self._n = 0
 
     @classmethod
-    def as_served(cls, model_spec: str, adapter: str | None, quant: str, *, threads: int | None = None, dtype: str | None = None) -> "EngineInfiller":
+    def as_served(cls, model_spec: str, adapter: str | None, quant: str, *, threads: int | None = None, dtype: str | None = None, prefill: str | None = None) -> "EngineInfiller":
         """The local engine loaded as `efim serve --quant` loads it (`engine.local.load_engine`
         on `model_spec` itself): the engine's loader merges the adapter — or, for a GGUF's
         kept int4 groups (quant "int4", "mixed", "auto"), computes it beside them — where the
@@ -174,9 +174,10 @@ class EngineInfiller:
 
         chosen = resolve_adapter(model_spec, adapter)
         engine = load_engine(model_spec, quant=quant, dtype=dtype, threads=threads, adapter=chosen if chosen is not None else "none",
-                             fragment_trained=False)
+                             fragment_trained=False, prefill=prefill)
         try:
-            return cls(model_spec, f"{model_spec}+{adapter} (engine, quant {quant})", engine=engine)
+            form = f"quant {quant}" + (f", {prefill} prefill" if prefill else "")
+            return cls(model_spec, f"{model_spec}+{adapter} (engine, {form})", engine=engine)
         except BaseException:
             engine.close()
             raise

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import kernels
 from engine.model.config import ModelConfig
 from engine.model.head_screen import ScreenedHead
+from engine.model.int8_prefill import Int8GemmLinear
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 from engine.model.sequence_kv import _W8_ALIGN, KV, Int8SequenceKV, SequenceKV, kv_dtype_name
 from engine.paths import cache_root
@@ -264,9 +265,11 @@ class Transformer:
         names = ["decode_attention"] if self._decode_attention is not None else []
         if self._row_ops is not None:
             names.append("row_ops")
-        linears = (getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down"))
+        linears = [getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down")]
         if any(getattr(getattr(lin, "packed", lin), "lora_c", None) is not None for lin in linears):
             names.append("low_rank")
+        if any(isinstance(getattr(lin, "dense", None), Int8GemmLinear) for lin in linears):
+            names.append("int8_rows")
         return tuple(names)
 
     def weight_bytes(self) -> int:

@@ -12,6 +12,7 @@ Runs on the caller's thread — in the server, the model loader thread — and t
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -85,13 +86,16 @@ def load_model_for_engine(
     adapter: Path | str | None = "auto",
     fragment_trained: bool | None = None,
     reserve_bytes: int = 0,
+    prefill: str | None = None,
 ) -> EngineModel:
     """Load `model` (see `engine.model.loader.load_model`). `adapter`: "auto" (the shipped
     FIM adapter for the default model, when marked ready), "none", or a LoRA file/folder
     (`engine.adapters.resolve_adapter`). `fragment_trained` defaults to what the merged
     adapter's config says (`engine.adapters.adapter_heals`); without an adapter, healing is on.
     `reserve_bytes`: memory committed next to the weights (the KV budget), checked before loading.
-    `quant` None: `default_weight_form`."""
+    `quant` None: `default_weight_form`. `prefill`: "bf16" (the default) or "int8" — a mixed
+    model's prefill steps on int8 GEMMs (`engine.model.int8_prefill`; opt-in: docs/model.md
+    "int8 prefill" measures what it costs in quality)."""
     from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
     from engine.runtime.native_caches import bound_native_caches  # noqa: PLC0415
@@ -103,17 +107,41 @@ def load_model_for_engine(
             raise EngineError(f"threads must be >= 1, not {threads}")
         torch.set_num_threads(threads)
     chosen = resolve_adapter(model, adapter)
+    if prefill not in (None, "bf16", "int8"):
+        raise EngineError(f"prefill must be 'bf16' or 'int8', not {prefill!r}")
     if quant is None:
         quant = default_weight_form(model)
         if quant == "mixed":
             log.info("weight form: mixed (int4 decode steps on the file's Q4 groups, bf16 prefill); --quant none for bf16 alone")
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen, reserve_bytes=reserve_bytes)
+    if prefill == "int8":
+        _int8_prefill(loaded)
     c_kernels = loaded.model.c_kernels()
     if loaded.model.dtype == torch.bfloat16 and loaded.model.device.type == "cpu":
         log.info("decode step: %s", f"C kernels {', '.join(c_kernels)}" if c_kernels else "torch ops only (no C kernels built)")
     if fragment_trained is None:
         fragment_trained = chosen is not None and not adapter_heals(chosen)
     return EngineModel(loaded, fragment_trained, chosen, quant)
+
+
+def _int8_prefill(loaded) -> None:
+    """The mixed model's prefill on int8 GEMMs, or one log line saying why it stays bf16."""
+    from engine.model import int8_prefill  # noqa: PLC0415
+    from engine.model.loader import _return_freed_memory  # noqa: PLC0415
+    from kernels.cpu.int8_rows import Int8Rows  # noqa: PLC0415
+
+    if not int8_prefill.supported(loaded.model):
+        log.warning("prefill: bf16 (int8 prefill needs a mixed bf16 CPU model: --quant mixed)")
+        return
+    rows = Int8Rows.load()
+    if rows is None:
+        log.warning("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
+        return
+    started = time.perf_counter()
+    freed = int8_prefill.convert(loaded.model, int8_prefill.calibration_ids(loaded.tokenizer), rows)
+    _return_freed_memory()
+    log.info("prefill: int8 GEMMs, smoothed on %d calibration windows (%.1f s; %.0f MB of bf16 copies freed)",
+             int8_prefill.CALIBRATION_WINDOWS, time.perf_counter() - started, freed / 1e6)
 
 
 __all__ = ["EngineModel", "default_weight_form", "load_model_for_engine"]

@@ -1,0 +1,125 @@
+"""Prefill on int8 GEMMs (engine/model/int8_prefill.py): the linear against its float
+product, the smoothing's effect on an outlier channel, and a mixed model converted whole."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.api import EngineError
+from engine.model import int8_prefill, load_model
+from engine.model.int8_prefill import Int8GemmLinear
+from engine.model.quant import MIXED_PACKED_ROWS, MixedLinear
+from kernels.cpu import build
+from kernels.cpu.int8_rows import Int8Rows
+from tiny_models import stdlib_sources, write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
+
+CODE = stdlib_sources(("shlex.py",))[0][:4000]
+
+
+@pytest.fixture
+def rows(tmp_path, monkeypatch):
+    monkeypatch.setenv("EFIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("EFIM_C_KERNELS", raising=False)
+    build.library.cache_clear()
+    yield Int8Rows.load()
+    build.library.cache_clear()
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def test_the_int8_linear_is_its_float_product_up_to_rounding(rows):
+    g = torch.Generator().manual_seed(3)
+    w, bias = torch.randn(96, 80, generator=g) * 0.05, torch.randn(96, generator=g) * 0.1
+    x = torch.randn(21, 80, generator=g).bfloat16()
+    lin = Int8GemmLinear.from_weight(w, bias, None, rows)
+    got = lin(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (21, 96)
+    assert relative_error(got, x.float() @ w.T + bias) < 0.02
+    assert lin.nbytes() == 96 * 80 + 4 * (96 + 80) + 2 * 96
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weights(rows):
+    """Rows with one channel 50x the others: quantised as they are, that channel sets each
+    row's scale and the rest round to a few levels; smoothed on the channel maxima, the
+    product is several times closer to the float one."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(128, 64, generator=g) * 0.05
+    x = torch.randn(40, 64, generator=g)
+    x[:, 7] *= 50
+    x = x.bfloat16()
+    want = x.float() @ w.T
+    plain = relative_error(Int8GemmLinear.from_weight(w, None, None, rows)(x), want)
+    smoothed = relative_error(Int8GemmLinear.from_weight(w, None, x.float().abs().amax(0), rows)(x), want)
+    assert smoothed * 3 < plain
+
+
+def tiny_mixed(tiny_model_factory, tmp_path):
+    folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "tiny-Q4_1.gguf", q8_0=("_proj", "embed_tokens", "lm_head"), qtype="Q4_1")
+    return load_model(path, dtype="bf16", quant="mixed")
+
+
+def logits_of(loaded, n: int = 64) -> torch.Tensor:
+    ids = loaded.tokenizer.encode(CODE).ids[:n]
+    return loaded.model.forward(torch.tensor(ids), loaded.model.new_kv(len(ids)), 0, "all")  # [n, V]
+
+
+def test_a_converted_mixed_model_prefills_near_bf16_and_decodes_as_before(rows, tiny_model_factory, tmp_path):
+    loaded = tiny_mixed(tiny_model_factory, tmp_path)
+    model = loaded.model
+    assert int8_prefill.supported(model)
+    before, decode_before = logits_of(loaded), logits_of(loaded, n=MIXED_PACKED_ROWS)
+    resident = model.resident_bytes()
+    calibration = [loaded.tokenizer.encode(text).ids[:128] for text in stdlib_sources(("textwrap.py", "heapq.py"))]
+    freed = int8_prefill.convert(model, calibration, rows)
+    assert all(isinstance(getattr(layer, n).dense, Int8GemmLinear) for layer in model.layers for n in ("qkv", "o", "up", "down"))
+    assert freed > 0 and model.resident_bytes() == resident - freed
+    assert "int8_rows" in model.c_kernels()
+    after = logits_of(loaded)
+    lp, lq = torch.log_softmax(before, -1), torch.log_softmax(after, -1)
+    kl = (lp.exp() * (lp - lq)).sum(-1).mean().item()
+    top1 = (before.argmax(-1) == after.argmax(-1)).float().mean().item()
+    assert kl < 0.03 and top1 >= 0.6, (kl, top1)  # a random tiny model: flat distributions, fragile argmaxes
+    assert not torch.equal(before, after)  # the many-row steps did change form
+    # Decode-sized steps never reach the copy: the packed weights' arithmetic, unchanged.
+    torch.testing.assert_close(logits_of(loaded, n=MIXED_PACKED_ROWS), decode_before, atol=0, rtol=0)
+
+
+def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog):
+    from engine.runtime.loading import load_model_for_engine
+
+    folder = tiny_model_factory("llama")
+    with pytest.raises(EngineError, match="prefill must be"):
+        load_model_for_engine(folder, adapter="none", prefill="fp8")
+    with caplog.at_level(logging.WARNING):
+        got = load_model_for_engine(folder, adapter="none", prefill="int8")  # a float folder: not mixed
+    assert "int8 prefill needs a mixed" in caplog.text
+    assert "int8_rows" not in got.loaded.model.c_kernels()
+
+
+def test_efim_serve_passes_the_prefill_form_to_the_engine_it_loads(monkeypatch):
+    """`efim serve --prefill int8` reaches `load_engine` in-process, and a daemon's config
+    (so a front asking for int8 prefill reaches a daemon that runs it, not a bf16 one)."""
+    import argparse
+
+    from efim_lsp import serve
+    from engine import local
+    from engine.daemon.config import DaemonConfig
+
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--prefill", "int8", "--no-daemon"])
+    seen = {}
+    monkeypatch.setattr(local, "load_engine", lambda model, **kw: seen.update(kw, model=model) or "engine")
+    assert serve.engine_factory(args)("default") == "engine"
+    assert seen["prefill"] == "int8"
+    config = DaemonConfig.of("default", prefill="int8")
+    assert config.load_arguments()["prefill"] == "int8"
+    assert config.digest() != DaemonConfig.of("default").digest()
