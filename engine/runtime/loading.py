@@ -138,10 +138,14 @@ def _int8_prefill(loaded) -> None:
         log.warning("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
         return
     started = time.perf_counter()
-    freed = int8_prefill.convert(loaded.model, int8_prefill.calibration_ids(loaded.tokenizer), rows)
+    calibration = int8_prefill.calibration_ids(loaded.tokenizer)
+    if not calibration:
+        log.warning("prefill: bf16 (int8 prefill found no calibration text beside the engine's modules)")
+        return
+    freed = int8_prefill.convert(loaded.model, calibration, rows)
     _return_freed_memory()
     log.info("prefill: int8 GEMMs, smoothed on %d calibration windows (%.1f s; %.0f MB of bf16 copies freed)",
-             int8_prefill.CALIBRATION_WINDOWS, time.perf_counter() - started, freed / 1e6)
+             len(calibration), time.perf_counter() - started, freed / 1e6)
 
 
 __all__ = ["EngineModel", "default_weight_form", "load_model_for_engine"]

@@ -92,7 +92,7 @@ def test_a_converted_mixed_model_prefills_near_bf16_and_decodes_as_before(rows, 
     torch.testing.assert_close(logits_of(loaded, n=MIXED_PACKED_ROWS), decode_before, atol=0, rtol=0)
 
 
-def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog):
+def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog, monkeypatch):
     from engine.runtime.loading import load_model_for_engine
 
     folder = tiny_model_factory("llama")
@@ -102,6 +102,15 @@ def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog):
         got = load_model_for_engine(folder, adapter="none", prefill="int8")  # a float folder: not mixed
     assert "int8 prefill needs a mixed" in caplog.text
     assert "int8_rows" not in got.loaded.model.c_kernels()
+    folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "q.gguf", q8_0=("_proj", "embed_tokens", "lm_head"), qtype="Q4_1")
+    got = load_model_for_engine(path, adapter="none", quant="mixed", prefill="int8")
+    assert "int8_rows" in got.loaded.model.c_kernels()
+    caplog.clear()
+    monkeypatch.setattr(int8_prefill, "calibration_ids", lambda tokenizer: [])
+    with caplog.at_level(logging.WARNING):
+        got = load_model_for_engine(path, adapter="none", quant="mixed", prefill="int8")
+    assert "no calibration text" in caplog.text and "int8_rows" not in got.loaded.model.c_kernels()
 
 
 def test_efim_serve_passes_the_prefill_form_to_the_engine_it_loads(monkeypatch):
