@@ -259,7 +259,7 @@ def test_the_daemons_kv_budget_is_the_largest_any_front_asked_for_and_raising_it
 def test_the_daemon_makes_each_front_an_owner_of_its_requests(tmp_path):
     """Each front's requests reach the engine under its own key prefix and as its own owner
     (`InfillRequest.owner`), so the engine's scheduler takes turns across fronts
-    (engine.scheduling.fairness; the ordering itself: tests/engine/test_scheduler.py)."""
+    (engine.scheduling.fairness; the ordering itself: tests/engine/test_scheduler_fairness.py)."""
     from engine.daemon.server import EngineDaemon, Front
 
     submitted = []
