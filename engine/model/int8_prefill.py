@@ -22,14 +22,11 @@ docs/model.md ("int8 prefill").
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
 
 from engine.model.quant import DenseLinear, MixedLinear
-
-log = logging.getLogger(__name__)
 
 # SmoothQuant's migration strength (0: all range stays in the activations; 1: all of it moves
 # into the weights). Measured on the embedded model: 0.3 / 0.5 / 0.7 gave KL 0.020 / 0.009 /
