@@ -573,7 +573,7 @@ def test_serve_without_unix_sockets_runs_the_engine_in_process_and_says_so(tiny_
     from engine.local import LocalEngine
 
     monkeypatch.setattr(engine.daemon, "supported", lambda: False)
-    args = argparse.Namespace(daemon=True, daemon_idle_timeout=5.0, dtype="fp32", quant=None, kv_budget="16M",
+    args = argparse.Namespace(daemon=True, daemon_idle_timeout=5.0, dtype="fp32", quant=None, prefill=None, kv_budget="16M",
                               kv_dtype=None, threads=None)
     with caplog.at_level("WARNING"):
         in_process = engine_factory(args)(str(tiny_model_factory("llama")), kv_disk=False)
