@@ -11,11 +11,12 @@ import torch
 
 import engine.scheduling.steps as steps_module
 from engine.api import InfillRequest
-from engine.kv.radix import RadixCache
 from engine.text.sampler import Sampler
 from engine.scheduling.scheduler import Scheduler
 from engine.scheduling.sequence import Prompt, Sequence
 from engine.scheduling.speculation import DraftLength, NgramIndex, VerifyCost, greedy_accept
+from scheduler_doubles import drain as drain_scheduler
+from scheduler_doubles import make as make_scheduler
 from tiny_models import stdlib_sources, tiny_tokenizer_json
 
 # ----------------------------------------------------------------------------- proposer
@@ -167,10 +168,7 @@ def code_prompts() -> list[list[int]]:
 
 
 def make(model):
-    c = model.config
-    cache = RadixCache(n_layers=c.n_layers, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, dtype=torch.float32,
-                       budget_bytes=8000 * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4)
-    return Scheduler(model, cache, step_tokens=128, check_integrity=True)
+    return make_scheduler(model, step=128, slots=8000)
 
 
 _ids = iter(range(1, 1_000_000))
@@ -181,12 +179,8 @@ def job(sink, key, speculate, cache=True):
                     cache=cache, speculate=speculate)
 
 
-def drain(s: Scheduler, limit=5000):
-    for _ in range(limit):
-        if s.idle():
-            return
-        s.step()
-    raise AssertionError("scheduler did not finish")
+def drain(s):
+    drain_scheduler(s, limit=5000)
 
 
 @pytest.fixture
