@@ -224,6 +224,10 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # The CPU kernels in C the model runs (kernels/cpu: "decode_attention", "low_rank"); () where
     # none could be built (no C compiler: torch runs them, decode is slower); None: not the local engine's.
     c_kernels: tuple[str, ...] | None = None
+    # The form of a mixed model's many-row (prefill) steps: "int8" (W8A8 GEMMs,
+    # engine/model/int8_prefill.py) or "bf16" (its bf16 copies); None: not a mixed model, or
+    # not the local engine's.
+    prefill: str | None = None
     # The template puts the suffix first (`<suf> S <pre> P I`): prefix and increment are
     # adjacent at the end, so an edit just before the cursor changes only the prompt's tail.
     suffix_first: bool = False

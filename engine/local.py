@@ -30,6 +30,7 @@ from engine.kv.budget import default_budget_bytes, parse_bytes
 from engine.kv.radix import RadixCache
 from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends
 from engine.kv.disk_tier import DiskTier, attach_disk_tier
+from engine.model import int8_prefill
 from engine.model.head_screen import head_form
 from engine.cacheblend.document_kv import DocumentPass
 from engine.handle import RequestHandle
@@ -321,6 +322,7 @@ class LocalEngine:
             suffix_first=self.template.suffix_first,
             head=head_form(self.model.lm_head),
             c_kernels=self.model.c_kernels(),
+            prefill=None if self.quant != "mixed" else ("int8" if int8_prefill.in_use(self.model) else "bf16"),
         )
 
     def submit(self, request: InfillRequest) -> RequestHandle[Sequence]:

@@ -6,8 +6,10 @@ does twice the multiply-adds of a bf16 one per instruction: `torch._int_mm` mult
 114 x 576 x 3072 in 0.50 ms against oneDNN's bf16 1.0 ms on a 2-core AVX512-BF16 EPYC, and
 with the rows quantised and the sums dequantised in one C pass each (kernels/cpu/int8_rows)
 a whole layer's four linears run ~1.6x faster. `Int8GemmLinear` is that linear; `convert`
-puts it in place of every mixed linear's bf16 copy (resident bytes: int4 + int8 instead of
-int4 + bf16).
+puts it in place of the bf16 copies of each layer's q/k/v, o and gate/up linears (resident
+bytes: int4 + int8 instead of int4 + bf16; `down` stays bf16, see `_LINEARS`). It is the
+default prefill of a mixed model (engine.runtime.loading); `state` and `restore` let a later
+load skip the calibration (engine.runtime.int8_prefill_cache).
 
 What int8 activations cost in quality is their outlier channels: a row's one large channel
 sets its scale and rounds the others to a few levels (on the embedded model, activations
@@ -36,7 +38,14 @@ SMOOTHING_ALPHA = 0.5
 # on 2 cores for the embedded model).
 CALIBRATION_WINDOW = 256
 CALIBRATION_WINDOWS = 3
-_LINEARS = ("qkv", "o", "up", "down")
+# The linears that go int8. `down` stays bf16: its input (SiLU(gate) * up, 1,536 channels) has
+# the widest outliers, and on the embedded model keeping it bf16 took the prefill's KL against
+# bf16 from 0.0091 to 0.0058 (top-1 0.947 -> 0.962) and levelled the first window's exact lines,
+# for about half of the speed gain at 512 rows (docs/model.md "int8 prefill"). Raising its
+# migration strength instead made it worse (a = 0.7 / 0.8 / 0.9: KL 0.0145 / 0.0200 / 0.0287),
+# and keeping it bf16 only in the layers with the widest channel ratios helped little (the 8
+# widest of 30: KL 0.0078).
+_LINEARS = ("qkv", "o", "up")
 
 
 class Int8GemmLinear:
@@ -113,7 +122,7 @@ def calibration_ids(tokenizer, *, windows: int = CALIBRATION_WINDOWS, size: int 
 
 
 def supported(model) -> bool:
-    """A bf16 CPU model whose layers are mixed (int4/int8 decode, bf16 prefill)."""
+    """A bf16 CPU model whose converted linears are mixed (int4/int8 decode, bf16 prefill)."""
     return (
         model.dtype == torch.bfloat16 and model.device.type == "cpu"
         and all(isinstance(getattr(layer, n), MixedLinear) and isinstance(getattr(layer, n).dense, DenseLinear)
@@ -147,4 +156,52 @@ def convert(model, calibration: list[list[int]], rows) -> int:
     return freed
 
 
-__all__ = ["Int8GemmLinear", "calibration_ids", "convert", "supported", "SMOOTHING_ALPHA"]
+_PARTS = ("weight_t", "scales", "inverse_smoothing")
+
+
+def in_use(model) -> bool:
+    """Whether `convert` (or `restore`) put int8 GEMMs in this model's prefill steps."""
+    return any(isinstance(getattr(layer, n, None), MixedLinear) and isinstance(getattr(layer, n).dense, Int8GemmLinear)
+               for layer in model.layers for n in _LINEARS)
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    """The converted linears' tensors by `{layer}.{linear}.{part}` (what `restore` takes back),
+    from a model `convert` ran on."""
+    out: dict[str, torch.Tensor] = {}
+    for i, layer in enumerate(model.layers):
+        for n in _LINEARS:
+            linear = getattr(layer, n).dense
+            if not isinstance(linear, Int8GemmLinear):
+                raise ValueError(f"layer {i}'s {n} is not converted")
+            for part in _PARTS:
+                out[f"{i}.{n}.{part}"] = getattr(linear, part)
+    return out
+
+
+def restore(model, tensors: dict[str, torch.Tensor], rows) -> int:
+    """Put back the `state` of an earlier `convert` of the same model (same weights, same
+    calibration): no calibration pass, no quantisation. Returns the bytes freed. Raises
+    ValueError, the model untouched, when the tensors do not fit its linears."""
+    built = []
+    expected = {f"{i}.{n}.{part}" for i in range(len(model.layers)) for n in _LINEARS for part in _PARTS}
+    if set(tensors) != expected:
+        raise ValueError(f"{len(set(tensors) ^ expected)} tensor names differ from the model's linears")
+    for i, layer in enumerate(model.layers):
+        for n in _LINEARS:
+            mixed = getattr(layer, n)
+            weight_t, scales, inverse = (tensors[f"{i}.{n}.{part}"] for part in _PARTS)
+            k, m = mixed.dense.in_features, mixed.dense.out_features
+            if (weight_t.dtype, tuple(weight_t.shape), tuple(scales.shape), tuple(inverse.shape)) != (torch.int8, (k, m), (m,), (k,)) \
+                    or scales.dtype != torch.float32 or inverse.dtype != torch.float32:
+                raise ValueError(f"layer {i}'s {n}: stored tensors do not fit a {m} x {k} linear")
+            bias = mixed.dense.bias
+            built.append((mixed, Int8GemmLinear(weight_t, scales, inverse, None if bias is None else bias.to(torch.bfloat16), rows)))
+    freed = 0
+    for mixed, linear in built:
+        freed += mixed.dense.nbytes() - linear.nbytes()
+        mixed.dense = linear
+    return freed
+
+
+__all__ = ["Int8GemmLinear", "calibration_ids", "convert", "in_use", "restore", "state", "supported", "SMOOTHING_ALPHA"]

@@ -93,9 +93,10 @@ def load_model_for_engine(
     (`engine.adapters.resolve_adapter`). `fragment_trained` defaults to what the merged
     adapter's config says (`engine.adapters.adapter_heals`); without an adapter, healing is on.
     `reserve_bytes`: memory committed next to the weights (the KV budget), checked before loading.
-    `quant` None: `default_weight_form`. `prefill`: "bf16" (the default) or "int8" — a mixed
-    model's prefill steps on int8 GEMMs (`engine.model.int8_prefill`; opt-in: docs/model.md
-    "int8 prefill" measures what it costs in quality)."""
+    `quant` None: `default_weight_form`. `prefill`: the form of a mixed model's prefill steps —
+    "int8" GEMMs (`engine.model.int8_prefill`; docs/model.md "int8 prefill"), or "bf16" (its
+    bf16 copies); None: int8 where the model is mixed and the conversion can run, else bf16
+    (one info line). An explicit "int8" that cannot apply warns."""
     from engine.adapters import adapter_heals, resolve_adapter  # noqa: PLC0415
     from engine.model.loader import load_model  # noqa: PLC0415
     from engine.runtime.native_caches import bound_native_caches  # noqa: PLC0415
@@ -112,10 +113,10 @@ def load_model_for_engine(
     if quant is None:
         quant = default_weight_form(model)
         if quant == "mixed":
-            log.info("weight form: mixed (int4 decode steps on the file's Q4 groups, bf16 prefill); --quant none for bf16 alone")
+            log.info("weight form: mixed (int4 decode steps on the file's Q4 groups, prefill on a copy); --quant none for bf16 alone")
     loaded = load_model(model, dtype=dtype, quant=quant, fim_tokens=fim_tokens, adapter=chosen, reserve_bytes=reserve_bytes)
-    if prefill == "int8":
-        _int8_prefill(loaded)
+    if prefill == "int8" or (prefill is None and quant == "mixed"):
+        _int8_prefill(loaded, chosen, asked=prefill == "int8")
     c_kernels = loaded.model.c_kernels()
     if loaded.model.dtype == torch.bfloat16 and loaded.model.device.type == "cpu":
         log.info("decode step: %s", f"C kernels {', '.join(c_kernels)}" if c_kernels else "torch ops only (no C kernels built)")
@@ -124,28 +125,39 @@ def load_model_for_engine(
     return EngineModel(loaded, fragment_trained, chosen, quant)
 
 
-def _int8_prefill(loaded) -> None:
-    """The mixed model's prefill on int8 GEMMs, or one log line saying why it stays bf16."""
+def _int8_prefill(loaded, adapter: Path | None, *, asked: bool) -> None:
+    """The mixed model's prefill on int8 GEMMs (the conversion stored on disk once:
+    `engine.runtime.int8_prefill_cache`), or one log line saying why it stays bf16 (a warning
+    when int8 was `asked` for, else info)."""
     from engine.model import int8_prefill  # noqa: PLC0415
     from engine.model.loader import _return_freed_memory  # noqa: PLC0415
+    from engine.paths import cache_root  # noqa: PLC0415
+    from engine.runtime import int8_prefill_cache  # noqa: PLC0415
     from kernels.cpu.int8_rows import Int8Rows  # noqa: PLC0415
 
     if not int8_prefill.supported(loaded.model):
-        log.warning("prefill: bf16 (int8 prefill needs a mixed bf16 CPU model: --quant mixed)")
+        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill needs a mixed bf16 CPU model: --quant mixed)")
         return
-    rows = Int8Rows.load()
+    rows = Int8Rows.load(cache_root() / "kernels")  # built once, kept beside the other kernels
     if rows is None:
-        log.warning("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
+        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
         return
     started = time.perf_counter()
     calibration = int8_prefill.calibration_ids(loaded.tokenizer)
     if not calibration:
-        log.warning("prefill: bf16 (int8 prefill found no calibration text beside the engine's modules)")
+        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill found no calibration text beside the engine's modules)")
         return
-    freed = int8_prefill.convert(loaded.model, calibration, rows)
+    stored = int8_prefill_cache.cache_path(int8_prefill_cache.cache_key(loaded, adapter, calibration))
+    freed = int8_prefill_cache.restore(loaded.model, stored, rows)
+    if freed is not None:
+        how = f"read from {stored}"
+    else:
+        freed = int8_prefill.convert(loaded.model, calibration, rows)
+        how = f"smoothed on {len(calibration)} calibration windows"
+        if int8_prefill_cache.save(loaded.model, stored):
+            how += f", stored in {stored}"
     _return_freed_memory()
-    log.info("prefill: int8 GEMMs, smoothed on %d calibration windows (%.1f s; %.0f MB of bf16 copies freed)",
-             len(calibration), time.perf_counter() - started, freed / 1e6)
+    log.info("prefill: int8 GEMMs, %s (%.1f s; %.0f MB of bf16 copies freed)", how, time.perf_counter() - started, freed / 1e6)
 
 
 __all__ = ["EngineModel", "default_weight_form", "load_model_for_engine"]

@@ -79,7 +79,8 @@ def test_a_converted_mixed_model_prefills_near_bf16_and_decodes_as_before(rows, 
     resident = model.resident_bytes()
     calibration = [loaded.tokenizer.encode(text).ids[:128] for text in stdlib_sources(("textwrap.py", "heapq.py"))]
     freed = int8_prefill.convert(model, calibration, rows)
-    assert all(isinstance(getattr(layer, n).dense, Int8GemmLinear) for layer in model.layers for n in ("qkv", "o", "up", "down"))
+    assert all(isinstance(getattr(layer, n).dense, Int8GemmLinear) for layer in model.layers for n in ("qkv", "o", "up"))
+    assert not any(isinstance(layer.down.dense, Int8GemmLinear) for layer in model.layers)  # kept bf16
     assert freed > 0 and model.resident_bytes() == resident - freed
     assert "int8_rows" in model.c_kernels()
     after = logits_of(loaded)
@@ -111,6 +112,56 @@ def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog, monkeypa
     with caplog.at_level(logging.WARNING):
         got = load_model_for_engine(path, adapter="none", quant="mixed", prefill="int8")
     assert "no calibration text" in caplog.text and "int8_rows" not in got.loaded.model.c_kernels()
+
+
+def test_a_second_load_reads_the_stored_conversion_and_a_broken_file_is_converted_again(rows, tiny_model_factory, tmp_path, caplog):
+    import stat
+
+    from engine.runtime.loading import load_model_for_engine
+
+    folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "q.gguf", q8_0=("_proj", "embed_tokens", "lm_head"), qtype="Q4_1")
+
+    def load():
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="engine.runtime"):
+            return load_model_for_engine(path, adapter="none", quant="mixed", prefill="int8").loaded
+
+    first = load()
+    assert "smoothed on" in caplog.text and "stored in" in caplog.text
+    folder = tmp_path / "cache" / "int8-prefill"
+    (stored,) = folder.iterdir()  # one file, no temporary left behind
+    assert stored.suffix == ".safetensors" and stat.S_IMODE(stored.stat().st_mode) == 0o600
+    second = load()
+    assert "read from" in caplog.text and "smoothed on" not in caplog.text
+    assert "int8_rows" in second.model.c_kernels()
+    torch.testing.assert_close(logits_of(second), logits_of(first), atol=0, rtol=0)
+
+    stored.write_bytes(stored.read_bytes()[:1000])  # a writer killed half-way (or a foreign file)
+    third = load()
+    assert "not usable" in caplog.text and "smoothed on" in caplog.text and "stored in" in caplog.text
+    torch.testing.assert_close(logits_of(third), logits_of(first), atol=0, rtol=0)
+    assert [p.name for p in folder.iterdir()] == [stored.name]
+
+    # Tensors that do not fit the model are refused before anything is replaced.
+    tensors = int8_prefill.state(first.model)
+    tensors["0.qkv.scales"] = torch.ones(3)
+    fresh = load_model_for_engine(path, adapter="none", quant="mixed", prefill="bf16").loaded
+    with pytest.raises(ValueError, match="do not fit"):
+        int8_prefill.restore(fresh.model, tensors, rows)
+    assert not any(isinstance(layer.qkv.dense, Int8GemmLinear) for layer in fresh.model.layers)
+
+
+def test_int8_prefill_is_the_default_of_a_mixed_model_only(rows, tiny_model_factory, tmp_path, caplog):
+    from engine.runtime.loading import load_model_for_engine
+
+    folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+    path = write_tiny_gguf(folder, tmp_path / "q.gguf", q8_0=("_proj", "embed_tokens", "lm_head"), qtype="Q4_1")
+    assert int8_prefill.in_use(load_model_for_engine(path, adapter="none", quant="mixed").loaded.model)
+    assert not int8_prefill.in_use(load_model_for_engine(path, adapter="none", quant="mixed", prefill="bf16").loaded.model)
+    with caplog.at_level(logging.INFO):
+        dense = load_model_for_engine(path, adapter="none", quant="none").loaded.model  # not mixed: bf16, no warning
+    assert not int8_prefill.in_use(dense) and not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_efim_serve_passes_the_prefill_form_to_the_engine_it_loads(monkeypatch):
