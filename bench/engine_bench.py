@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keystrokes", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2, help="best of N for prefill/decode timings")
     p.add_argument("--prefill", choices=("bf16", "int8"), default=None,
-                   help="the engine's prefill form for the end-to-end rows, as `efim serve --prefill` (docs/model.md \"int8 prefill\")")
+                   help="the engine's prefill form for the end-to-end rows, as `efim serve --prefill` (default: int8 on a mixed model; docs/model.md \"int8 prefill\")")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip-transformers", action="store_true", help="leave out the transformers baseline")
     p.add_argument("--shapes", default=",".join(SHAPES),
@@ -249,6 +249,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         prompt_ids = eng.tokenizer.encode_text(prompt)
         weight_bytes = eng.model.weight_bytes()
         folder = eng.loaded.path
+        prefill_form = eng.info().prefill or eng.info().dtype
         e2e = engine_prefill_decode(eng, prompt, decode_tokens, repeats)
     finally:
         eng.close()
@@ -294,7 +295,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "fim_series": fim,
         "efim_series": efim,
         "threads": threads,
-        "prefill_form": args.prefill or "bf16",
+        "prefill_form": prefill_form,  # what the engine ran: "int8" / "bf16" on a mixed model, else its dtype
         "decode_context": args.decode_context,
         "quick": quick,
         "seconds": time.perf_counter() - t_start,
