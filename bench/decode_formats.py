@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("bf16", "int8", "int4", "mixed", "served")
 # "served": the embedded model as `efim serve` runs it — mixed, with the shipped FIM adapter's
-# low-rank term beside the int4 groups (135M only; llama.cpp runs the file without it).
+# low-rank term beside the int4 groups and its prefill steps on int8 GEMMs (135M only; llama.cpp
+# runs the file without the adapter). "mixed" keeps its bf16 prefill copies.
 
 
 class DecodeRow(NamedTuple):

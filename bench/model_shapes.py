@@ -85,15 +85,20 @@ def build(
     `FormatUnavailable` when the engine does not know `quant`. `weights`: the random
     weights of a Qwen2 shape made once by `random_weights` and shared by its formats
     (the model reads them and never writes them; generating 1.5B values takes longer
-    than timing them). `adapter`: the embedded model with its shipped FIM adapter (as served)."""
+    than timing them). `adapter`: the embedded model with its shipped FIM adapter, loaded as
+    `efim serve` loads it (`mixed` then prefills on int8 GEMMs; without `adapter` the mixed
+    form keeps its bf16 copies)."""
     from engine.api import EngineError  # noqa: PLC0415
     from engine.model import load_model  # noqa: PLC0415
 
     try:
-        if shape == "135m":
-            from engine.adapters import SHIPPED_ADAPTER  # noqa: PLC0415
+        if shape == "135m" and adapter:  # exactly as `efim serve` loads it (a mixed model: int8 prefill)
+            from engine.runtime.loading import load_model_for_engine  # noqa: PLC0415
 
-            loaded = load_model("default", dtype=dtype, quant=quant, adapter=SHIPPED_ADAPTER if adapter else None)
+            loaded = load_model_for_engine("default", dtype=dtype, quant=quant).loaded
+            return BenchModel(shape, quant, loaded.model, loaded.path)
+        if shape == "135m":
+            loaded = load_model("default", dtype=dtype, quant=quant)
             return BenchModel(shape, quant, loaded.model, loaded.path)
         return BenchModel(shape, quant, random_model(qwen2_config(shape), quant, dtype, weights=weights), None)
     except (ValueError, EngineError) as exc:
