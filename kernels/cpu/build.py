@@ -141,20 +141,25 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True, op
             s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", "-fopenmp" if openmp else "", _cpu_flags())
         )
     ).hexdigest()[:16]
-    folder = cache_dir if cache_dir is not None and _private_dir(cache_dir) else Path(tempfile.mkdtemp(prefix="efim-kernels-"))
+    kept = cache_dir is not None and _private_dir(cache_dir)
+    folder = cache_dir if kept else Path(tempfile.mkdtemp(prefix="efim-kernels-"))
     out = folder / f"{name}-{key}.so"
-    if not out.is_file():
-        started = time.perf_counter()
-        problem = _build(cc, source, out, native, openmp)
-        if problem is not None:
-            log.warning("C kernel %s failed to build with %s (%s): it runs on torch, decode is slower", name, cc, problem)
-            return None
-        log.info("C kernel %s built in %.1f s (%s)", name, time.perf_counter() - started, out)
     try:
-        return ctypes.CDLL(str(out))
-    except OSError as e:
-        log.warning("C kernel %s failed to load (%s): it runs on torch", name, e)
-        return None
+        if not out.is_file():
+            started = time.perf_counter()
+            problem = _build(cc, source, out, native, openmp)
+            if problem is not None:
+                log.warning("C kernel %s failed to build with %s (%s): it runs on torch, decode is slower", name, cc, problem)
+                return None
+            log.info("C kernel %s built in %.1f s (%s)", name, time.perf_counter() - started, out)
+        try:
+            return ctypes.CDLL(str(out))
+        except OSError as e:
+            log.warning("C kernel %s failed to load (%s): it runs on torch", name, e)
+            return None
+    finally:
+        if not kept:  # a loaded library stays mapped once its file is gone: leave no folder behind
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 __all__ = ["library", "compiler", "enabled", "torch_openmp_runtime"]

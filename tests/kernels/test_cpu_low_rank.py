@@ -167,3 +167,22 @@ def test_a_cache_folder_others_may_write_is_not_used(kernel_cache, tmp_path):
     assert build.library("low_rank", shared) is not None
     assert sorted(p.name for p in shared.iterdir()) == [planted.name]  # built elsewhere, nothing read or written here
     os.chmod(shared, 0o700)
+
+
+@needs_cc
+def test_a_build_outside_a_cache_folder_leaves_no_temporary_folder(kernel_cache, tmp_path, monkeypatch):
+    """No private cache folder: the library is built in a temporary folder, loaded, and the
+    folder removed (the mapping outlives the file), for a build that works and one that fails."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lib = build.library("low_rank")
+    assert lib is not None and lib.efim_low_rank_add_bf16 is not None  # loaded, its symbols resolved
+    assert not list(tmp_path.glob("efim-kernels-*"))
+    build.library.cache_clear()
+    broken = tmp_path / "cc"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    assert build.library("low_rank") is None
+    assert not list(tmp_path.glob("efim-kernels-*"))
