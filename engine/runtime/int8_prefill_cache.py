@@ -12,7 +12,7 @@ adapter's files' sha256, the dtype, torch's version, the source of `engine.model
 and the calibration token ids. A file is written to a temporary name and renamed (a killed
 writer leaves no file under the key), created 0600 in a folder that is the user's and that
 no one else may write; a file that cannot be read or does not fit the model is ignored (one
-warning) and replaced.
+warning) and replaced. The `KEEP` most recently used files are kept, older ones removed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from engine.paths import cache_root, private_dir
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+# Conversions kept: the most recently used. A new key comes with another model or adapter, and
+# with a new version of this package (its source is in the key), so older files are pruned.
+KEEP = 4
 
 
 def cache_key(loaded, adapter: Path | None, calibration: list[list[int]]) -> str:
@@ -67,10 +70,15 @@ def restore(model, path: Path, rows) -> int | None:
 
     try:
         tensors = load_file(str(path))
-        return int8_prefill.restore(model, tensors, rows)
+        freed = int8_prefill.restore(model, tensors, rows)
     except Exception as exc:  # noqa: BLE001  (a truncated or foreign file: convert again)
         log.warning("prefill: the stored int8 conversion %s is not usable (%s); converting again", path, exc)
         return None
+    try:
+        os.utime(path)  # its mtime says when it was last used (what `save` prunes by)
+    except OSError:
+        pass
+    return freed
 
 
 def save(model, path: Path) -> bool:
@@ -87,14 +95,29 @@ def save(model, path: Path) -> bool:
         save_file({k: v.contiguous() for k, v in int8_prefill.state(model).items()}, tmp)
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001  (a full disk, a refused write: the load goes on unstored)
         log.debug("prefill: the int8 conversion was not stored (%s)", exc)
         try:
             os.unlink(tmp)
         except OSError:
             pass
         return False
+    _prune(path.parent)
     return True
+
+
+def _prune(folder: Path) -> None:
+    """Remove all but the `KEEP` most recently used conversions (never a file being written:
+    those have a temporary name)."""
+    try:
+        stored = sorted(folder.glob("*.safetensors"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    except OSError:
+        return
+    for old in stored[KEEP:]:
+        try:
+            old.unlink()
+        except OSError:
+            pass
 
 
 __all__ = ["cache_key", "cache_path", "restore", "save"]

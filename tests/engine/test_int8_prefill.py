@@ -114,9 +114,13 @@ def test_the_loading_option(rows, tiny_model_factory, tmp_path, caplog, monkeypa
     assert "no calibration text" in caplog.text and "int8_rows" not in got.loaded.model.c_kernels()
 
 
-def test_a_second_load_reads_the_stored_conversion_and_a_broken_file_is_converted_again(rows, tiny_model_factory, tmp_path, caplog):
+def test_a_second_load_reads_the_stored_conversion_and_a_broken_file_is_converted_again(
+    rows, tiny_model_factory, tmp_path, caplog, monkeypatch
+):
+    import os
     import stat
 
+    from engine.runtime import int8_prefill_cache
     from engine.runtime.loading import load_model_for_engine
 
     folder = tiny_model_factory("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
@@ -127,9 +131,15 @@ def test_a_second_load_reads_the_stored_conversion_and_a_broken_file_is_converte
         with caplog.at_level(logging.INFO, logger="engine.runtime"):
             return load_model_for_engine(path, adapter="none", quant="mixed", prefill="int8").loaded
 
+    folder = tmp_path / "cache" / "int8-prefill"
+    folder.mkdir(mode=0o700, parents=True)
+    older = folder / "0123.safetensors"  # another model's conversion, used longer ago
+    older.write_bytes(b"x")
+    os.utime(older, (1, 1))
+    monkeypatch.setattr(int8_prefill_cache, "KEEP", 1)
     first = load()
     assert "smoothed on" in caplog.text and "stored in" in caplog.text
-    folder = tmp_path / "cache" / "int8-prefill"
+    assert not older.exists()  # pruned: only the KEEP most recently used stay
     (stored,) = folder.iterdir()  # one file, no temporary left behind
     assert stored.suffix == ".safetensors" and stat.S_IMODE(stored.stat().st_mode) == 0o600
     second = load()
