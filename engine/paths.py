@@ -16,17 +16,4 @@ def cache_root() -> Path:
     return base / "efim-lsp"
 
 
-def private_dir(path: Path) -> bool:
-    """The folder exists (created 0700 here if not), is the user's and no one else may write it."""
-    import os  # noqa: PLC0415
-    import stat  # noqa: PLC0415
-
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-__all__ = ["cache_root", "private_dir"]
+__all__ = ["cache_root"]

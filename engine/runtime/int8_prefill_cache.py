@@ -28,7 +28,8 @@ import torch
 
 from engine.model import int8_prefill
 from engine.model.gguf import file_sha256
-from engine.paths import cache_root, private_dir
+from engine.paths import cache_root
+from kernels.cpu.build import private_dir
 
 log = logging.getLogger(__name__)
 

@@ -135,17 +135,18 @@ def _int8_prefill(loaded, adapter: Path | None, *, asked: bool) -> None:
     from engine.runtime import int8_prefill_cache  # noqa: PLC0415
     from kernels.cpu.int8_rows import Int8Rows  # noqa: PLC0415
 
+    decline = log.warning if asked else log.info  # why it stays bf16: a warning only when int8 was asked for
     if not int8_prefill.supported(loaded.model):
-        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill needs a mixed bf16 CPU model: --quant mixed)")
+        decline("prefill: bf16 (int8 prefill needs a mixed bf16 CPU model: --quant mixed)")
         return
     rows = Int8Rows.load(cache_root() / "kernels")  # built once, kept beside the other kernels
     if rows is None:
-        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
+        decline("prefill: bf16 (int8 prefill needs the int8_rows C kernel, which did not build)")
         return
     started = time.perf_counter()
     calibration = int8_prefill.calibration_ids(loaded.tokenizer)
     if not calibration:
-        (log.warning if asked else log.info)("prefill: bf16 (int8 prefill found no calibration text beside the engine's modules)")
+        decline("prefill: bf16 (int8 prefill found no calibration text beside the engine's modules)")
         return
     stored = int8_prefill_cache.cache_path(int8_prefill_cache.cache_key(loaded, adapter, calibration))
     freed = int8_prefill_cache.restore(loaded.model, stored, rows)

@@ -64,8 +64,9 @@ def _cpu_flags() -> str:
     return platform.processor() or platform.machine()
 
 
-def _private_dir(path: Path) -> bool:
-    """The folder exists (created 0700 here if not), is ours and no one else may write it."""
+def private_dir(path: Path) -> bool:
+    """The folder exists (created 0700 here if not), is the user's and no one else may write it.
+    (Also the engine's check for its other cached files: engine.runtime.int8_prefill_cache.)"""
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         st = path.stat()
@@ -141,7 +142,7 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True, op
             s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", "-fopenmp" if openmp else "", _cpu_flags())
         )
     ).hexdigest()[:16]
-    kept = cache_dir is not None and _private_dir(cache_dir)
+    kept = cache_dir is not None and private_dir(cache_dir)
     folder = cache_dir if kept else Path(tempfile.mkdtemp(prefix="efim-kernels-"))
     out = folder / f"{name}-{key}.so"
     try:
@@ -162,4 +163,4 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True, op
             shutil.rmtree(folder, ignore_errors=True)
 
 
-__all__ = ["library", "compiler", "enabled", "torch_openmp_runtime"]
+__all__ = ["library", "compiler", "enabled", "private_dir", "torch_openmp_runtime"]
