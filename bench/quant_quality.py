@@ -179,11 +179,12 @@ def crossover(model, rows=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256)) -> list[di
         lin = getattr(layer, name)
         if not isinstance(lin, Int4Linear):
             continue
+        packed, scales_zeros = lin.packed, lin.scales_zeros  # torch's layout (rebuilt where the C kernel's is kept)
         for m in rows:
-            x = torch.randn(m, lin.in_features, dtype=lin.scales_zeros.dtype)
+            x = torch.randn(m, lin.in_features, dtype=scales_zeros.dtype)
 
             def fused():
-                return torch.ops.aten._weight_int4pack_mm_for_cpu(x, lin.packed, lin.group, lin.scales_zeros)
+                return torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, lin.group, scales_zeros)
 
             def gemm():
                 return torch.mm(x, lin._dequantize_t())

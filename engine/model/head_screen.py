@@ -96,7 +96,7 @@ class ScreenedHead:
 
     def step_nbytes(self) -> int:
         """Bytes a decode step reads: the screen and the candidates' int8 rows."""
-        return self.screen.nbytes() + self.top * (self.in_features + self.exact.scales.element_size())
+        return self.screen.step_nbytes() + self.top * (self.in_features + self.exact.scales.element_size())
 
 
 def head_form(head: object) -> str:

@@ -44,6 +44,8 @@ _INT4_GEMM_ROWS = 96
 # A mixed linear (`MixedLinear`, quant "mixed") multiplies up to this many rows on its packed
 # int4/int8 weight (a decode step, a speculation verify) and more on its bf16 copy (prefill).
 MIXED_PACKED_ROWS = 8
+# Problems already logged once (kernel name -> what was logged).
+_WARNED: dict[str, str] = {}
 
 
 class Linear(Protocol):
@@ -203,16 +205,25 @@ class Int4Linear:
     `packed` is `_convert_weight_to_int4pack_for_cpu`'s layout ([N/64, K, 32] bytes: the low
     nibble holds row j of a 64-row block, the high nibble row j + 32); `scales_zeros`
     [K/G, N, 2] is in the activation dtype, as the kernel requires. Rounding a GGUF fp16
-    scale to bf16 moves a weight by at most 8 * d * 2^-9 = d / 64, 1/64 of one 4-bit step."""
+    scale to bf16 moves a weight by at most 8 * d * 2^-9 = d / 64, 1/64 of one 4-bit step.
 
-    __slots__ = ("packed", "scales_zeros", "bias", "out_features", "in_features", "group", "lora_a", "lora_b", "lora_c")
+    Where the C kernel for few rows takes the weight (kernels/cpu/int4_gemv.py: a bf16 model on
+    a CPU with AVX512-BF16), the weight is kept in that kernel's layout only (`rows_c`) and
+    torch's layout is rebuilt on demand (`packed`, `scales_zeros`: for a dequantised copy, not
+    on a step's path); steps of more rows than it takes in one call run it in slices."""
+
+    __slots__ = (
+        "_packed", "_scales_zeros", "scales_dtype", "bias", "out_features", "in_features", "group", "lora_a", "lora_b",
+        "lora_c", "rows_c",
+    )
 
     def __init__(
         self, packed: torch.Tensor, scales_zeros: torch.Tensor, bias: torch.Tensor | None, group: int,
         lora: "LowRank | None" = None,
     ) -> None:
-        self.packed = packed  # [N, K/2] uint8 (kernel layout)
-        self.scales_zeros = scales_zeros  # [K/G, N, 2]
+        self._packed = packed  # [N, K/2] uint8 (torch's kernel layout)
+        self._scales_zeros = scales_zeros  # [K/G, N, 2]
+        self.scales_dtype = scales_zeros.dtype
         self.bias = bias  # [N] | None
         self.group = group
         self.out_features = packed.shape[0]
@@ -230,10 +241,49 @@ class Int4Linear:
             from kernels.cpu.low_rank import LowRankAdd  # noqa: PLC0415
 
             self.lora_c = LowRankAdd.pack(lora.a.float(), lora.b.float(), cache_root() / "kernels")
+        # A decode step's few rows on the weight repacked for AVX512-BF16 dot products
+        # (kernels/cpu/int4_gemv.py: 2.2-2.5x torch's kernel per call on this model's shapes);
+        # None where the CPU lacks them, the C kernels are off or the shape does not fit.
+        self.rows_c = self._pack_rows_c()
+        if self.rows_c is not None:  # one copy of the weight resident: the C kernel's
+            self._packed = self._scales_zeros = None
+
+    @property
+    def packed(self) -> torch.Tensor:  # [N, K/2] uint8, torch's int4 layout
+        if self._packed is not None:
+            return self._packed
+        codes = self.rows_c.codes().to(torch.int32)  # [N, K]
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 2)
+
+    @property
+    def scales_zeros(self) -> torch.Tensor:  # [K/G, N, 2] in the activation dtype
+        if self._scales_zeros is not None:
+            return self._scales_zeros
+        scale, zero = self.rows_c.scale_zero()  # [N, K/G] each
+        return torch.stack((scale, zero), -1).transpose(0, 1).contiguous()
 
     @staticmethod
     def supports(out_features: int, in_features: int, group: int = INT4_GROUP) -> bool:
         return out_features % _INT4_N_MULTIPLE == 0 and in_features % group == 0
+
+    def _pack_rows_c(self):
+        if self.scales_dtype != torch.bfloat16 or self._packed.device.type != "cpu":
+            return None
+        from kernels.cpu.int4_gemv import Int4Gemv  # noqa: PLC0415
+
+        if not Int4Gemv.takes(self.out_features, self.in_features, self.group):
+            return None
+        kernel = Int4Gemv.load(cache_root() / "kernels")
+        if kernel is None or not kernel.vector:
+            return None
+        problem = kernel.problem()
+        if problem is not None:
+            if "int4_gemv" not in _WARNED:
+                _WARNED["int4_gemv"] = problem
+                log.warning("the int4 C kernel fails its check on this machine (%s): torch's int4 kernel runs", problem)
+            return None
+        codes = _unpack_int4(self._packed, self.in_features).t()  # [N, K]
+        return kernel.pack(codes, self._scales_zeros[:, :, 0].t(), self._scales_zeros[:, :, 1].t())
 
     @classmethod
     def from_groups(
@@ -256,9 +306,13 @@ class Int4Linear:
 
     def _dequantize_t(self) -> torch.Tensor:  # [K, N] in the scales' dtype
         k, n, g = self.in_features, self.out_features, self.group
-        w_t = _unpack_int4(self.packed, k).to(self.scales_zeros.dtype)  # [K, N] codes 0..15
-        scale = self.scales_zeros[:, :, 0].unsqueeze(1)  # [K/G, 1, N]
-        offset = (self.scales_zeros[:, :, 1] - 8 * self.scales_zeros[:, :, 0]).unsqueeze(1)  # [K/G, 1, N]
+        if self.rows_c is not None:
+            w_t = self.rows_c.codes().t().contiguous().to(self.scales_dtype)  # [K, N] codes 0..15
+        else:
+            w_t = _unpack_int4(self._packed, k).to(self.scales_dtype)
+        scales_zeros = self.scales_zeros
+        scale = scales_zeros[:, :, 0].unsqueeze(1)  # [K/G, 1, N]
+        offset = (scales_zeros[:, :, 1] - 8 * scales_zeros[:, :, 0]).unsqueeze(1)  # [K/G, 1, N]
         return torch.addcmul(offset, w_t.view(k // g, g, n), scale).view(k, n)  # [K, N]
 
     def dequantize(self) -> torch.Tensor:  # [N, K] in the scales' dtype (the low-rank term included)
@@ -268,10 +322,17 @@ class Int4Linear:
         return w_t.t()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] < _INT4_GEMM_ROWS and x.dtype == self.scales_zeros.dtype:
-            # The kernel refuses strided rows (the fused small-row RMSNorm returns a column slice).
+        if x.shape[0] < _INT4_GEMM_ROWS and x.dtype == self.scales_dtype:
+            # The kernels refuse strided rows (the fused small-row RMSNorm returns a column slice).
             x = x.contiguous()
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)  # [M, N]
+            rows_c = self.rows_c
+            if rows_c is None:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._packed, self.group, self._scales_zeros)  # [M, N]
+            elif x.shape[0] <= rows_c.max_rows:
+                y = rows_c.rows(x)  # [M, N]: a step's own contiguous bf16 rows, as `rows` asks
+            else:
+                step = rows_c.max_rows
+                y = torch.cat([rows_c.rows(x[i : i + step]) for i in range(0, x.shape[0], step)])  # [M, N]
             if self.lora_c is not None and x.shape[0] <= self.lora_c.max_rows:
                 # The step's own bf16 rows and the kernel's fresh output: what add_rows asks.
                 self.lora_c.add_rows(x, y)
@@ -282,8 +343,13 @@ class Int4Linear:
             y.add_(torch.mm(torch.mm(x.float(), self.lora_a), self.lora_b))  # [M, R] -> [M, N], float32
         return y if self.bias is None else y.add_(self.bias)
 
+    def _weight_nbytes(self) -> int:
+        if self.rows_c is not None:
+            return self.rows_c.nbytes()
+        return self._packed.numel() + self._scales_zeros.numel() * self._scales_zeros.element_size()
+
     def nbytes(self) -> int:
-        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        n = self._weight_nbytes()
         if self.lora_a is not None:
             n += (self.lora_a.numel() + self.lora_b.numel()) * 4
         if self.lora_c is not None:
@@ -293,7 +359,7 @@ class Int4Linear:
     def step_nbytes(self) -> int:
         """Bytes a step of few rows reads: the packed weight and the low-rank term in the form
         that step uses (the C kernel's copy where there is one)."""
-        n = self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+        n = self._weight_nbytes()
         if self.lora_c is not None:
             n += self.lora_c.nbytes()
         elif self.lora_a is not None:

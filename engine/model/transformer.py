@@ -270,6 +270,8 @@ class Transformer:
             names.append("low_rank")
         if any(isinstance(getattr(lin, "dense", None), Int8GemmLinear) for lin in linears):
             names.append("int8_rows")
+        if any(getattr(getattr(lin, "packed", lin), "rows_c", None) is not None for lin in linears):
+            names.append("int4_gemv")
         return tuple(names)
 
     def weight_bytes(self) -> int:

@@ -1,0 +1,154 @@
+"""A decode step's few rows times a 4-bit weight, in one C call: y = x Wᵀ.
+
+torch's int4 kernel (`_weight_int4pack_mm_for_cpu`) turns each 4-bit weight into a float and
+multiplies in float32: ~15-30 G weights/s on 2 cores, where a decode step's weights stream
+from memory at ~45 GB/s (90 G weights/s). Here the weights are repacked so that a 16-bit
+widening of 32 bytes gives the (output row, input pair) lanes of AVX512-BF16's dot product
+(`vdpbf16ps`: 32 multiply-adds an instruction), and a nibble becomes the bf16 number 128 + q
+by one OR; the group's scale, and its zero folded with the 128, are applied once per group
+(kernels/cpu/int4_gemv.c). The products are exact (bf16 x a 4-bit code), the sums float32, the
+output rounded to bf16 once: what torch's kernel computes, up to the order of float additions.
+On a CPU without AVX512-BF16 a portable loop runs instead, and a model does not pack for it
+(`Int4Gemv.vector`: the engine keeps torch's kernel there).
+
+Kernels know no engine: this takes tensors and returns new ones, or None where it does not
+apply.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels.cpu.build import library
+
+MAX_ROWS = 8  # EFIM_GEMV_MAX_ROWS
+ROW_BLOCK = 16
+"""Output rows are packed in blocks of this many; N must be a multiple."""
+MAX_GROUPS = 1024  # EFIM_GEMV_MAX_GROUPS
+
+_CHECKED: dict[ctypes.CDLL, str | None] = {}
+
+
+class Int4Gemv:
+    """The kernel's two entry points: `pack` (once per weight) and the product (per step)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._pack = lib.efim_int4_pack
+        self._pack.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 5
+        self._pack.restype = ctypes.c_int
+        self._gemv = lib.efim_int4_gemv
+        self._gemv.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                                    ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
+        self._gemv.restype = ctypes.c_int
+        self.vector = bool(lib.efim_int4_gemv_vector())
+        self._lib = lib
+
+    @classmethod
+    def load(cls, cache_dir: Path | None = None, *, native: bool = True) -> "Int4Gemv | None":
+        lib = library("int4_gemv", cache_dir, native=native, openmp=True)
+        return None if lib is None else cls(lib)
+
+    def problem(self) -> str | None:
+        """None when this build computes a small product right here (both loops, 1 and 8 rows,
+        against float32), else what went wrong. Checked once per loaded library."""
+        if self._lib not in _CHECKED:
+            _CHECKED[self._lib] = self._check()
+        return _CHECKED[self._lib]
+
+    def _check(self) -> str | None:
+        gen = torch.Generator().manual_seed(0)
+        n, k, group = 32, 64, 32
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+        scale = (torch.rand(n, k // group, generator=gen) * 0.01 + 0.001).to(torch.bfloat16)
+        zero = (torch.randn(n, k // group, generator=gen) * 0.01).to(torch.bfloat16)
+        w = ((codes.float() - 8).view(n, -1, group) * scale.float().unsqueeze(2) + zero.float().unsqueeze(2)).view(n, k)
+        packed = self.pack(codes, scale, zero)
+        if packed is None:
+            return "it refused a shape it takes"
+        for m in (1, MAX_ROWS):
+            x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+            exact = x.float() @ w.t()
+            for vector in (0, 1) if self.vector else (0,):
+                err = (packed.rows(x, vector).float() - exact).abs().max().item()
+                if not err <= 1e-2 * max(1.0, exact.abs().max().item()):
+                    return f"wrong results ({m} rows, {'vector' if vector else 'portable'} loop, max error {err:.3g})"
+        return None
+
+    @staticmethod
+    def takes(n: int, k: int, group: int) -> bool:
+        """Whether a weight [N, K] in groups of `group` inputs can be packed."""
+        return n > 0 and k > 0 and n % ROW_BLOCK == 0 and group % 8 == 0 and k % group == 0 and k // group <= MAX_GROUPS
+
+    def pack(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> "PackedInt4 | None":
+        """Codes [N, K] (0..15, w = (q - 8) * scale + zero) and scale / zero [N, K/G] bf16 -> the
+        packed weight, or None for a shape or dtype it does not take."""
+        n, k = codes.shape
+        groups = scale.shape[1] if scale.dim() == 2 else 0
+        if (
+            groups == 0 or k % groups or not self.takes(n, k, k // groups) or scale.shape != (n, groups)
+            or zero.shape != (n, groups) or scale.dtype != torch.bfloat16 or zero.dtype != torch.bfloat16
+        ):
+            return None
+        codes = codes.to(torch.uint8).contiguous()
+        scale, zero = scale.contiguous(), zero.contiguous()
+        packed = torch.empty(n * k // 2, dtype=torch.uint8)
+        sz = torch.empty(n * groups * 2, dtype=torch.bfloat16)
+        if self._pack(n, k, k // groups, codes.data_ptr(), scale.data_ptr(), zero.data_ptr(), packed.data_ptr(),
+                      sz.data_ptr()) != 0:
+            return None
+        return PackedInt4(self, packed, sz, n, k, k // groups)
+
+
+class PackedInt4:
+    """One weight in the kernel's layout. Call with bf16 rows x [M, K] (M <= `MAX_ROWS`, unit
+    column stride) for y [M, N] bf16; None where the call is not one it takes."""
+
+    __slots__ = ("packed", "sz", "out_features", "in_features", "group", "_fn", "_packed_ptr", "_sz_ptr", "vector")
+    max_rows = MAX_ROWS
+
+    def __init__(self, kernel: Int4Gemv, packed: torch.Tensor, sz: torch.Tensor, n: int, k: int, group: int) -> None:
+        self.packed, self.sz = packed, sz  # [N K / 2] uint8, [N K / G * 2] bf16
+        self.out_features, self.in_features, self.group = n, k, group
+        self._fn = kernel._gemv
+        self._packed_ptr, self._sz_ptr = packed.data_ptr(), sz.data_ptr()
+        self.vector = 1 if kernel.vector else 0
+
+    def __call__(self, x: torch.Tensor, *, vector: bool | None = None) -> torch.Tensor | None:
+        m = x.shape[0] if x.dim() == 2 else 0
+        if (
+            m == 0 or m > MAX_ROWS or x.is_cuda or x.dtype != torch.bfloat16 or x.shape[1] != self.in_features
+            or x.stride(1) != 1
+        ):
+            return None
+        return self.rows(x, self.vector if vector is None else int(vector))
+
+    def rows(self, x: torch.Tensor, vector: int | None = None) -> torch.Tensor:
+        """`__call__` without its checks, for a caller that vouches for them (a decode step's
+        own bf16 rows on the CPU, 1..`MAX_ROWS` of them, unit column stride)."""
+        m, n = x.shape[0], self.out_features
+        y = torch.empty(m, n, dtype=torch.bfloat16)
+        self._fn(m, n, self.in_features, self.group, x.data_ptr(), x.stride(0), self._packed_ptr, self._sz_ptr,
+                 y.data_ptr(), n, torch.get_num_threads(), self.vector if vector is None else vector)
+        return y
+
+    def codes(self) -> torch.Tensor:  # [N, K] uint8, 0..15
+        """The 4-bit codes back out of the layout (for a dequantised copy; not a step's path)."""
+        n, k = self.out_features, self.in_features
+        v = self.packed.view(n // ROW_BLOCK, k // 4, ROW_BLOCK, 2)  # [block, chunk, row i, e]
+        q = torch.cat((v & 15, v >> 4), 3)  # [block, chunk, row, 4]: inputs 4c + 0, 1 (low), 2, 3 (high)
+        return q.permute(0, 2, 1, 3).reshape(n, k)
+
+    def scale_zero(self) -> tuple[torch.Tensor, torch.Tensor]:  # ([N, K/G], [N, K/G]) bf16
+        """Each (row, group)'s scale and zero back out of the layout."""
+        n, groups = self.out_features, self.in_features // self.group
+        v = self.sz.view(n // ROW_BLOCK, groups, 2, ROW_BLOCK).permute(2, 0, 3, 1).reshape(2, n, groups)
+        return v[0], v[1]
+
+    def nbytes(self) -> int:
+        return self.packed.numel() + 2 * self.sz.numel()
+
+
+__all__ = ["Int4Gemv", "PackedInt4", "MAX_ROWS", "ROW_BLOCK"]
