@@ -147,13 +147,20 @@ int efim_int4_gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, cons
     uint16_t *yb = y + 16 * b;
 #if defined(__AVX512BF16__) && defined(EFIM_AVX512_BW)
     if (vector) {
-      switch (M) {
-        case 1: block_bf16(1, 2, K, G, pb, sb, x, ldx, xsum, yb, ldy); continue;
-        case 2: block_bf16(2, 2, K, G, pb, sb, x, ldx, xsum, yb, ldy); continue;
-        case 3: block_bf16(3, 1, K, G, pb, sb, x, ldx, xsum, yb, ldy); continue;
-        case 4: block_bf16(4, 1, K, G, pb, sb, x, ldx, xsum, yb, ldy); continue;
-        default: block_bf16(M, 1, K, G, pb, sb, x, ldx, xsum, yb, ldy); continue;
+      /* Rows in fours, each with the same four sums: a row's bits do not depend on the rows
+       * beside it (a speculation verify's row is the decode step's). */
+      for (int m0 = 0; m0 < M; m0 += 4) {
+        const uint16_t *xm = x + (long)m0 * ldx;
+        uint16_t *ym = yb + (long)m0 * ldy;
+        const float *sm = xsum + m0 * groups;
+        switch (M - m0 < 4 ? M - m0 : 4) {
+          case 1: block_bf16(1, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
+          case 2: block_bf16(2, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
+          case 3: block_bf16(3, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
+          default: block_bf16(4, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
+        }
       }
+      continue;
     }
 #endif
     block_portable(M, K, G, pb, sb, x, ldx, xsum, yb, ldy);
