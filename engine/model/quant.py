@@ -307,12 +307,10 @@ class Int4Linear:
     def _dequantize_t(self) -> torch.Tensor:  # [K, N] in the scales' dtype
         k, n, g = self.in_features, self.out_features, self.group
         if self.rows_c is not None:
-            w_t = self.rows_c.codes().t().contiguous().to(self.scales_dtype)  # [K, N] codes 0..15
-        else:
-            w_t = _unpack_int4(self._packed, k).to(self.scales_dtype)
-        scales_zeros = self.scales_zeros
-        scale = scales_zeros[:, :, 0].unsqueeze(1)  # [K/G, 1, N]
-        offset = (scales_zeros[:, :, 1] - 8 * scales_zeros[:, :, 0]).unsqueeze(1)  # [K/G, 1, N]
+            return self.rows_c.dequantize_t()  # the same roundings, one pass in C
+        w_t = _unpack_int4(self._packed, k).to(self.scales_dtype)  # [K, N] codes 0..15
+        scale = self._scales_zeros[:, :, 0].unsqueeze(1)  # [K/G, 1, N]
+        offset = (self._scales_zeros[:, :, 1] - 8 * self._scales_zeros[:, :, 0]).unsqueeze(1)  # [K/G, 1, N]
         return torch.addcmul(offset, w_t.view(k // g, g, n), scale).view(k, n)  # [K, N]
 
     def dequantize(self) -> torch.Tensor:  # [N, K] in the scales' dtype (the low-rank term included)

@@ -168,6 +168,41 @@ int efim_int4_gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, cons
   return 0;
 }
 
+/* The dequantised weight, transposed: out [K, N] bf16 (row stride ldo) = (q - 8) * scale + zero,
+ * with torch's roundings (the offset zero - 8 * scale rounded to bf16, then offset + q * scale
+ * rounded once): a prefill of many rows multiplies it as a GEMM. Returns 0, or -1 for shapes it
+ * does not take. */
+int efim_int4_dequantize_t(int N, int K, int G, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                           long ldo, int threads) {
+  if (N <= 0 || K <= 0 || G <= 0 || N % 16 || K % G || G % 8 || K / G > EFIM_GEMV_MAX_GROUPS) return -1;
+  const int groups = K / G, blocks = N / 16;
+  (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks >= 4 && threads > 1)
+  for (int b = 0; b < blocks; b++) {
+    const uint8_t *pb = packed + (long)b * 8 * K;
+    const uint16_t *sb = sz + (long)b * groups * 32;
+    for (int g = 0; g < groups; g++) {
+      float s[16], off[16];
+      for (int i = 0; i < 16; i++) {
+        s[i] = bf16_to_f32(sb[32 * g + i]);
+        off[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(sb[32 * g + 16 + i]) - 8.f * s[i]));
+      }
+      for (int k0 = g * G; k0 < (g + 1) * G; k0 += 4) {
+        const uint8_t *chunk = pb + (long)k0 * 8;
+        for (int e = 0; e < 4; e++) {
+          uint16_t *o = out + (long)(k0 + e) * ldo + 16 * b;
+          for (int i = 0; i < 16; i++) {
+            const uint8_t byte = chunk[2 * i + (e & 1)];
+            const int q = e < 2 ? byte & 15 : byte >> 4;
+            o[i] = f32_to_bf16(off[i] + (float)q * s[i]);
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 /* Whether this build has the AVX512-BF16 loop. */
 int efim_int4_gemv_vector(void) {
 #if defined(__AVX512BF16__) && defined(EFIM_AVX512_BW)

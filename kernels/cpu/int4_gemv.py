@@ -43,6 +43,9 @@ class Int4Gemv:
         self._gemv.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                                     ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
         self._gemv.restype = ctypes.c_int
+        self._dequantize_t = lib.efim_int4_dequantize_t
+        self._dequantize_t.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
+        self._dequantize_t.restype = ctypes.c_int
         self.vector = bool(lib.efim_int4_gemv_vector())
         self._lib = lib
 
@@ -106,13 +109,13 @@ class PackedInt4:
     """One weight in the kernel's layout. Call with bf16 rows x [M, K] (M <= `MAX_ROWS`, unit
     column stride) for y [M, N] bf16; None where the call is not one it takes."""
 
-    __slots__ = ("packed", "sz", "out_features", "in_features", "group", "_fn", "_packed_ptr", "_sz_ptr", "vector")
+    __slots__ = ("packed", "sz", "out_features", "in_features", "group", "_fn", "_dq", "_packed_ptr", "_sz_ptr", "vector")
     max_rows = MAX_ROWS
 
     def __init__(self, kernel: Int4Gemv, packed: torch.Tensor, sz: torch.Tensor, n: int, k: int, group: int) -> None:
         self.packed, self.sz = packed, sz  # [N K / 2] uint8, [N K / G * 2] bf16
         self.out_features, self.in_features, self.group = n, k, group
-        self._fn = kernel._gemv
+        self._fn, self._dq = kernel._gemv, kernel._dequantize_t
         self._packed_ptr, self._sz_ptr = packed.data_ptr(), sz.data_ptr()
         self.vector = 1 if kernel.vector else 0
 
@@ -133,6 +136,14 @@ class PackedInt4:
         self._fn(m, n, self.in_features, self.group, x.data_ptr(), x.stride(0), self._packed_ptr, self._sz_ptr,
                  y.data_ptr(), n, torch.get_num_threads(), self.vector if vector is None else vector)
         return y
+
+    def dequantize_t(self) -> torch.Tensor:  # [K, N] bf16
+        """Wᵀ in bf16 with torch's roundings of `Int4Linear`'s dequantise ((q - 8) * scale + zero,
+        the offset rounded first), for a prefill's GEMM: one pass over the packed bytes."""
+        n, k = self.out_features, self.in_features
+        out = torch.empty(k, n, dtype=torch.bfloat16)
+        self._dq(n, k, self.group, self._packed_ptr, self._sz_ptr, out.data_ptr(), n, torch.get_num_threads())
+        return out
 
     def codes(self) -> torch.Tensor:  # [N, K] uint8, 0..15
         """The 4-bit codes back out of the layout (for a dequantised copy; not a step's path)."""

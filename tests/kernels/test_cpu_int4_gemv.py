@@ -169,3 +169,15 @@ def test_a_kernel_that_fails_its_check_leaves_torchs_kernel_with_one_warning(ker
 @needs_cc
 def test_the_kernels_own_check_passes_here(kernel_cache):
     assert kernel(kernel_cache).problem() is None
+
+
+@needs_cc
+def test_the_dequantised_weight_is_torchs_bit_for_bit(kernel_cache, monkeypatch):
+    import engine.model.quant as quant
+
+    monkeypatch.setattr(quant, "cache_root", lambda: kernel_cache.parent)
+    lin = weight(320, 256, 32, seed=11)
+    assert lin.rows_c is not None or not kernel(kernel_cache).vector
+    monkeypatch.setattr(Int4Linear, "_pack_rows_c", lambda self: None)
+    torch_only = weight(320, 256, 32, seed=11)
+    assert torch.equal(lin._dequantize_t(), torch_only._dequantize_t())
