@@ -247,6 +247,12 @@ class Int4Linear:
         self.rows_c = self._pack_rows_c()
         if self.rows_c is not None:  # one copy of the weight resident: the C kernel's
             self._packed = self._scales_zeros = None
+            if lora is not None:
+                # The adapter's term inside the same call, added before the output's one rounding
+                # (no second pass over y, no second call); the separate term's copy is then unused.
+                fused = self.rows_c.with_low_rank(lora.a.float(), lora.b.float())
+                if fused is not None:
+                    self.rows_c, self.lora_c = fused, None
 
     @property
     def packed(self) -> torch.Tensor:  # [N, K/2] uint8, torch's int4 layout
@@ -326,11 +332,14 @@ class Int4Linear:
             rows_c = self.rows_c
             if rows_c is None:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self._packed, self.group, self._scales_zeros)  # [M, N]
-            elif x.shape[0] <= rows_c.max_rows:
-                y = rows_c.rows(x)  # [M, N]: a step's own contiguous bf16 rows, as `rows` asks
             else:
-                step = rows_c.max_rows
-                y = torch.cat([rows_c.rows(x[i : i + step]) for i in range(0, x.shape[0], step)])  # [M, N]
+                if x.shape[0] <= rows_c.max_rows:
+                    y = rows_c.rows(x)  # [M, N]: a step's own contiguous bf16 rows, as `rows` asks
+                else:
+                    step = rows_c.max_rows
+                    y = torch.cat([rows_c.rows(x[i : i + step]) for i in range(0, x.shape[0], step)])  # [M, N]
+                if rows_c.low_rank is not None:  # the adapter's term is in y already
+                    return y if self.bias is None else y.add_(self.bias)
             if self.lora_c is not None and x.shape[0] <= self.lora_c.max_rows:
                 # The step's own bf16 rows and the kernel's fresh output: what add_rows asks.
                 self.lora_c.add_rows(x, y)
@@ -347,7 +356,7 @@ class Int4Linear:
         return self._packed.numel() + self._scales_zeros.numel() * self._scales_zeros.element_size()
 
     def nbytes(self) -> int:
-        n = self._weight_nbytes()
+        n = self._weight_nbytes() + (0 if self.rows_c is None else self.rows_c.low_rank_nbytes())
         if self.lora_a is not None:
             n += (self.lora_a.numel() + self.lora_b.numel()) * 4
         if self.lora_c is not None:
@@ -358,7 +367,9 @@ class Int4Linear:
         """Bytes a step of few rows reads: the packed weight and the low-rank term in the form
         that step uses (the C kernel's copy where there is one)."""
         n = self._weight_nbytes()
-        if self.lora_c is not None:
+        if self.rows_c is not None and self.rows_c.low_rank is not None:
+            n += self.rows_c.low_rank_nbytes()
+        elif self.lora_c is not None:
             n += self.lora_c.nbytes()
         elif self.lora_a is not None:
             n += (self.lora_a.numel() + self.lora_b.numel()) * 4

@@ -266,7 +266,9 @@ class Transformer:
         if self._row_ops is not None:
             names.append("row_ops")
         linears = [getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down")]
-        if any(getattr(getattr(lin, "packed", lin), "lora_c", None) is not None for lin in linears):
+        packed = [getattr(lin, "packed", lin) for lin in linears]
+        if any(getattr(p, "lora_c", None) is not None or getattr(getattr(p, "rows_c", None), "low_rank", None) is not None
+               for p in packed):
             names.append("low_rank")
         if any(isinstance(getattr(lin, "dense", None), Int8GemmLinear) for lin in linears):
             names.append("int8_rows")

@@ -17,10 +17,25 @@
  * blocks; each output's arithmetic is the same on any number of threads and for any number of
  * rows in the call. The portable loop (no AVX512-BF16) computes the same sums per output and
  * group, in one chain where the vector loop keeps four. */
+#include <stddef.h>
+
 #include "efim_cpu.h"
 
 #define EFIM_GEMV_MAX_ROWS 8
 #define EFIM_GEMV_MAX_GROUPS 1024
+#define EFIM_GEMV_MAX_RANK 256
+
+/* An adapter's low-rank term added inside the product, before the output's one rounding:
+ * y += (x A) B. A is [K, R] bf16; B is kept per block of 16 output rows as the block's ranks
+ * r0 .. r0 + count - 1, count rows of 16 bf16 values (zero where a row takes no part of a rank):
+ * blk[3 b] = r0, blk[3 b + 1] = count, blk[3 b + 2] = offset of the block's values in bv.
+ * t = x A (M x R floats) is computed once per call, before the blocks. */
+typedef struct {
+  const float *t; /* [M][R] */
+  int R;
+  const int *blk;
+  const uint16_t *bv;
+} low_rank_t;
 
 /* Repack codes q [N, K] (one byte each, 0..15) and scale/zero [N, K/G] bf16 into the layout
  * above. Returns 0, or -1 for shapes it does not take (N % 16, K % G, G % 8, groups). */
@@ -66,7 +81,8 @@ static void group_sums(int M, int K, int G, const uint16_t *x, long ldx, float *
  * instruction rate. */
 static inline __attribute__((always_inline)) void block_bf16(int M, int P, int K, int G, const uint8_t *pb,
                                                             const uint16_t *sb, const uint16_t *x, long ldx,
-                                                            const float *xsum, uint16_t *y, long ldy) {
+                                                            const float *xsum, uint16_t *y, long ldy,
+                                                            const low_rank_t *lr, int b, int m0) {
   const int groups = K / G;
   const __m512i low = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
   __m512 out[EFIM_GEMV_MAX_ROWS];
@@ -99,13 +115,22 @@ static inline __attribute__((always_inline)) void block_bf16(int M, int P, int K
       out[m] = _mm512_fmadd_ps(off, _mm512_set1_ps(xsum[m * groups + g]), out[m]);
     }
   }
+  if (lr != NULL) {
+    const int r0 = lr->blk[3 * b], count = lr->blk[3 * b + 1];
+    const uint16_t *bv = lr->bv + lr->blk[3 * b + 2];
+    for (int r = 0; r < count; r++) {
+      const __m512 w = load_bf16x16(bv + 16 * r);
+      for (int m = 0; m < M; m++)
+        out[m] = _mm512_fmadd_ps(_mm512_set1_ps(lr->t[(m0 + m) * lr->R + r0 + r]), w, out[m]);
+    }
+  }
   for (int m = 0; m < M; m++) _mm256_storeu_si256((__m256i *)(y + (long)m * ldy), to_bf16x16(out[m]));
 }
 #endif
 
 /* The portable loop: per output, per group, the same (128 + q) x sums and correction. */
 static void block_portable(int M, int K, int G, const uint8_t *pb, const uint16_t *sb, const uint16_t *x,
-                           long ldx, const float *xsum, uint16_t *y, long ldy) {
+                           long ldx, const float *xsum, uint16_t *y, long ldy, const low_rank_t *lr, int b) {
   const int groups = K / G;
   for (int m = 0; m < M; m++)
     for (int i = 0; i < 16; i++) {
@@ -123,15 +148,17 @@ static void block_portable(int M, int K, int G, const uint8_t *pb, const uint16_
         out += s * acc;
         out += off * xsum[m * groups + g];
       }
+      if (lr != NULL) {
+        const int r0 = lr->blk[3 * b], count = lr->blk[3 * b + 1];
+        const uint16_t *bv = lr->bv + lr->blk[3 * b + 2];
+        for (int r = 0; r < count; r++) out += lr->t[m * lr->R + r0 + r] * bf16_to_f32(bv[16 * r + i]);
+      }
       y[(long)m * ldy + i] = f32_to_bf16(out);
     }
 }
 
-/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times the packed weight's transpose.
- * M <= EFIM_GEMV_MAX_ROWS. `vector` 0 forces the portable loop (the tests compare both).
- * Returns 0, or -1 for shapes it does not take. */
-int efim_int4_gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, const uint8_t *packed,
-                   const uint16_t *sz, uint16_t *y, long ldy, int threads, int vector) {
+static int gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, const uint8_t *packed, const uint16_t *sz,
+                uint16_t *y, long ldy, int threads, int vector, const low_rank_t *lr) {
   if (M <= 0 || M > EFIM_GEMV_MAX_ROWS || N <= 0 || K <= 0 || G <= 0 || N % 16 || K % G || G % 8 ||
       K / G > EFIM_GEMV_MAX_GROUPS)
     return -1;
@@ -154,18 +181,65 @@ int efim_int4_gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, cons
         uint16_t *ym = yb + (long)m0 * ldy;
         const float *sm = xsum + m0 * groups;
         switch (M - m0 < 4 ? M - m0 : 4) {
-          case 1: block_bf16(1, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
-          case 2: block_bf16(2, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
-          case 3: block_bf16(3, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
-          default: block_bf16(4, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy); break;
+          case 1: block_bf16(1, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy, lr, b, m0); break;
+          case 2: block_bf16(2, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy, lr, b, m0); break;
+          case 3: block_bf16(3, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy, lr, b, m0); break;
+          default: block_bf16(4, 2, K, G, pb, sb, xm, ldx, sm, ym, ldy, lr, b, m0); break;
         }
       }
       continue;
     }
 #endif
-    block_portable(M, K, G, pb, sb, x, ldx, xsum, yb, ldy);
+    block_portable(M, K, G, pb, sb, x, ldx, xsum, yb, ldy, lr, b);
   }
   return 0;
+}
+
+/* y [M, N] (row stride ldy) = x [M, K] (row stride ldx) times the packed weight's transpose.
+ * M <= EFIM_GEMV_MAX_ROWS. `vector` 0 forces the portable loop (the tests compare both).
+ * Returns 0, or -1 for shapes it does not take. */
+int efim_int4_gemv(int M, int N, int K, int G, const uint16_t *x, long ldx, const uint8_t *packed,
+                   const uint16_t *sz, uint16_t *y, long ldy, int threads, int vector) {
+  return gemv(M, N, K, G, x, ldx, packed, sz, y, ldy, threads, vector, NULL);
+}
+
+/* The same product plus an adapter's low-rank term (see low_rank_t): A [K, R] bf16, the blocks'
+ * rank ranges `blk` [N / 16][3] and values `bv`. R <= EFIM_GEMV_MAX_RANK. */
+int efim_int4_gemv_low_rank(int M, int N, int K, int G, const uint16_t *x, long ldx, const uint8_t *packed,
+                            const uint16_t *sz, uint16_t *y, long ldy, int threads, int vector, int R,
+                            const uint16_t *a, const int *blk, const uint16_t *bv) {
+  if (R <= 0 || R > EFIM_GEMV_MAX_RANK || M <= 0 || M > EFIM_GEMV_MAX_ROWS) return -1;
+  float t[EFIM_GEMV_MAX_ROWS * EFIM_GEMV_MAX_RANK];
+  for (int m = 0; m < M; m++) {
+    float *tm = t + m * R;
+    for (int r = 0; r < R; r++) tm[r] = 0.f;
+    const uint16_t *xm = x + (long)m * ldx;
+#if defined(EFIM_AVX512_BW)
+    if (vector) {
+      int rb = 0;
+      for (; rb < R; rb += 16) {
+        const int live = R - rb < 16 ? R - rb : 16;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+        int k = 0;
+        for (; k + 2 <= K; k += 2) {
+          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(bf16_to_f32(xm[k])), load_bf16x16_n(a + (long)k * R + rb, live), acc0);
+          acc1 = _mm512_fmadd_ps(_mm512_set1_ps(bf16_to_f32(xm[k + 1])), load_bf16x16_n(a + (long)(k + 1) * R + rb, live), acc1);
+        }
+        for (; k < K; k++)
+          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(bf16_to_f32(xm[k])), load_bf16x16_n(a + (long)k * R + rb, live), acc0);
+        _mm512_mask_storeu_ps(tm + rb, first_lanes(live), _mm512_add_ps(acc0, acc1));
+      }
+      continue;
+    }
+#endif
+    for (int k = 0; k < K; k++) {
+      const float xv = bf16_to_f32(xm[k]);
+      const uint16_t *ak = a + (long)k * R;
+      for (int r = 0; r < R; r++) tm[r] += xv * bf16_to_f32(ak[r]);
+    }
+  }
+  const low_rank_t lr = {t, R, blk, bv};
+  return gemv(M, N, K, G, x, ldx, packed, sz, y, ldy, threads, vector, &lr);
 }
 
 /* The dequantised weight, transposed: out [K, N] bf16 (row stride ldo) = (q - 8) * scale + zero,

@@ -28,6 +28,7 @@ MAX_ROWS = 8  # EFIM_GEMV_MAX_ROWS
 ROW_BLOCK = 16
 """Output rows are packed in blocks of this many; N must be a multiple."""
 MAX_GROUPS = 1024  # EFIM_GEMV_MAX_GROUPS
+MAX_RANK = 256  # EFIM_GEMV_MAX_RANK
 
 _CHECKED: dict[ctypes.CDLL, str | None] = {}
 
@@ -43,6 +44,9 @@ class Int4Gemv:
         self._gemv.argtypes = [ctypes.c_int] * 4 + [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                                     ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int]
         self._gemv.restype = ctypes.c_int
+        self._gemv_lr = lib.efim_int4_gemv_low_rank
+        self._gemv_lr.argtypes = self._gemv.argtypes + [ctypes.c_int] + [ctypes.c_void_p] * 3
+        self._gemv_lr.restype = ctypes.c_int
         self._dequantize_t = lib.efim_int4_dequantize_t
         self._dequantize_t.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int]
         self._dequantize_t.restype = ctypes.c_int
@@ -109,13 +113,18 @@ class PackedInt4:
     """One weight in the kernel's layout. Call with bf16 rows x [M, K] (M <= `MAX_ROWS`, unit
     column stride) for y [M, N] bf16; None where the call is not one it takes."""
 
-    __slots__ = ("packed", "sz", "out_features", "in_features", "group", "_fn", "_dq", "_packed_ptr", "_sz_ptr", "vector")
+    __slots__ = (
+        "packed", "sz", "out_features", "in_features", "group", "_fn", "_fn_lr", "_dq", "_packed_ptr", "_sz_ptr", "vector",
+        "low_rank", "_lr_args",
+    )
     max_rows = MAX_ROWS
 
     def __init__(self, kernel: Int4Gemv, packed: torch.Tensor, sz: torch.Tensor, n: int, k: int, group: int) -> None:
         self.packed, self.sz = packed, sz  # [N K / 2] uint8, [N K / G * 2] bf16
         self.out_features, self.in_features, self.group = n, k, group
-        self._fn, self._dq = kernel._gemv, kernel._dequantize_t
+        self._fn, self._fn_lr, self._dq = kernel._gemv, kernel._gemv_lr, kernel._dequantize_t
+        self.low_rank: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (a [K, R], blk, bv)
+        self._lr_args: tuple | None = None
         self._packed_ptr, self._sz_ptr = packed.data_ptr(), sz.data_ptr()
         self.vector = 1 if kernel.vector else 0
 
@@ -133,9 +142,42 @@ class PackedInt4:
         own bf16 rows on the CPU, 1..`MAX_ROWS` of them, unit column stride)."""
         m, n = x.shape[0], self.out_features
         y = torch.empty(m, n, dtype=torch.bfloat16)
-        self._fn(m, n, self.in_features, self.group, x.data_ptr(), x.stride(0), self._packed_ptr, self._sz_ptr,
-                 y.data_ptr(), n, torch.get_num_threads(), self.vector if vector is None else vector)
+        args = (m, n, self.in_features, self.group, x.data_ptr(), x.stride(0), self._packed_ptr, self._sz_ptr,
+                y.data_ptr(), n, torch.get_num_threads(), self.vector if vector is None else vector)
+        if self._lr_args is None:
+            self._fn(*args)
+        else:
+            self._fn_lr(*args, *self._lr_args)
         return y
+
+    def with_low_rank(self, a: torch.Tensor, b: torch.Tensor) -> "PackedInt4 | None":
+        """This weight with an adapter's term y += (x aᵀ) bᵀ added inside the product, before
+        the output's one rounding: `a` [R, K], `b` [N, R] (scale folded in), both values bf16
+        holds exactly (the shipped adapter's). None where it does not take them (the caller
+        keeps its separate term). Shares the packed weight."""
+        r, k = a.shape
+        n = self.out_features
+        if k != self.in_features or b.shape != (n, r) or not 0 < r <= MAX_RANK:
+            return None
+        if not all(torch.equal(t.float(), t.to(torch.bfloat16).float()) for t in (a, b)):
+            return None
+        nz = (b != 0).view(n // ROW_BLOCK, ROW_BLOCK, r).any(1)  # [blocks, R]: ranks a block takes part in
+        blk, values, offset = [], [], 0
+        for block in range(n // ROW_BLOCK):
+            ranks = nz[block].nonzero().flatten()
+            r0, count = (int(ranks[0]), int(ranks[-1]) - int(ranks[0]) + 1) if ranks.numel() else (0, 0)
+            blk += [r0, count, offset]
+            values.append(b[block * ROW_BLOCK : (block + 1) * ROW_BLOCK, r0 : r0 + count].t().reshape(-1))  # [count * 16]
+            offset += count * ROW_BLOCK
+        out = PackedInt4.__new__(PackedInt4)
+        for name in self.__slots__:
+            setattr(out, name, getattr(self, name))
+        a_t = a.t().to(torch.bfloat16).contiguous()  # [K, R]
+        blk_t = torch.tensor(blk, dtype=torch.int32)
+        bv = (torch.cat(values) if offset else b.new_zeros(1)).to(torch.bfloat16).contiguous()
+        out.low_rank = (a_t, blk_t, bv)
+        out._lr_args = (r, a_t.data_ptr(), blk_t.data_ptr(), bv.data_ptr())
+        return out
 
     def dequantize_t(self) -> torch.Tensor:  # [K, N] bf16
         """Wᵀ in bf16 with torch's roundings of `Int4Linear`'s dequantise ((q - 8) * scale + zero,
@@ -159,7 +201,11 @@ class PackedInt4:
         return v[0], v[1]
 
     def nbytes(self) -> int:
+        """The packed weight's bytes (a low-rank term's are `low_rank_nbytes`)."""
         return self.packed.numel() + 2 * self.sz.numel()
 
+    def low_rank_nbytes(self) -> int:
+        return 0 if self.low_rank is None else sum(t.numel() * t.element_size() for t in self.low_rank)
 
-__all__ = ["Int4Gemv", "PackedInt4", "MAX_ROWS", "ROW_BLOCK"]
+
+__all__ = ["Int4Gemv", "PackedInt4", "MAX_ROWS", "MAX_RANK", "ROW_BLOCK"]

@@ -181,3 +181,59 @@ def test_the_dequantised_weight_is_torchs_bit_for_bit(kernel_cache, monkeypatch)
     monkeypatch.setattr(Int4Linear, "_pack_rows_c", lambda self: None)
     torch_only = weight(320, 256, 32, seed=11)
     assert torch.equal(lin._dequantize_t(), torch_only._dequantize_t())
+
+
+def adapter(parts: list[tuple[int, int]], k: int, seed: int):
+    """a [R, K] and a block-diagonal b [N, R] in bf16-exact values: part i maps r_i ranks onto
+    its n_i output rows (q, k and v's terms side by side; boundaries need not fall on 16)."""
+    g = torch.Generator().manual_seed(seed)
+    r_all, n_all = sum(r for r, _ in parts), sum(n for _, n in parts)
+    a = (torch.randn(r_all, k, generator=g) * 0.05).bfloat16().float()
+    b = torch.zeros(n_all, r_all)
+    r0 = n0 = 0
+    for r, n in parts:
+        b[n0 : n0 + n, r0 : r0 + r] = (torch.randn(n, r, generator=g) * 0.05).bfloat16().float()
+        r0, n0 = r0 + r, n0 + n
+    return a, b
+
+
+@needs_cc
+@pytest.mark.parametrize("rows", [1, 3, MAX_ROWS])
+def test_the_low_rank_term_inside_the_product_is_the_exact_term(kernel_cache, rows):
+    codes, scale, zero = groups(96, 64, 32, seed=rows)
+    a, b = adapter([(8, 40), (4, 24), (5, 32)], 64, seed=rows)  # segment ends at 40 and 64: inside blocks
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(7)).bfloat16()
+    exact = x.float() @ exact_weight(codes, scale, zero).t() + (x.float() @ a.t()) @ b.t()
+    plain = kernel(kernel_cache).pack(codes, scale, zero)
+    fused = plain.with_low_rank(a, b)
+    assert fused is not None and plain.low_rank is None  # the plain weight is left as it was
+    for vector in (True, False):
+        y = fused(x, vector=vector)
+        assert ((y.float() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
+    assert torch.equal(fused(x[1:2] if rows > 1 else x), fused(x)[1:2] if rows > 1 else fused(x))
+    assert plain.with_low_rank(a + 1e-4, b) is None  # values bf16 cannot hold: the caller's own term
+    assert plain.with_low_rank(a[:, :32], b) is None  # wrong width
+
+
+@needs_cc
+def test_int4_linear_adds_its_adapter_inside_the_c_product(kernel_cache, monkeypatch):
+    import engine.model.quant as quant
+    from engine.model.quant import LowRank, quantize_groups
+
+    monkeypatch.setattr(quant, "cache_root", lambda: kernel_cache.parent)
+    w = torch.randn(192, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    a, b = adapter([(16, 64), (16, 128)], 128, seed=3)
+    lin = Int4Linear.from_groups(quantize_groups(w, torch.bfloat16), None, torch.bfloat16, LowRank(a, b))
+    if lin.rows_c is None:
+        assert not kernel(kernel_cache).vector
+        return
+    assert lin.rows_c.low_rank is not None and lin.lora_c is None  # one term, inside the product
+    exact_w = exact_weight(*parts(lin)) + b @ a  # [N, K]
+    for m in (2, MAX_ROWS + 3):
+        x = torch.randn(m, 128).bfloat16()
+        want = x.float() @ exact_w.t()
+        assert ((lin(x).float() - want).abs() <= want.abs() * 2**-7 + 1e-3).all()
+    many = torch.randn(100, 128).bfloat16()  # a dequantised GEMM, the adapter added by torch
+    want = many.float() @ exact_w.t()
+    assert ((lin(many).float() - want).abs() <= want.abs() * 2**-6 + 2e-2).all()
+    assert lin.step_nbytes() < lin.nbytes()  # the float32 factors for many rows are not a step's
