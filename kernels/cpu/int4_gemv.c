@@ -76,9 +76,9 @@ static void group_sums(int M, int K, int G, const uint16_t *x, long ldx, float *
 
 #if defined(__AVX512BF16__) && defined(EFIM_AVX512_BW)
 /* One block of 16 output rows for M rows (constant M after inlining). Each row keeps 2 * P
- * independent sums per group (the low and high nibbles of P chunks in turn): a `vdpbf16ps`
- * waits ~6 cycles for its accumulator, and one chain per row left a one-row call at half the
- * instruction rate. */
+ * independent sums per group (the low and high nibbles of P chunks in turn), so that a one-row
+ * call is not bound by `vdpbf16ps`'s wait for its accumulator (a one-chain version measured
+ * level with this one: the one-row call is bound by memory). */
 static inline __attribute__((always_inline)) void block_bf16(int M, int P, int K, int G, const uint8_t *pb,
                                                             const uint16_t *sb, const uint16_t *x, long ldx,
                                                             const float *xsum, uint16_t *y, long ldy,
