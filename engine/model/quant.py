@@ -234,25 +234,26 @@ class Int4Linear:
         # 5.4 us — at 120 pairs per step of the embedded model, ~3 ms of a ~20 ms decode step.
         self.lora_a = None if lora is None else lora.a.float().t().contiguous()  # [K, R]
         self.lora_b = None if lora is None else lora.b.float().t().contiguous()  # [R, N]
-        # The same term for a decode step's few rows in one C call (kernels/cpu/low_rank.py:
-        # 13.7 -> 11.5 ms a step of the served model); None without a C compiler.
-        self.lora_c = None
-        if lora is not None and scales_zeros.dtype == torch.bfloat16:
-            from kernels.cpu.low_rank import LowRankAdd  # noqa: PLC0415
-
-            self.lora_c = LowRankAdd.pack(lora.a.float(), lora.b.float(), cache_root() / "kernels")
         # A decode step's few rows on the weight repacked for AVX512-BF16 dot products
         # (kernels/cpu/int4_gemv.py: 2.2-2.5x torch's kernel per call on this model's shapes);
         # None where the CPU lacks them, the C kernels are off or the shape does not fit.
         self.rows_c = self._pack_rows_c()
+        self.lora_c = None
         if self.rows_c is not None:  # one copy of the weight resident: the C kernel's
             self._packed = self._scales_zeros = None
             if lora is not None:
                 # The adapter's term inside the same call, added before the output's one rounding
-                # (no second pass over y, no second call); the separate term's copy is then unused.
+                # (no second pass over y, no second call).
                 fused = self.rows_c.with_low_rank(lora.a.float(), lora.b.float())
                 if fused is not None:
-                    self.rows_c, self.lora_c = fused, None
+                    self.rows_c, lora = fused, None
+        # Otherwise the same term for a decode step's few rows in a C call of its own
+        # (kernels/cpu/low_rank.py: 13.7 -> 11.5 ms a step of the served model); None without
+        # a C compiler.
+        if lora is not None and scales_zeros.dtype == torch.bfloat16:
+            from kernels.cpu.low_rank import LowRankAdd  # noqa: PLC0415
+
+            self.lora_c = LowRankAdd.pack(lora.a.float(), lora.b.float(), cache_root() / "kernels")
 
     @property
     def packed(self) -> torch.Tensor:  # [N, K/2] uint8, torch's int4 layout

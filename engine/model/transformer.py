@@ -272,7 +272,7 @@ class Transformer:
             names.append("low_rank")
         if any(isinstance(getattr(lin, "dense", None), Int8GemmLinear) for lin in linears):
             names.append("int8_rows")
-        if any(getattr(getattr(lin, "packed", lin), "rows_c", None) is not None for lin in linears):
+        if any(getattr(p, "rows_c", None) is not None for p in packed):
             names.append("int4_gemv")
         return tuple(names)
 

@@ -34,7 +34,8 @@ _CHECKED: dict[ctypes.CDLL, str | None] = {}
 
 
 class Int4Gemv:
-    """The kernel's two entry points: `pack` (once per weight) and the product (per step)."""
+    """The loaded library: `pack` (once per weight) gives a `PackedInt4`, whose calls run the
+    product (with or without a low-rank term) and the dequantised copy."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._pack = lib.efim_int4_pack
