@@ -172,6 +172,14 @@ class Transformer:
 
             attend = DecodeAttention.load(cache_root() / "kernels")
             self._decode_attention = attend if attend is not None and attend.faster(1, config.head_dim) else None
+        # A prefill step's attention (17 rows and more) in one C call where the CPU has
+        # AVX512-BF16: 1.5-2.7x torch's flash kernel per layer (kernels/cpu/prefill_attention.py);
+        # None: SDPA.
+        self._prefill_attention = None
+        if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
+            from kernels.cpu.prefill_attention import PrefillAttention  # noqa: PLC0415
+
+            self._prefill_attention = PrefillAttention.load(cache_root() / "kernels")
         self._rope_apply = kernels.resolve("rope_apply", probe)
         self.kv_dtype = "model"
         self.set_kv_dtype(kv_dtype)
@@ -263,6 +271,8 @@ class Transformer:
     def c_kernels(self) -> tuple[str, ...]:
         """The CPU kernels in C this model runs (kernels/cpu), for `EngineInfo.c_kernels`."""
         names = ["decode_attention"] if self._decode_attention is not None else []
+        if self._prefill_attention is not None:
+            names.append("prefill_attention")
         if self._row_ops is not None:
             names.append("row_ops")
         linears = [getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down")]
@@ -446,6 +456,7 @@ class Transformer:
         t = h.shape[0]
         end = start + t
         attention, scale = self._attention, self.scale
+        prefill = self._prefill_attention if t >= _C_ATTENTION_ROWS + 1 else None
         last = len(self.layers) - 1
         if kv.quantized:
             for i in range(first, last + 1):
@@ -455,7 +466,10 @@ class Transformer:
                 if t == 1:
                     attn = kv.decode_attention(i, q, end, scale)  # [H, 1, D]
                 else:
-                    attn = attention(q, *kv.layer_kv(i, end), None, None, scale)  # [H, T, D]
+                    keys, values = kv.layer_kv(i, end)
+                    attn = None if prefill is None else prefill.attend(q, keys, values, scale)
+                    if attn is None:
+                        attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
                 h = self._finish(layer, h, attn)
                 if stop is not None and i < last and stop():
                     return h, i + 1
@@ -486,6 +500,8 @@ class Transformer:
                 keys, values = k_cache.narrow(1, 0, end), v_cache.narrow(1, 0, end)
                 if decode is not None:
                     attn = decode.attend_rows(q, keys, values, scale)  # [H, T, D]
+                elif prefill is not None:
+                    attn = prefill.attend(q, keys, values, scale)  # [H, T, D]
                 if attn is None:
                     attn = attention(q, keys, values, None, None, scale)  # [H, T, D]
             h = self._finish(layer, h, attn)

@@ -97,7 +97,8 @@ def test_a_bf16_models_decode_steps_in_c_agree_with_torchs(tmp_path, kernel_cach
                                      num_attention_heads=4, num_key_value_heads=2)
     monkeypatch.setenv("EFIM_CACHE_DIR", str(kernel_cache.parent))
     with_c = load_model(tiny_model_dir, dtype="bf16", quant="none").model
-    assert with_c.c_kernels() == ("decode_attention", "row_ops")
+    # (and the prefill's attention in C where this CPU has AVX512-BF16: the 40-token prompt)
+    assert set(with_c.c_kernels()) - {"prefill_attention"} == {"decode_attention", "row_ops"}
     build.library.cache_clear()
     monkeypatch.setenv("EFIM_C_KERNELS", "0")
     plain = load_model(tiny_model_dir, dtype="bf16", quant="none").model
