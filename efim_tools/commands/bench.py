@@ -1,4 +1,4 @@
-"""`efim bench engine|kernels|blend|jump|soak|restart|peers|saved|team|next-edit|daemon|nvim`: benchmarks that compare configurations in one run
+"""`efim bench engine|kernels|prefill-attention|blend|jump|soak|restart|peers|saved|team|next-edit|daemon|nvim`: benchmarks that compare configurations in one run
 (soak: load and cancellation through the real server; nvim: what a person sees in Neovim 0.12).
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
@@ -12,6 +12,7 @@ import importlib
 TARGETS = {
     "engine": ("bench.engine_bench", "prefill/decode speed vs transformers, and keystroke reuse FIM vs EFIM"),
     "kernels": ("bench.kernel_bench", "each kernel against its reference on the present device"),
+    "prefill-attention": ("bench.prefill_attention_bench", "a prefill step's attention: torch's kernel against the C one, per layer and in the forward"),
     "blend": ("bench.blend_bench", "CacheBlend quality and TTFT vs full prefill and prefix cache"),
     "jump": ("bench.jump_blend", "a window after a jump assembled from the document's KV vs full prefill"),
     "soak": ("bench.soak", "load and cancellation soak through efim serve: hangs, latency, RSS, integrity"),
@@ -27,7 +28,7 @@ TARGETS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, blend, jump, soak, restart, peers, saved, team, next-edit, daemon, nvim)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, prefill-attention, blend, jump, soak, restart, peers, saved, team, next-edit, daemon, nvim)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)

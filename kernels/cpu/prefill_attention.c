@@ -41,13 +41,6 @@ int efim_prefill_attention_bf16(void) {
 #include <omp.h>
 #endif
 
-static inline __m512 exp_clamped(__m512 y) {
-  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(EFIM_LOG2E));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_scalef_ps(exp2_fraction_avx512(_mm512_sub_ps(t, n)), n);
-}
-
 /* Keys of one KV head k [n rows of D at stride D] -> pairs[d2][s] = (k[s][2 d2], k[s][2 d2 + 1])
  * as one 32-bit lane, keys n..n_pad-1 zero. */
 static void pair_keys(const uint16_t *k, int n, int n_pad, int D, uint32_t *pairs) {

@@ -45,15 +45,6 @@ static inline __m512 round_bf16(__m512 x) {
   return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
 
-/* e^y for y in [-87, 88] (clamped): an integer power of two (scalef) times 2^f, f in
- * [-0.5, 0.5], by a degree-6 polynomial (relative error below 7e-7 for |y| <= 10, 4e-6 at
- * the ends of the range). */
-static inline __m512 exp_clamped(__m512 y) {
-  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 t = _mm512_mul_ps(y, _mm512_set1_ps(EFIM_LOG2E));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  return _mm512_scalef_ps(exp2_fraction_avx512(_mm512_sub_ps(t, n)), n);
-}
 #endif
 
 /* out[m, i] = silu(gu[m, i]) * gu[m, I + i]: the gated MLP's activation on its fused
