@@ -53,7 +53,8 @@ class _Norm:
     the few rows of a decode step, RMSNorm runs as LayerNorm over `[x, -x]`: that row
     has mean 0 and variance mean(x^2), so its first half is exactly x / rms(x) * w —
     three cheap calls instead of nine. Larger inputs, and any non-reference (Triton)
-    `kernels.rms_norm`, which is fused already, go through `kernels.rms_norm`."""
+    `kernels.rms_norm`, which is fused already, go through `kernels.rms_norm`. A bf16 model on
+    the CPU runs every RMSNorm in one C call instead (`row_ops`), where it has the library."""
 
     __slots__ = ("w", "b", "w2", "eps", "rms", "rms_norm", "small_rows", "row_ops")
 
@@ -61,23 +62,23 @@ class _Norm:
         self.w, self.b, self.eps, self.rms, self.rms_norm = w, b, eps, rms, rms_norm
         self.w2 = torch.cat((w, w)) if rms else None  # [2 hidden]
         self.small_rows = _SMALL_ROWS if rms_norm is kernels.reference.rms_norm else 0
-        # RMSNorm of a decode step's rows in one C call (kernels/cpu/row_ops.py); None: torch.
+        # RMSNorm of a step's rows in one C call (kernels/cpu/row_ops.py); None: torch.
         self.row_ops = row_ops if rms else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         d = x.shape[-1]
         if not self.rms:
             return F.layer_norm(x, (d,), self.w, self.b, self.eps)
+        out = None if self.row_ops is None else self.row_ops.rms_norm(x, self.w, self.eps)
+        if out is not None:
+            return out
         if x.shape[0] <= self.small_rows:
-            out = None if self.row_ops is None else self.row_ops.rms_norm(x, self.w, self.eps)
-            if out is not None:
-                return out
             return F.layer_norm(torch.cat((x, x.neg()), -1), (2 * d,), self.w2, None, self.eps)[:, :d]
         return self.rms_norm(x, self.w, self.eps)
 
     def add_then_norm(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """h += residual (in place), then this norm of h: one C call for a decode step's rows."""
-        if self.row_ops is not None and h.shape[0] <= self.small_rows:
+        """h += residual (in place), then this norm of h: one C call where the model has it."""
+        if self.row_ops is not None:
             out = self.row_ops.rms_norm(h, self.w, self.eps, residual)
             if out is not None:
                 return out
@@ -150,8 +151,8 @@ class Transformer:
         self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
         self._rms_norm = kernels.resolve("rms_norm", self.inv_freq)
         self.gated = config.mlp == "gated_silu"
-        # A decode step's norms and SiLU * up in one C call each, where the model is bf16 on the
-        # CPU (kernels/cpu/row_ops.py); None: torch's ops.
+        # A step's norms and SiLU * up in one C call each (a prefill's rows over the OpenMP
+        # threads), where the model is bf16 on the CPU (kernels/cpu/row_ops.py); None: torch's ops.
         self._row_ops = None
         if dtype == torch.bfloat16 and self.device.type == "cpu" and self._rms_norm is kernels.reference.rms_norm:
             from kernels.cpu.row_ops import RowOps  # noqa: PLC0415
@@ -379,7 +380,7 @@ class Transformer:
         o = layer.o(attn.transpose(0, 1).reshape(t, self.config.q_size))  # [T, hidden]
         up = layer.up(layer.norm2.add_then_norm(h, o))  # h += o; [T, 2I] or [T, I]
         if self.gated:
-            act = None if self._row_ops is None or t > _SMALL_ROWS else self._row_ops.silu_mul(up)  # [T, I]
+            act = None if self._row_ops is None else self._row_ops.silu_mul(up)  # [T, I]
             if act is None:
                 i = self.config.intermediate_size
                 act = F.silu(up[:, :i]).mul_(up[:, i:])  # [T, I]

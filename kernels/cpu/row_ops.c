@@ -1,18 +1,24 @@
-/* The small row operations of a decode step, one call each instead of torch's 3-5
- * (kernels/cpu/row_ops.py says why): RMSNorm (optionally after adding a residual in place)
- * and SiLU(gate) * up. bf16 in and out, float32 inside; rows at a stride. */
+/* The row operations of a step, one call each instead of torch's 3-9 (kernels/cpu/row_ops.py
+ * says why): RMSNorm (optionally after adding a residual in place) and SiLU(gate) * up. bf16 in
+ * and out, float32 inside; rows at a stride; a prefill's many rows over OpenMP threads. */
 #include <math.h>
 #include <stddef.h>
 
 #include "efim_cpu.h"
 
 #define LANES 16
+/* Rows from which a call shares its rows over the threads it is given (a prefill step's);
+ * fewer (a decode step's) stay on the calling thread. Rows are independent: the same bits
+ * either way. */
+#define EFIM_PARALLEL_ROWS 32
 
 /* h[m] += delta[m] (rounded to bf16, as torch's add_), when delta is not NULL; then
  * out[m] = h[m] / sqrt(mean(h[m]^2) + eps) * w. Returns -1 for K <= 0. */
 int efim_add_rms_norm(int M, int K, uint16_t *h, long ldh, const uint16_t *delta, long ldd,
-                      const uint16_t *w, float eps, uint16_t *out, long ldo) {
+                      const uint16_t *w, float eps, uint16_t *out, long ldo, int threads) {
   if (K <= 0) return -1;
+  (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M >= EFIM_PARALLEL_ROWS)
   for (int m = 0; m < M; m++) {
     uint16_t *hm = h + (long)m * ldh;
     if (delta != NULL) {
@@ -50,8 +56,10 @@ static inline __m512 round_bf16(__m512 x) {
 /* out[m, i] = silu(gu[m, i]) * gu[m, I + i]: the gated MLP's activation on its fused
  * gate-up row (gate first). silu(x) = x / (1 + e^-x) in float32, rounded to bf16 before the
  * product as torch's two ops round it. */
-int efim_silu_mul(int M, int I, const uint16_t *gu, long ldg, uint16_t *out, long ldo) {
+int efim_silu_mul(int M, int I, const uint16_t *gu, long ldg, uint16_t *out, long ldo, int threads) {
   if (I <= 0) return -1;
+  (void)threads;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M >= EFIM_PARALLEL_ROWS)
   for (int m = 0; m < M; m++) {
     const uint16_t *g = gu + (long)m * ldg, *u = g + I;
     uint16_t *om = out + (long)m * ldo;

@@ -1,5 +1,6 @@
-"""A decode step's RMSNorm (with and without the residual add) and SiLU * up in C
-(kernels/cpu/row_ops.py) against torch's ops, on the AVX-512 build and the portable one."""
+"""A step's RMSNorm (with and without the residual add) and SiLU * up in C
+(kernels/cpu/row_ops.py) against torch's ops, on the AVX-512 build and the portable one, a
+decode step's few rows and a prefill's many (over the threads: the same bits as on one)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.cpu import build
-from kernels.cpu.row_ops import MAX_ROWS, RowOps
+from kernels.cpu.row_ops import PARALLEL_ROWS, RowOps
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -19,7 +20,7 @@ def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize(("rows", "k"), [(1, 576), (3, 100), (MAX_ROWS, 64)])
+@pytest.mark.parametrize(("rows", "k"), [(1, 576), (3, 100), (16, 64), (PARALLEL_ROWS + 5, 576), (300, 100)])
 def test_rms_norm_and_the_residual_add(kernel_cache, native, rows, k):
     ops = RowOps.load(kernel_cache, native=native)
     g = torch.Generator().manual_seed(rows * k)
@@ -39,7 +40,7 @@ def test_rms_norm_and_the_residual_add(kernel_cache, native, rows, k):
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize(("rows", "i"), [(1, 1536), (2, 40), (MAX_ROWS, 17)])
+@pytest.mark.parametrize(("rows", "i"), [(1, 1536), (2, 40), (16, 17), (PARALLEL_ROWS + 5, 1536), (300, 40)])
 def test_silu_mul_matches_torch(kernel_cache, native, rows, i):
     ops = RowOps.load(kernel_cache, native=native)
     g = torch.Generator().manual_seed(i)
@@ -57,8 +58,7 @@ def test_silu_mul_matches_torch(kernel_cache, native, rows, i):
 def test_calls_it_does_not_take_are_declined(kernel_cache):
     ops = RowOps.load(kernel_cache)
     w = torch.ones(64).bfloat16()
-    x = torch.randn(MAX_ROWS + 1, 64).bfloat16()
-    assert ops.rms_norm(x, w, 1e-5) is None  # a prefill's rows
+    x = torch.randn(17, 64).bfloat16()
     assert ops.rms_norm(x[:2].float(), w, 1e-5) is None
     assert ops.rms_norm(x[:2], torch.ones(63).bfloat16(), 1e-5) is None
     h = x[:2].clone()
@@ -66,3 +66,23 @@ def test_calls_it_does_not_take_are_declined(kernel_cache):
     assert torch.equal(h, x[:2])  # declined: the residual was not added
     assert ops.silu_mul(torch.randn(2, 7).bfloat16()) is None  # odd width: no gate/up halves
     assert ops.silu_mul(torch.randn(2, 8)) is None
+
+
+def test_a_prefills_rows_give_the_same_bits_on_one_thread_and_two(kernel_cache):
+    ops = RowOps.load(kernel_cache)
+    g = torch.Generator().manual_seed(11)
+    h = (torch.randn(200, 576, generator=g) * 3).bfloat16()
+    residual = torch.randn(200, 576, generator=g).bfloat16()
+    w = torch.randn(576, generator=g).bfloat16()
+    gate_up = (torch.randn(200, 2 * 1536, generator=g) * 4).bfloat16()
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            hh = h.clone()
+            results.append((ops.rms_norm(hh, w, 1e-5, residual), hh, ops.silu_mul(gate_up)))
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
