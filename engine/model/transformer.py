@@ -174,7 +174,7 @@ class Transformer:
             attend = DecodeAttention.load(cache_root() / "kernels")
             self._decode_attention = attend if attend is not None and attend.faster(1, config.head_dim) else None
         # A prefill step's attention (17 rows and more) in one C call where the CPU has
-        # AVX512-BF16: 1.5-2.7x torch's flash kernel per layer (kernels/cpu/prefill_attention.py);
+        # AVX512-BF16: 1.3-3.1x torch's flash kernel per layer (kernels/cpu/prefill_attention.py);
         # None: SDPA.
         self._prefill_attention = None
         if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
