@@ -63,7 +63,7 @@ static void pair_keys(const uint16_t *k, int n, int n_pad, int D, uint32_t *pair
   }
 }
 
-/* One unit: query rows r0..r1-1 (positions start + r) of the G heads g0.. of one KV head. */
+/* One unit: query rows r0..r1-1 (positions start + r) of the G query heads h0.. of one KV head. */
 static inline __attribute__((always_inline)) void unit(
     const int D, int G, int start, int r0, int r1, float scale, const uint16_t *q, long q_hs, long q_rs, int h0,
     const uint32_t *pairs, int n_pad, const uint16_t *v, uint16_t *out, long o_hs, long o_rs, float *sc) {
@@ -71,7 +71,7 @@ static inline __attribute__((always_inline)) void unit(
   float sums[MAX_G * QB]; /* each row's sum of softmax numerators */
   const int n_unit = start + r1; /* keys the unit's last row sees */
   const int c_unit = (n_unit + KEYS - 1) / KEYS;
-  /* Scores, scaled: sc[(g * QB + i) * n_pad + s]; entries past a row's position are never read. */
+  /* Scores, scaled: sc[(g * QB + i) * n_pad + s], then replaced by the softmax numerators. */
   for (int g = 0; g < G; g++)
     for (int i = 0; i < rows; i++) {
       const uint16_t *qr = q + (long)(h0 + g) * q_hs + (long)(r0 + i) * q_rs;
@@ -103,7 +103,8 @@ static inline __attribute__((always_inline)) void unit(
         }
         _mm512_storeu_ps(srow + c * KEYS, _mm512_mul_ps(a0, _mm512_set1_ps(scale)));
       }
-      /* Softmax numerators in place: e^(s - max) for keys < n_row, 0 after (to the chunk's end). */
+      /* Softmax numerators in place: e^(s - max) for keys < n_row, 0 after, up to the unit's last
+       * row's keys (the weighted sums below run every row of a group that far). */
       __m512 mx = _mm512_set1_ps(-INFINITY);
       for (c = 0; c < c_row; c++) {
         const __mmask16 live = first_lanes(n_row - c * KEYS);
