@@ -10,7 +10,6 @@
  * once, at the end, and rounded to bf16 once. */
 #include <math.h>
 #include <stddef.h>
-#include <string.h>
 
 #include "efim_cpu.h"
 

@@ -7,10 +7,9 @@
 #include "efim_cpu.h"
 
 #define LANES 16
-/* Rows from which a call shares its rows over the threads it is given (a prefill step's);
- * fewer (a decode step's) stay on the calling thread. Rows are independent: the same bits
- * either way. */
-#define EFIM_PARALLEL_ROWS 32
+
+/* Both calls share their rows over `threads` OpenMP threads (the caller passes 1 for a decode
+ * step's few rows). Rows are independent: the same bits on any number of threads. */
 
 /* h[m] += delta[m] (rounded to bf16, as torch's add_), when delta is not NULL; then
  * out[m] = h[m] / sqrt(mean(h[m]^2) + eps) * w. Returns -1 for K <= 0. */
@@ -18,7 +17,7 @@ int efim_add_rms_norm(int M, int K, uint16_t *h, long ldh, const uint16_t *delta
                       const uint16_t *w, float eps, uint16_t *out, long ldo, int threads) {
   if (K <= 0) return -1;
   (void)threads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M >= EFIM_PARALLEL_ROWS)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int m = 0; m < M; m++) {
     uint16_t *hm = h + (long)m * ldh;
     if (delta != NULL) {
@@ -59,7 +58,7 @@ static inline __m512 round_bf16(__m512 x) {
 int efim_silu_mul(int M, int I, const uint16_t *gu, long ldg, uint16_t *out, long ldo, int threads) {
   if (I <= 0) return -1;
   (void)threads;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && M >= EFIM_PARALLEL_ROWS)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int m = 0; m < M; m++) {
     const uint16_t *g = gu + (long)m * ldg, *u = g + I;
     uint16_t *om = out + (long)m * ldo;

@@ -26,7 +26,8 @@ import torch
 from kernels.cpu.build import library
 
 PARALLEL_ROWS = 32
-"""Rows from which a call is shared over torch's threads (the C side's EFIM_PARALLEL_ROWS)."""
+"""Rows from which a call is shared over torch's threads; fewer (a decode step's) run on the
+calling thread."""
 
 
 def _rows_ok(*xs: torch.Tensor) -> bool:

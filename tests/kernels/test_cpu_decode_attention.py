@@ -11,6 +11,7 @@ import torch
 
 from kernels.cpu import build
 from kernels.cpu.decode_attention import DecodeAttention
+from tests.kernels.threads import torch_threads
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -170,16 +171,12 @@ def test_rope_attend_of_a_few_rows_is_those_rows_one_at_a_time(kernel_cache, thr
     qkv = torch.randn(t, (h + 2 * h_kv) * d, generator=g).bfloat16()
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
     cos, sin = rope_cos_sin(torch.arange(pos, pos + t), inv_freq, torch.bfloat16)  # [T, D/2]
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         k_all, v_all = k0.clone(), v0.clone()
         got = attend.rope_attend(qkv, cos, sin, k_all, v_all, pos, d**-0.5, h)
         k_one, v_one = k0.clone(), v0.clone()
         one = [attend.rope_attend(qkv[r : r + 1], cos[r : r + 1], sin[r : r + 1], k_one, v_one, pos + r, d**-0.5, h)
                for r in range(t)]
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (h, t, d)
     assert torch.equal(k_all, k_one) and torch.equal(v_all, v_one)
     assert torch.equal(got, torch.cat(one, 1))
@@ -211,14 +208,10 @@ def test_keys_shared_over_threads_give_the_one_threads_answer(kernel_cache, n):
         assert threaded.threaded  # torch's runtime is libgomp here: the build shares its work
     k, v = cache_views(3, n, 64, n + 5, seed=n)
     q = torch.randn(9, 1, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with torch_threads(2):
         got = threaded.attend(q, k, v, 0.125)
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = threaded.attend(q, k, v, 0.125)
-    finally:
-        torch.set_num_threads(before)
     ref = single.attend(q, k, v, 0.125)
     assert torch.equal(one, ref) and torch.equal(got, ref)
     torch.testing.assert_close(got.double(), exact(q, k, v, 0.125), atol=4e-3, rtol=1e-2)
@@ -235,12 +228,8 @@ def test_a_chunk_the_query_ignores_adds_nothing(kernel_cache):
     v = torch.arange(n, dtype=torch.float32).view(1, n, 1).expand(1, n, d).contiguous()
     q = torch.zeros(1, 1, d)
     q[0, 0, 0] = 0.5
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
+    with torch_threads(2):
         got = attend.attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), 1.0)
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(got.float(), torch.full((1, 1, d), float(torch.tensor(n - 3.0).bfloat16())))
 
 
@@ -294,12 +283,8 @@ def test_a_few_rows_each_attend_their_own_keys(kernel_cache, native, threads, h,
     g = torch.Generator().manual_seed(t)
     q = torch.randn(t, h, d, generator=g).bfloat16().transpose(0, 1)  # [H, T, D] with a row stride of H*D
     scale = d**-0.5
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with torch_threads(threads):
         got = attend.attend_rows(q, k, v, scale)
-    finally:
-        torch.set_num_threads(before)
     assert got is not None and got.shape == (h, t, d) and got.dtype == torch.bfloat16
     want = exact_causal(q, k, v, scale)
     torch.testing.assert_close(got.double(), want, atol=4e-3, rtol=1e-2)

@@ -9,6 +9,7 @@ import torch
 from engine.model.quant import Int4Linear, _unpack_int4, quantize_groups
 from kernels.cpu import build
 from kernels.cpu.int4_gemv import MAX_ROWS, Int4Gemv, PackedInt4
+from tests.kernels.threads import torch_threads
 
 needs_cc = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -92,14 +93,10 @@ def test_a_row_is_the_same_bits_on_one_thread_or_two_and_alone_or_with_others(ke
     lin = weight(1024, 576, 32, seed=5)
     x = torch.randn(MAX_ROWS, 576).bfloat16()
     ours = kernel(kernel_cache).pack(*parts(lin))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = ours(x)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         two = ours(x)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(one, two)
     assert torch.equal(ours(x[2:3]), two[2:3])  # rows do not mix: a verify step's row 2 is a decode step's
 

@@ -8,6 +8,7 @@ import torch
 
 from kernels.cpu import build
 from kernels.cpu.prefill_attention import MIN_ROWS, PrefillAttention
+from tests.kernels.threads import torch_threads
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -74,14 +75,10 @@ def test_one_thread_and_two_give_the_same_bits(kernel_cache):
     """Each (KV head, block of rows) is computed whole by one thread: the split changes nothing."""
     attend = kernel(kernel_cache)
     q, k, v = inputs(9, 3, 64, 100, 130, seed=4)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = attend.attend(q, k, v, 0.125)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         two = attend.attend(q, k, v, 0.125)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(one, two)
 
 

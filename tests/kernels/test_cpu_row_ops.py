@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from kernels.cpu import build
 from kernels.cpu.row_ops import PARALLEL_ROWS, RowOps
+from tests.kernels.threads import torch_threads
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler on this machine")
 
@@ -75,14 +76,10 @@ def test_a_prefills_rows_give_the_same_bits_on_one_thread_and_two(kernel_cache):
     residual = torch.randn(200, 576, generator=g).bfloat16()
     w = torch.randn(576, generator=g).bfloat16()
     gate_up = (torch.randn(200, 2 * 1536, generator=g) * 4).bfloat16()
-    before = torch.get_num_threads()
     results = []
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with torch_threads(threads):
             hh = h.clone()
             results.append((ops.rms_norm(hh, w, 1e-5, residual), hh, ops.silu_mul(gate_up)))
-    finally:
-        torch.set_num_threads(before)
     for one, two in zip(*results):
         assert torch.equal(one, two)
