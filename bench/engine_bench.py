@@ -11,6 +11,9 @@ Sections (each can be left out with a flag; `--quick` keeps a short version of e
 - end to end through the engine API on the embedded model: prefill tokens/s of a ~1K-token
   prompt (submit → first token, no cache) and decode ms/token, against `transformers`' own
   model in bf16 loaded from the same converted folder (one forward; a `past_key_values` loop);
+- the per-step fixed cost: a decode step of a model of the embedded model's depth in the
+  served layout with 64-wide layers (`bench.speed_probes.fixed_cost_ms`), with the layers in
+  one C call and with a call per kernel;
 - keystrokes: 20 keystrokes typed into a ~2,000-token window (prefix ~1500 + suffix ~500),
   as EFIM and (full run) as FIM with the prefix cache, StarCoder sentinels added and no
   adapter (there FIM re-prefills the suffix at every keystroke). Per keystroke: tokens
@@ -211,7 +214,7 @@ def _p50(xs):
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
-    from bench import decode_formats, llama_cpp_figures, suggestion_latency  # noqa: PLC0415
+    from bench import decode_formats, llama_cpp_figures, speed_probes, suggestion_latency  # noqa: PLC0415
     from engine.local import load_engine  # noqa: PLC0415
     from engine.model.loader import default_model_path  # noqa: PLC0415
     from engine.runtime.cpu_threads import on_a_thread_that_ends  # noqa: PLC0415
@@ -251,9 +254,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         folder = eng.loaded.path
         prefill_form = eng.info().prefill or eng.info().dtype
         e2e = engine_prefill_decode(eng, prompt, decode_tokens, repeats)
+        n_layers = eng.model.config.n_layers
     finally:
         eng.close()
     del eng
+    # The per-step fixed cost at the model's depth, with the engine's thread gone.
+    fixed = on_a_thread_that_ends(lambda: speed_probes.fixed_cost_ms(n_layers))
     hf = None
     if not args.skip_transformers:
         hf = transformers_prefill_decode(folder, list(prompt_ids), decode_tokens, repeats)
@@ -287,6 +293,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "single_line": lines,
         "memory_bandwidth_gbs": bw,
         "decode_floor_ms": weight_bytes / (bw * 1e9) * 1e3,
+        "fixed_cost_ms": fixed,
     }
     details = {
         "prefill_prompt_tokens": e2e["prompt_tokens"],
@@ -336,6 +343,8 @@ def render_table(out: dict[str, Any]) -> str:
         f"{_ratio(dc['transformers'], dc['engine']):>9}",
         f"  memory bandwidth {r['memory_bandwidth_gbs']:.1f} GB/s; bf16 weight floor {r['decode_floor_ms']:.1f} ms "
         f"({d['weight_bytes'] / 1e6:.0f} MB)",
+        f"  per-step fixed cost (the same depth, 64-wide int4 layers): {_fmt(r['fixed_cost_ms'].get('one_call'), '.2f')} ms "
+        f"with the layers in one C call, {_fmt(r['fixed_cost_ms'].get('calls'), '.2f')} ms with a call per kernel",
         "",
         f"keystrokes into a {d['window_tokens']}-token window   {'FIM+prefix cache':>18}{'EFIM':>10}",
         f"{'  prefilled tokens p50':<40}{_fmt(r['keystroke_prefilled_p50']['fim'], '.0f'):>18}"

@@ -107,3 +107,44 @@ __all__ = [
     "hf_prefill_tok_s",
     "interleaved",
 ]
+
+
+def fixed_cost_ms(n_layers: int, steps: int = 64, rounds: int = 5) -> dict[str, float]:
+    """The per-step fixed cost of a served decode step: ms per greedy step of a model with
+    `n_layers` layers in the served layout (int4 weights packed for the C kernel, RMSNorm, a
+    gated MLP, one 64-dim head) but 64-wide layers and a 256-entry vocabulary, where no kernel
+    has work to speak of: what remains is Python, dispatch, the calls' own costs and their
+    parallel regions. "one_call": the layers in one C call where the model has it
+    (kernels/cpu/decode_layers.py); "calls": the same model's per-kernel calls. Medians of
+    `rounds` alternated rounds."""
+    import transformers  # noqa: PLC0415
+
+    from engine.model import ModelConfig  # noqa: PLC0415
+
+    config = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=n_layers, num_attention_heads=1,
+        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
+    ).to_dict()
+    gen = torch.Generator().manual_seed(0)
+    w = {"model.embed_tokens.weight": torch.randn(256, 64, generator=gen) * 0.02, "model.norm.weight": torch.ones(64)}
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("self_attn.q_proj", (64, 64)), ("self_attn.k_proj", (64, 64)), ("self_attn.v_proj", (64, 64)),
+                            ("self_attn.o_proj", (64, 64)), ("mlp.gate_proj", (64, 64)), ("mlp.up_proj", (64, 64)),
+                            ("mlp.down_proj", (64, 64))):
+            w[p + name + ".weight"] = torch.randn(*shape, generator=gen) * 0.02
+        w[p + "input_layernorm.weight"] = torch.ones(64)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(64)
+    model = Transformer(ModelConfig.from_hf(config), w, dtype=torch.bfloat16, quant="int4")
+    plan = model.decode_layers
+    prompt = torch.arange(64) % 256
+    times: dict[str, list[float]] = {"one_call": [], "calls": []}
+    try:
+        with torch.inference_mode():
+            for _ in range(rounds):
+                for name in times if plan is not None else ("calls",):
+                    model.decode_layers = plan if name == "one_call" else None
+                    times[name].append(engine_decode_ms(model, prompt, steps))
+    finally:
+        model.decode_layers = plan
+    return {name: statistics.median(xs) for name, xs in times.items() if xs}

@@ -14,6 +14,7 @@ the runtime owns `SequenceKV` objects and decides what to prefill.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable, NamedTuple
 
@@ -21,12 +22,13 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from engine.model import cpu_kernels
 from engine.model.config import ModelConfig
 from engine.model.head_screen import ScreenedHead
-from engine.model.int8_prefill import Int8GemmLinear
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 from engine.model.sequence_kv import _W8_ALIGN, KV, Int8SequenceKV, SequenceKV, kv_dtype_name
-from engine.paths import cache_root
+
+log = logging.getLogger(__name__)
 
 
 class LayerPause(NamedTuple):
@@ -151,39 +153,60 @@ class Transformer:
         self.inv_freq = rope_inv_freq(config).to(self.device)  # [D/2] float32
         self._rms_norm = kernels.resolve("rms_norm", self.inv_freq)
         self.gated = config.mlp == "gated_silu"
-        # A step's norms and SiLU * up in one C call each (a prefill's rows over the OpenMP
-        # threads), where the model is bf16 on the CPU (kernels/cpu/row_ops.py); None: torch's ops.
-        self._row_ops = None
-        if dtype == torch.bfloat16 and self.device.type == "cpu" and self._rms_norm is kernels.reference.rms_norm:
-            from kernels.cpu.row_ops import RowOps  # noqa: PLC0415
-
-            self._row_ops = RowOps.load(cache_root() / "kernels")
+        # The C kernels of a bf16 CPU model's steps (engine/model/cpu_kernels.py); None: torch's ops.
+        loaded = cpu_kernels.load(dtype, self.device, self.inv_freq, config.head_dim)
+        self._row_ops = loaded.row_ops  # the norms and SiLU * up of a step
         self._build(weights)
         self._cos = torch.empty(0, config.head_dim // 2, dtype=dtype, device=self.device)
         self._sin = self._cos
         self._grow_rope(min(config.max_position, 4096))
         probe = self.inv_freq
         self._attention = kernels.resolve("attention", probe)
-        # A decode step's attention (one query row) in one C call where the model is bf16 on the
-        # CPU: 2.3-3.3x torch's flash kernel per layer (kernels/cpu/decode_attention.py) where its
-        # loops are the faster ones for this head size; None: SDPA.
-        self._decode_attention = None
-        if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
-            from kernels.cpu.decode_attention import DecodeAttention  # noqa: PLC0415
-
-            attend = DecodeAttention.load(cache_root() / "kernels")
-            self._decode_attention = attend if attend is not None and attend.faster(1, config.head_dim) else None
-        # A prefill step's attention (17 rows and more) in one C call where the CPU has
-        # AVX512-BF16: 1.3-3.1x torch's flash kernel per layer (kernels/cpu/prefill_attention.py);
-        # None: SDPA.
-        self._prefill_attention = None
-        if dtype == torch.bfloat16 and kernels.backend_for("attention", probe) == "reference" and self.device.type == "cpu":
-            from kernels.cpu.prefill_attention import PrefillAttention  # noqa: PLC0415
-
-            self._prefill_attention = PrefillAttention.load(cache_root() / "kernels")
+        self._decode_attention = loaded.decode_attention  # a step of up to 16 rows: RoPE, KV rows, attention
+        self._prefill_attention = loaded.prefill_attention  # a step of 17 rows and more
         self._rope_apply = kernels.resolve("rope_apply", probe)
         self.kv_dtype = "model"
         self.set_kv_dtype(kv_dtype)
+        # A step of up to `_decode_layers_rows` rows through all layers in one C call, where every
+        # layer is what that call runs (kernels/cpu/decode_layers.py); checked once against the
+        # calls it replaces (`_check_decode_layers`).
+        self.decode_layers, self._decode_layers_rows = None, 0
+        planned = cpu_kernels.decode_layer_plan(self)
+        if planned is not None:
+            self.decode_layers, self._decode_layers_rows = planned
+            self._check_decode_layers()
+
+    @property
+    def cpu_kernels(self) -> cpu_kernels.CpuKernels:
+        """The C kernels this model's steps call one at a time (None: torch's ops)."""
+        return cpu_kernels.CpuKernels(self._row_ops, self._decode_attention, self._prefill_attention)
+
+    def _check_decode_layers(self) -> None:
+        """Run a two-row step at a fresh position through the layers both ways, once: the one C
+        call must give the bits of the calls it replaces (hidden states and KV rows), else it
+        is dropped with one warning and the model keeps those calls."""
+        c = self.config
+        gen = torch.Generator().manual_seed(0)
+        h = torch.randn(2, c.hidden_size, generator=gen).to(self.dtype)  # [2, hidden]
+        shape = (c.n_layers, c.n_kv_heads, 8, c.head_dim)
+        kvs = [SequenceKV(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in range(2)]
+        plan, self.decode_layers = self.decode_layers, None
+        cos, sin = self._rope_range(3, 2)
+        with torch.inference_mode():
+            before = torch.randn(2, c.n_layers, c.n_kv_heads, 3, c.head_dim, generator=gen)  # keys, values
+            for kv in kvs:  # the same three rows before the step, in both
+                kv.k.narrow(2, 0, 3).copy_(before[0])
+                kv.v.narrow(2, 0, 3).copy_(before[1])
+            want, _ = self._layers(h.clone(), kvs[0], 3, cos, sin)
+            got = h.clone()
+            ran = plan.run(got, cos, sin, kvs[1].k, kvs[1].v, 3, self.scale)
+        same = ran and torch.equal(got, want) and torch.equal(kvs[0].k[:, :, :5], kvs[1].k[:, :, :5]) and torch.equal(
+            kvs[0].v[:, :, :5], kvs[1].v[:, :, :5])
+        if same:
+            self.decode_layers = plan
+        else:
+            log.warning("the decode layers' one C call did not give the bits of the calls it replaces: the model keeps those")
+            self._decode_layers_rows = 0
 
     def set_kv_dtype(self, kv_dtype: str | None) -> None:
         """The KV format of the sequences `new_kv` makes from now on: "model" (None, auto,
@@ -271,21 +294,7 @@ class Transformer:
 
     def c_kernels(self) -> tuple[str, ...]:
         """The CPU kernels in C this model runs (kernels/cpu), for `EngineInfo.c_kernels`."""
-        names = ["decode_attention"] if self._decode_attention is not None else []
-        if self._prefill_attention is not None:
-            names.append("prefill_attention")
-        if self._row_ops is not None:
-            names.append("row_ops")
-        linears = [getattr(layer, n) for layer in self.layers for n in ("qkv", "o", "up", "down")]
-        packed = [getattr(lin, "packed", lin) for lin in linears]
-        if any(getattr(p, "lora_c", None) is not None or getattr(getattr(p, "rows_c", None), "low_rank", None) is not None
-               for p in packed):
-            names.append("low_rank")
-        if any(isinstance(getattr(lin, "dense", None), Int8GemmLinear) for lin in linears):
-            names.append("int8_rows")
-        if any(getattr(p, "rows_c", None) is not None for p in packed):
-            names.append("int4_gemv")
-        return tuple(names)
+        return cpu_kernels.names(self)
 
     def weight_bytes(self) -> int:
         """Bytes of parameters a decode step reads (all linear layers incl. lm_head, norms)."""
@@ -475,6 +484,13 @@ class Transformer:
                 if stop is not None and i < last and stop():
                     return h, i + 1
             return h, None
+        plan = self.decode_layers
+        if plan is not None and t <= self._decode_layers_rows and first == 0 and stop is None:
+            # The whole step in one C call (kernels/cpu/decode_layers.py): the same calls as below.
+            h_in = h.clone()
+            if plan.run(h, cos, sin, kv.k, kv.v, start, scale):
+                return h, None
+            h = h_in
         # A decode step's attention half — RoPE, the KV row written, attention — in one C call
         # where the model has it (kernels/cpu/decode_attention.py); else torch's ops below. A
         # step of a few rows (a speculation verify, a keystroke's tokens) has its attention in C

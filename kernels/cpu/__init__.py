@@ -6,5 +6,7 @@ keeps for when no compiler is present (or `EFIM_C_KERNELS=0`).
   adapter's low-rank term added in the same call where its factors are bf16.
 - `low_rank`: an adapter's low-rank term added to a decode step's rows (y += (x Aᵀ) Bᵀ).
 - `decode_attention`, `row_ops`: a decode step's RoPE + KV row + attention; its norms and SiLU.
+- `decode_layers`: a step of a few rows through every layer in one call, the three above
+  compiled into one library and called in the model's order (the Python between them gone).
 - `int8_rows`: the passes around an int8 prefill GEMM.
 """

@@ -2,8 +2,9 @@
 
 The library is built with the system's C compiler (`$CC`, else `cc`, `gcc` or `clang`) at
 `-O3 -march=native` (plain `-O3` where the compiler refuses `-march=native`) and kept in a
-cache folder under a name that hashes the source, the compiler's version, the flags and the
-CPU's feature flags: a new source, compiler or machine builds a new file, and a file is never
+cache folder under a name that hashes the source (with the sources of this folder it includes:
+`decode_layers.c` compiles three others into one library), the compiler's version, the flags
+and the CPU's feature flags: a new source, compiler or machine builds a new file, and a file is never
 rebuilt in place (written beside, then renamed, so several processes may build at once).
 A cache folder that is not the user's own or that others may write is not trusted: the build
 then goes to a private temporary folder for this process. No compiler, a failed build or
@@ -24,6 +25,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
@@ -38,6 +40,7 @@ _FLAGS = ("-O3", "-shared", "-fPIC", "-std=c11")
 _NATIVE = "-march=native"
 _LIBS = ("-lm",)
 _COMPILE_TIMEOUT_S = 120
+_INCLUDED_SOURCE = re.compile(r'^#include "(\w+\.c)"', re.M)
 
 
 def enabled() -> bool:
@@ -133,13 +136,15 @@ def library(name: str, cache_dir: Path | None = None, *, native: bool = True, op
     openmp = openmp and torch_openmp_runtime() is not None
     source = _SOURCE_DIR / f"{name}.c"
     headers = "".join(h.read_text(encoding="utf-8") for h in sorted(_SOURCE_DIR.glob("*.h")))  # the shared header(s)
+    text = source.read_text(encoding="utf-8")
+    text += "".join((_SOURCE_DIR / inc).read_text(encoding="utf-8") for inc in _INCLUDED_SOURCE.findall(text))
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     key = hashlib.sha256(
         b"\0".join(
-            s.encode() for s in (source.read_text(encoding="utf-8") + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", "-fopenmp" if openmp else "", _cpu_flags())
+            s.encode() for s in (text + headers, cc, version, " ".join((*_FLAGS, *_LIBS)), _NATIVE if native else "", "-fopenmp" if openmp else "", _cpu_flags())
         )
     ).hexdigest()[:16]
     kept = cache_dir is not None and private_dir(cache_dir)

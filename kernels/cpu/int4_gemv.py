@@ -180,6 +180,13 @@ class PackedInt4:
         out._lr_args = (r, a_t.data_ptr(), blk_t.data_ptr(), bv.data_ptr())
         return out
 
+    def low_rank_args(self) -> tuple[int, int, int, int, int, int]:
+        """What the C side's calls take for this weight beyond its shape: the packed weight's and
+        scales' addresses and the low-rank term's rank, A, block and value addresses (rank 0
+        and null addresses without one); valid while this object lives."""
+        r, a, blk, bv = (0, 0, 0, 0) if self._lr_args is None else self._lr_args
+        return r, self._packed_ptr, self._sz_ptr, a, blk, bv
+
     def dequantize_t(self) -> torch.Tensor:  # [K, N] bf16
         """Wᵀ in bf16 with torch's roundings of `Int4Linear`'s dequantise ((q - 8) * scale + zero,
         the offset rounded first), for a prefill's GEMM: one pass over the packed bytes."""

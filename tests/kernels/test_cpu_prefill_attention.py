@@ -107,11 +107,12 @@ def test_a_bf16_model_prefills_with_it(kernel_cache, monkeypatch):
     so), and its logits stay those of torch's kernel up to bf16 rounding."""
     import transformers  # noqa: PLC0415
 
+    import engine.model.cpu_kernels as cpu_kernels  # noqa: PLC0415
     import engine.model.transformer as transformer  # noqa: PLC0415
     from engine.model import ModelConfig  # noqa: PLC0415
 
     kernel(kernel_cache)
-    monkeypatch.setattr(transformer, "cache_root", lambda: kernel_cache.parent)
+    monkeypatch.setattr(cpu_kernels, "cache_root", lambda: kernel_cache.parent)
     cfg = transformers.LlamaConfig(
         vocab_size=300, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256,
