@@ -129,6 +129,19 @@ def test_decode_profile_cases_and_dispatch_floor():
     assert decode_profile.dispatch_floor_ms(model, 3) > 0
 
 
+def test_fixed_cost_probe_times_both_paths_where_the_one_call_runs():
+    from bench import speed_probes
+    from kernels.cpu.int4_gemv import Int4Gemv
+
+    got = speed_probes.fixed_cost_ms(3, steps=4, rounds=2)
+    assert got["calls"] > 0
+    gemv = Int4Gemv.load()
+    if gemv is not None and gemv.vector:  # the one call runs where the int4 kernel does
+        assert got["one_call"] > 0
+    else:
+        assert "one_call" not in got
+
+
 def test_shared_random_weights_are_left_intact():
     cfg = _tiny_qwen2()
     weights = model_shapes.random_weights(cfg)
