@@ -100,7 +100,35 @@ def decode_layer_plan(model) -> "tuple[LayerPlan, int] | None":
     lib = DecodeLayers.load(cache_root() / "kernels")
     plan = None if lib is None else lib.plan(layers, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
                                              eps=c.norm_eps)
-    return None if plan is None else (plan, min(rows, plan.max_rows))
+    if plan is None:
+        return None
+    if not _same_bits(model, plan):
+        log.warning("the decode layers' one C call did not give the bits of the calls it replaces: the model keeps those")
+        return None
+    return plan, min(rows, plan.max_rows)
+
+
+def _same_bits(model, plan: "LayerPlan") -> bool:
+    """Whether a two-row step at a fresh position gives the same hidden states and KV rows
+    through `plan` as through the model's per-kernel calls (run once, at load)."""
+    from engine.model.sequence_kv import SequenceKV  # noqa: PLC0415
+
+    c = model.config
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(2, c.hidden_size, generator=gen).to(model.dtype)  # [2, hidden]
+    shape = (c.n_layers, c.n_kv_heads, 8, c.head_dim)
+    kvs = [SequenceKV(torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype)) for _ in range(2)]
+    before = torch.randn(2, c.n_layers, c.n_kv_heads, 3, c.head_dim, generator=gen)  # keys, values
+    for kv in kvs:  # the same three rows before the step, in both
+        kv.k.narrow(2, 0, 3).copy_(before[0])
+        kv.v.narrow(2, 0, 3).copy_(before[1])
+    cos, sin = model.rope_tables(torch.arange(3, 5))
+    with torch.inference_mode():
+        want, _ = model._layers(h.clone(), kvs[0], 3, cos, sin)  # (the model's plan is not set yet)
+        got = h.clone()
+        ran = plan.run(got, cos, sin, kvs[1].k, kvs[1].v, 3, model.scale)
+    return ran and torch.equal(got, want) and all(torch.equal(a[:, :, :5], b[:, :, :5]) for a, b in (
+        (kvs[0].k, kvs[1].k), (kvs[0].v, kvs[1].v)))
 
 
 def names(model) -> tuple[str, ...]:

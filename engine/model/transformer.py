@@ -14,7 +14,6 @@ the runtime owns `SequenceKV` objects and decides what to prefill.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Callable, NamedTuple
 
@@ -27,8 +26,6 @@ from engine.model.config import ModelConfig
 from engine.model.head_screen import ScreenedHead
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 from engine.model.sequence_kv import _W8_ALIGN, KV, Int8SequenceKV, SequenceKV, kv_dtype_name
-
-log = logging.getLogger(__name__)
 
 
 class LayerPause(NamedTuple):
@@ -168,45 +165,15 @@ class Transformer:
         self.kv_dtype = "model"
         self.set_kv_dtype(kv_dtype)
         # A step of up to `_decode_layers_rows` rows through all layers in one C call, where every
-        # layer is what that call runs (kernels/cpu/decode_layers.py); checked once against the
-        # calls it replaces (`_check_decode_layers`).
+        # layer is what that call runs (kernels/cpu/decode_layers.py), checked once against the
+        # calls it replaces.
         self.decode_layers, self._decode_layers_rows = None, 0
-        planned = cpu_kernels.decode_layer_plan(self)
-        if planned is not None:
-            self.decode_layers, self._decode_layers_rows = planned
-            self._check_decode_layers()
+        self.decode_layers, self._decode_layers_rows = cpu_kernels.decode_layer_plan(self) or (None, 0)
 
     @property
     def cpu_kernels(self) -> cpu_kernels.CpuKernels:
         """The C kernels this model's steps call one at a time (None: torch's ops)."""
         return cpu_kernels.CpuKernels(self._row_ops, self._decode_attention, self._prefill_attention)
-
-    def _check_decode_layers(self) -> None:
-        """Run a two-row step at a fresh position through the layers both ways, once: the one C
-        call must give the bits of the calls it replaces (hidden states and KV rows), else it
-        is dropped with one warning and the model keeps those calls."""
-        c = self.config
-        gen = torch.Generator().manual_seed(0)
-        h = torch.randn(2, c.hidden_size, generator=gen).to(self.dtype)  # [2, hidden]
-        shape = (c.n_layers, c.n_kv_heads, 8, c.head_dim)
-        kvs = [SequenceKV(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)) for _ in range(2)]
-        plan, self.decode_layers = self.decode_layers, None
-        cos, sin = self._rope_range(3, 2)
-        with torch.inference_mode():
-            before = torch.randn(2, c.n_layers, c.n_kv_heads, 3, c.head_dim, generator=gen)  # keys, values
-            for kv in kvs:  # the same three rows before the step, in both
-                kv.k.narrow(2, 0, 3).copy_(before[0])
-                kv.v.narrow(2, 0, 3).copy_(before[1])
-            want, _ = self._layers(h.clone(), kvs[0], 3, cos, sin)
-            got = h.clone()
-            ran = plan.run(got, cos, sin, kvs[1].k, kvs[1].v, 3, self.scale)
-        same = ran and torch.equal(got, want) and torch.equal(kvs[0].k[:, :, :5], kvs[1].k[:, :, :5]) and torch.equal(
-            kvs[0].v[:, :, :5], kvs[1].v[:, :, :5])
-        if same:
-            self.decode_layers = plan
-        else:
-            log.warning("the decode layers' one C call did not give the bits of the calls it replaces: the model keeps those")
-            self._decode_layers_rows = 0
 
     def set_kv_dtype(self, kv_dtype: str | None) -> None:
         """The KV format of the sequences `new_kv` makes from now on: "model" (None, auto,

@@ -207,7 +207,7 @@ def test_a_plan_that_fails_its_check_at_load_is_dropped_with_one_warning(kernels
         return ok
 
     monkeypatch.setattr(LayerPlan, "run", off_by_one)
-    with caplog.at_level(logging.WARNING, logger="engine.model.transformer"):
+    with caplog.at_level(logging.WARNING, logger="engine.model.cpu_kernels"):
         m = model()
     assert m.decode_layers is None and "decode_layers" not in m.c_kernels()
     assert sum("did not give the bits" in r.message for r in caplog.records) == 1
