@@ -112,6 +112,7 @@ def _same_bits(model, plan: "LayerPlan") -> bool:
     """Whether a two-row step at a fresh position gives the same hidden states and KV rows
     through `plan` as through the model's per-kernel calls (run once, at load)."""
     from engine.model.sequence_kv import SequenceKV  # noqa: PLC0415
+    from kernels.cpu.decode_layers import Segment  # noqa: PLC0415
 
     c = model.config
     gen = torch.Generator().manual_seed(0)
@@ -126,7 +127,7 @@ def _same_bits(model, plan: "LayerPlan") -> bool:
     with torch.inference_mode():
         want, _ = model._layers(h.clone(), kvs[0], 3, cos, sin)  # (the model's plan is not set yet)
         got = h.clone()
-        ran = plan.run(got, cos, sin, kvs[1].k, kvs[1].v, 3, model.scale)
+        ran = plan.run(got, cos, sin, [Segment(kvs[1].k, kvs[1].v, 3, 2)], model.scale)
     return ran and torch.equal(got, want) and all(torch.equal(a[:, :, :5], b[:, :, :5]) for a, b in (
         (kvs[0].k, kvs[1].k), (kvs[0].v, kvs[1].v)))
 

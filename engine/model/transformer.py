@@ -26,6 +26,7 @@ from engine.model.config import ModelConfig
 from engine.model.head_screen import ScreenedHead
 from engine.model.quant import Int8Linear, Linear, MixedLinear, make_linear
 from engine.model.sequence_kv import _W8_ALIGN, KV, Int8SequenceKV, SequenceKV, kv_dtype_name
+from kernels.cpu.decode_layers import Segment
 
 
 class LayerPause(NamedTuple):
@@ -455,7 +456,7 @@ class Transformer:
         if plan is not None and t <= self._decode_layers_rows and first == 0 and stop is None:
             # The whole step in one C call (kernels/cpu/decode_layers.py): the same calls as below.
             h_in = h.clone()
-            if plan.run(h, cos, sin, kv.k, kv.v, start, scale):
+            if plan.run(h, cos, sin, [Segment(kv.k, kv.v, start, t)], scale):
                 return h, None
             h = h_in
         # A decode step's attention half — RoPE, the KV row written, attention — in one C call
@@ -510,6 +511,13 @@ class Transformer:
         c = self.config
         cos, sin = self.rope_tables(torch.tensor(starts, device=self.device))  # [B, D/2]
         h = self.embed(ids)  # [B, hidden]
+        plan = self.decode_layers
+        if plan is not None and b_count <= self._decode_layers_rows and not any(kv.quantized for kv in kvs):
+            # Every sequence's row through all layers in one C call: each row gets the bits of its
+            # own one-row `forward` (the rows of a product do not depend on each other).
+            if plan.run(h, cos, sin, [Segment(kv.k, kv.v, s, 1) for kv, s in zip(kvs, starts)], self.scale):
+                return self._select_logits(h, "all", exact_head)
+            h = self.embed(ids)
         attention, scale = self._attention, self.scale
         decode = self._decode_attention
         for i, layer in enumerate(self.layers):

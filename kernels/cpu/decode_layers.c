@@ -8,7 +8,8 @@
  * ctypes calls, their output tensors and the views around them, ~1.1 ms of a ~4 ms step.
  *
  * The plan: per layer, EFIM_PLAN_FIELDS int64 values (plan_layer_t), every one a number or an
- * address that stays valid while the model lives (the caller keeps the tensors). */
+ * address that stays valid while the model lives (the caller keeps the tensors). A step's rows
+ * may belong to several sequences (segment_t): a decode step of several windows at once. */
 #include "int4_gemv.c"
 #include "decode_attention.c"
 #include "row_ops.c"
@@ -51,19 +52,36 @@ static int linear(const plan_linear_t *w, int T, const uint16_t *x, uint16_t *y,
   return 0;
 }
 
-/* h [T, hidden] (rows contiguous) at positions pos..pos+T-1 through layers 0..L-1, in place: on
- * return h holds the last layer's output (residual added, before the final norm). k_cache and
- * v_cache: the sequence's [L, H_kv, capacity, D] bf16 caches (layer l at l * layer_stride, KV
- * head at head_stride); rows pos..pos+T-1 of every layer are written. cos/sin: [T, D/2] neox
- * RoPE rows. work: efim_decode_layers_work(...) bf16 values; scratch: the attention's float32
- * scratch for pos + T keys (efim_attention_rows_scratch). gemv_threads / attention_threads: what
- * the model passes those calls. Returns 0, or the 1-based layer whose call refused its sizes
- * (nothing is computed past it; the caller's own path then runs the step again from scratch). */
-int efim_decode_layers(int L, const int64_t *plan, int T, int pos, int hidden, int H, int H_kv, int D, int I,
-                       float eps, float scale, uint16_t *h, const uint16_t *cos, const uint16_t *sin,
-                       uint16_t *k_cache, uint16_t *v_cache, long layer_stride, long head_stride, uint16_t *work,
-                       float *scratch, int gemv_threads, int attention_threads, int vector) {
-  if (L <= 0 || T < 1 || T > EFIM_GEMV_MAX_ROWS || hidden <= 0 || I <= 0) return -1;
+/* A segment of the step's rows: `rows` consecutive rows of one sequence at positions pos..,
+ * its [L, H_kv, capacity, D] bf16 key and value caches. A decode step of several sequences has
+ * one segment per sequence. */
+typedef struct {
+  int64_t rows, pos, k, v, capacity;
+} segment_t;
+
+#define EFIM_SEGMENT_FIELDS ((int)(sizeof(segment_t) / sizeof(int64_t)))
+
+/* h [T, hidden] (rows contiguous) through layers 0..L-1, in place: on return h holds the last
+ * layer's output (residual added, before the final norm). The rows are S segments in order
+ * (segs: S segment_t, their rows summing to T); each segment's rows attend over its own
+ * sequence's keys, and rows pos..pos+rows-1 of every layer of its caches are written. cos/sin:
+ * [T, D/2] neox RoPE rows, one per row. work: efim_decode_layers_work(...) bf16 values;
+ * scratch: the attention's float32 scratch for the largest segment
+ * (efim_attention_rows_scratch). gemv_threads / attention_threads: what the model passes those
+ * calls. Returns 0, or -1 for sizes it does not take, or the 1-based layer whose call refused
+ * its sizes (nothing is computed past it; the caller's own path then runs the step again from
+ * the step's input). */
+int efim_decode_layers(int L, const int64_t *plan, int S, const int64_t *segs, int T, int hidden, int H, int H_kv,
+                       int D, int I, float eps, float scale, uint16_t *h, const uint16_t *cos, const uint16_t *sin,
+                       uint16_t *work, float *scratch, int gemv_threads, int attention_threads, int vector) {
+  if (L <= 0 || S < 1 || T < 1 || T > EFIM_GEMV_MAX_ROWS || hidden <= 0 || I <= 0) return -1;
+  int total = 0;
+  for (int s = 0; s < S; s++) {
+    const segment_t *sg = (const segment_t *)(segs + (long)s * EFIM_SEGMENT_FIELDS);
+    if (sg->rows < 1 || sg->pos < 0 || sg->pos + sg->rows > sg->capacity) return -1;
+    total += (int)sg->rows;
+  }
+  if (total != T) return -1;
   const int qkv_n = (H + 2 * H_kv) * D;
   uint16_t *x = work, *qkv = x + (long)T * hidden, *attn = qkv + (long)T * qkv_n, *o = attn + (long)T * H * D;
   uint16_t *up = o + (long)T * hidden, *act = up + 2L * T * I, *down = act + (long)T * I;
@@ -72,11 +90,19 @@ int efim_decode_layers(int L, const int64_t *plan, int T, int pos, int hidden, i
     /* h += the previous layer's down product (torch's add_ rounding), then the input norm */
     if (efim_add_rms_norm(T, hidden, h, hidden, l ? down : NULL, hidden, (const uint16_t *)(intptr_t)p->norm1, eps,
                           x, hidden, 1) != 0 ||
-        linear(&p->qkv, T, x, qkv, gemv_threads, vector) != 0 ||
-        efim_rope_attention_rows(H, H_kv, D, pos, T, scale, qkv, cos, sin, k_cache + l * layer_stride,
-                                 v_cache + l * layer_stride, head_stride, attn, D, (long)H * D, scratch,
-                                 attention_threads) != 0 ||
-        linear(&p->o, T, attn, o, gemv_threads, vector) != 0 ||
+        linear(&p->qkv, T, x, qkv, gemv_threads, vector) != 0)
+      return l + 1;
+    for (int s = 0, r0 = 0; s < S; s++) {
+      const segment_t *sg = (const segment_t *)(segs + (long)s * EFIM_SEGMENT_FIELDS);
+      const long head_stride = sg->capacity * D, layer_stride = (long)H_kv * head_stride;
+      uint16_t *k = (uint16_t *)(intptr_t)sg->k + l * layer_stride, *v = (uint16_t *)(intptr_t)sg->v + l * layer_stride;
+      if (efim_rope_attention_rows(H, H_kv, D, (int)sg->pos, (int)sg->rows, scale, qkv + (long)r0 * qkv_n,
+                                   cos + (long)r0 * (D / 2), sin + (long)r0 * (D / 2), k, v, head_stride,
+                                   attn + (long)r0 * H * D, D, (long)H * D, scratch, attention_threads) != 0)
+        return l + 1;
+      r0 += (int)sg->rows;
+    }
+    if (linear(&p->o, T, attn, o, gemv_threads, vector) != 0 ||
         efim_add_rms_norm(T, hidden, h, hidden, o, hidden, (const uint16_t *)(intptr_t)p->norm2, eps, x, hidden, 1) != 0 ||
         linear(&p->up, T, x, up, gemv_threads, vector) != 0 ||
         efim_silu_mul(T, I, up, 2L * I, act, I, 1) != 0 ||

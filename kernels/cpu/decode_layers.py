@@ -22,6 +22,7 @@ not one it takes (the caller runs its own path).
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,8 +32,18 @@ from kernels.cpu.build import library
 from kernels.cpu.decode_attention import MAX_GROUP, MAX_HEAD_DIM, scratch_floats
 from kernels.cpu.int4_gemv import MAX_ROWS, PackedInt4
 
-_RUN_ARGTYPES = [ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 7 + [ctypes.c_float] * 2
-_RUN_ARGTYPES += [ctypes.c_void_p] * 5 + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
+_RUN_ARGTYPES = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p] + [ctypes.c_int] * 6
+_RUN_ARGTYPES += [ctypes.c_float] * 2 + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3
+
+
+class Segment(NamedTuple):
+    """Rows of one sequence in a step: `rows` rows at positions pos.., its KV caches k and v
+    [L, H_kv, capacity, D] bf16 (rows pos..pos+rows-1 of every layer are written)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: int
+    rows: int
 
 
 class LayerWeights(NamedTuple):
@@ -103,9 +114,11 @@ class DecodeLayers:
 
 
 class LayerPlan:
-    """`run(h, cos, sin, k, v, pos, scale)`: the step's rows h [T, hidden] (T <= `max_rows`)
-    at positions pos..pos+T-1 through every layer, in place; True when it ran, False (h and
-    the KV rows undefined: the caller starts the step again on its own path) where not."""
+    """`run(h, cos, sin, segments, scale)`: the step's rows h [T, hidden] (T <= `max_rows`), with
+    their RoPE rows cos / sin [T, D/2], through every layer, in place; the rows are `segments`
+    in order (one sequence's consecutive rows each: a decode step of several sequences has one
+    per sequence). True when it ran, False (h and the KV rows undefined: the caller starts the
+    step again on its own path) where not."""
 
     max_rows = MAX_ROWS
 
@@ -116,34 +129,47 @@ class LayerPlan:
         self.n_layers = plan.shape[0]
         self.hidden, self.n_heads, self.n_kv_heads, self.head_dim, self.inter = hidden, n_heads, n_kv_heads, head_dim, inter
         self.eps = eps
-        self._work = torch.empty(int(lib._work(MAX_ROWS, hidden, n_heads, n_kv_heads, head_dim, inter)), dtype=torch.bfloat16)
-        self._scratch = torch.empty(0, dtype=torch.float32)
+        self._work_values = int(lib._work(MAX_ROWS, hidden, n_heads, n_kv_heads, head_dim, inter))
+        self._buffers = threading.local()  # per thread: (work bf16, attention scratch float32)
 
-    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int,
-            scale: float) -> bool:
+    def _scratch(self, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+        work, scratch = getattr(self._buffers, "pair", (None, None))
+        if work is None:
+            work = torch.empty(self._work_values, dtype=torch.bfloat16)
+        if scratch is None or scratch.numel() < floats:
+            scratch = torch.empty(max(floats, 2 * (0 if scratch is None else scratch.numel()), 4096), dtype=torch.float32)
+        self._buffers.pair = work, scratch
+        return work, scratch
+
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments: list[Segment], scale: float) -> bool:
         t = h.shape[0]
         d = self.head_dim
         if (
             not 1 <= t <= MAX_ROWS or h.shape != (t, self.hidden) or h.dtype != torch.bfloat16 or not h.is_contiguous()
-            or h.is_cuda or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or not k.is_contiguous()
-            or not v.is_contiguous() or k.shape != v.shape or k.dim() != 4 or k.shape[0] != self.n_layers
-            or k.shape[1] != self.n_kv_heads or k.shape[3] != d or not 0 <= pos <= k.shape[2] - t
-            or cos.shape != (t, d // 2) or sin.shape != (t, d // 2) or cos.dtype != torch.bfloat16
+            or h.is_cuda or cos.shape != (t, d // 2) or sin.shape != (t, d // 2) or cos.dtype != torch.bfloat16
             or sin.dtype != torch.bfloat16 or not cos.is_contiguous() or not sin.is_contiguous()
+            or sum(seg.rows for seg in segments) != t
         ):
             return False
-        need = scratch_floats(self.n_heads, self.n_kv_heads, d, pos + t, t)
-        if self._scratch.numel() < need:
-            self._scratch = torch.empty(max(need, 2 * self._scratch.numel(), 4096), dtype=torch.float32)
+        fields, need = [], 0
+        for k, v, pos, rows in segments:
+            if (
+                k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.is_cuda or not k.is_contiguous()
+                or not v.is_contiguous() or k.shape != v.shape or k.dim() != 4 or k.shape[0] != self.n_layers
+                or k.shape[1] != self.n_kv_heads or k.shape[3] != d or rows < 1 or not 0 <= pos <= k.shape[2] - rows
+            ):
+                return False
+            fields += [rows, pos, k.data_ptr(), v.data_ptr(), k.shape[2]]
+            need = max(need, scratch_floats(self.n_heads, self.n_kv_heads, d, pos + rows, rows))
+        work, scratch = self._scratch(need)
+        segs = torch.tensor(fields, dtype=torch.int64)
         threads = torch.get_num_threads()
-        capacity = k.shape[2]
         rc = self._lib._run(
-            self.n_layers, self._plan_ptr, t, pos, self.hidden, self.n_heads, self.n_kv_heads, d, self.inter,
-            self.eps, scale, h.data_ptr(), cos.data_ptr(), sin.data_ptr(), k.data_ptr(), v.data_ptr(),
-            self.n_kv_heads * capacity * d, capacity * d, self._work.data_ptr(), self._scratch.data_ptr(), threads,
-            threads if self._lib.threaded else 1, 1,
+            self.n_layers, self._plan_ptr, len(segments), segs.data_ptr(), t, self.hidden, self.n_heads, self.n_kv_heads,
+            d, self.inter, self.eps, scale, h.data_ptr(), cos.data_ptr(), sin.data_ptr(), work.data_ptr(),
+            scratch.data_ptr(), threads, threads if self._lib.threaded else 1, 1,
         )
         return rc == 0
 
 
-__all__ = ["DecodeLayers", "LayerPlan", "LayerWeights"]
+__all__ = ["DecodeLayers", "LayerPlan", "LayerWeights", "Segment"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernels.cpu import build
-from kernels.cpu.decode_layers import DecodeLayers, LayerPlan
+from kernels.cpu.decode_layers import DecodeLayers, LayerPlan, Segment
 from kernels.cpu.int4_gemv import Int4Gemv
 from tests.kernels.threads import torch_threads
 
@@ -192,9 +192,10 @@ def test_a_call_it_does_not_take_runs_the_calls_from_the_same_input(kernels_here
     h = torch.zeros(9, HIDDEN, dtype=torch.bfloat16)
     cos = sin = torch.zeros(9, 32, dtype=torch.bfloat16)
     kv = m.new_kv(16)
-    assert not plan.run(h, cos, sin, kv.k, kv.v, 0, 0.125)  # 9 rows
-    assert not plan.run(h[:2].float(), cos[:2], sin[:2], kv.k, kv.v, 0, 0.125)  # not bf16
-    assert not plan.run(h[:2], cos[:2], sin[:2], kv.k, kv.v, 15, 0.125)  # past the capacity
+    assert not plan.run(h, cos, sin, [Segment(kv.k, kv.v, 0, 9)], 0.125)  # 9 rows
+    assert not plan.run(h[:2].float(), cos[:2], sin[:2], [Segment(kv.k, kv.v, 0, 2)], 0.125)  # not bf16
+    assert not plan.run(h[:2], cos[:2], sin[:2], [Segment(kv.k, kv.v, 15, 2)], 0.125)  # past the capacity
+    assert not plan.run(h[:2], cos[:2], sin[:2], [Segment(kv.k, kv.v, 0, 1)], 0.125)  # rows not all in segments
 
 
 @needs_cc
@@ -216,3 +217,41 @@ def test_a_plan_that_fails_its_check_at_load_is_dropped_with_one_warning(kernels
 @needs_cc
 def test_a_pure_int4_model_reports_its_int4_kernel(kernels_here):
     assert {"int4_gemv", "decode_layers", "row_ops", "decode_attention"} <= set(model().c_kernels())
+
+
+@needs_cc
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_decode_step_of_several_sequences_gives_each_its_own_steps_bits(kernels_here, threads):
+    """`decode_batch` in one call: each sequence's logits and KV rows are those of its own one-row
+    `forward` (and with the plan off, the per-kernel batch agrees to bf16 rounding)."""
+    with torch_threads(threads):
+        m = model(low_rank=True)
+        gen = torch.Generator().manual_seed(9)
+        lengths = (40, 300, 7)  # the middle one past the attention's 256-key chunk
+        prompts = [torch.randint(0, VOCAB, (n,), generator=gen) for n in lengths]
+        nxt = torch.randint(0, VOCAB, (3,), generator=gen)
+
+        def prefilled():
+            kvs = [m.new_kv(320) for _ in prompts]
+            with torch.inference_mode():
+                for kv, ids in zip(kvs, prompts):
+                    m.forward(ids, kv, 0, "none")
+            return kvs
+
+        alone_kvs = prefilled()
+        with torch.inference_mode():
+            alone = torch.cat([m.forward(nxt[b : b + 1], kv, n, "all") for b, (kv, n) in enumerate(zip(alone_kvs, lengths))])
+        batch_kvs = prefilled()
+        with torch.inference_mode():
+            batch = m.decode_batch(nxt, batch_kvs, list(lengths))
+        assert torch.equal(batch, alone)
+        for a, b, n in zip(alone_kvs, batch_kvs, lengths):
+            assert torch.equal(a.k[:, :, : n + 1], b.k[:, :, : n + 1]) and torch.equal(a.v[:, :, : n + 1], b.v[:, :, : n + 1])
+        plan, m.decode_layers = m.decode_layers, None
+        try:
+            with torch.inference_mode():
+                per_kernel = m.decode_batch(nxt, prefilled(), list(lengths))
+        finally:
+            m.decode_layers = plan
+        assert (per_kernel.argmax(-1) == batch.argmax(-1)).all()
+        torch.testing.assert_close(per_kernel, batch, atol=0.05, rtol=0.02)
