@@ -132,7 +132,7 @@ class LayerPlan:
         self._work_values = int(lib._work(MAX_ROWS, hidden, n_heads, n_kv_heads, head_dim, inter))
         self._buffers = threading.local()  # per thread: (work bf16, attention scratch float32)
 
-    def _scratch(self, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers_for(self, floats: int) -> tuple[torch.Tensor, torch.Tensor]:
         work, scratch = getattr(self._buffers, "pair", (None, None))
         if work is None:
             work = torch.empty(self._work_values, dtype=torch.bfloat16)
@@ -161,7 +161,7 @@ class LayerPlan:
                 return False
             fields += [rows, pos, k.data_ptr(), v.data_ptr(), k.shape[2]]
             need = max(need, scratch_floats(self.n_heads, self.n_kv_heads, d, pos + rows, rows))
-        work, scratch = self._scratch(need)
+        work, scratch = self._buffers_for(need)
         segs = torch.tensor(fields, dtype=torch.int64)
         threads = torch.get_num_threads()
         rc = self._lib._run(
