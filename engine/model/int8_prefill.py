@@ -24,6 +24,7 @@ docs/model.md ("int8 prefill").
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -46,6 +47,25 @@ CALIBRATION_WINDOWS = 3
 # and keeping it bf16 only in the layers with the widest channel ratios helped little (the 8
 # widest of 30: KL 0.0078).
 _LINEARS = ("qkv", "o", "up")
+
+
+# Each thread's int32 products, reused from call to call (`_product_buffer`).
+_PRODUCTS = threading.local()
+
+
+def _product_buffer(rows: int, n: int) -> torch.Tensor:  # [rows, n] int32
+    """Room for one int8 GEMM's int32 product, in a buffer of this thread's that grows to the
+    largest product seen and is then reused: the product is read once, by the dequantising
+    pass right after. A fresh tensor per call was a fresh mapping for every product above
+    glibc's mmap threshold (1 MiB in an engine, engine.local): the gate/up product of a
+    ~100-row first window is 1.2 MB, and its page faults, ~300 a layer, took a cold
+    first window's engine TTFT from ~30 to 41-94 ms (docs/navigation.md, "Page faults in a
+    cold first window")."""
+    need = rows * n
+    buf = getattr(_PRODUCTS, "buf", None)
+    if buf is None or buf.numel() < need:
+        buf = _PRODUCTS.buf = torch.empty(need, dtype=torch.int32)
+    return buf[:need].view(rows, n)
 
 
 class Int8GemmLinear:
@@ -85,7 +105,8 @@ class Int8GemmLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [M, K] bf16 -> [M, N] bf16
         x = x if x.stride(-1) == 1 else x.contiguous()
         q, row_scales = self._rows.quantize(x, self.inverse_smoothing)
-        y = self._rows.dequantize(torch._int_mm(q, self.weight_t), row_scales, self.scales)
+        product = torch._int_mm(q, self.weight_t, out=_product_buffer(q.shape[0], self.out_features))  # [M, N] int32
+        y = self._rows.dequantize(product, row_scales, self.scales)
         return y if self.bias is None else y.add_(self.bias)
 
     def nbytes(self) -> int:

@@ -45,6 +45,32 @@ def test_the_int8_linear_is_its_float_product_up_to_rounding(rows):
     assert lin.nbytes() == 96 * 80 + 4 * (96 + 80) + 2 * 96
 
 
+def test_products_share_one_buffer_per_thread_and_stay_each_calls_own(rows):
+    """Each call's int32 product goes into its thread's reused buffer (not a fresh mapping per
+    call); consecutive calls of different shapes still give their own exact results."""
+    import threading
+
+    g = torch.Generator().manual_seed(5)
+    wide = Int8GemmLinear.from_weight(torch.randn(320, 64, generator=g) * 0.05, None, None, rows)
+    narrow = Int8GemmLinear.from_weight(torch.randn(48, 64, generator=g) * 0.05, None, None, rows)
+
+    def fresh(lin: Int8GemmLinear, x: torch.Tensor) -> torch.Tensor:
+        q, row_scales = rows.quantize(x, lin.inverse_smoothing)
+        return rows.dequantize(torch._int_mm(q, lin.weight_t), row_scales, lin.scales)
+
+    xs = [torch.randn(m, 64, generator=g).bfloat16() for m in (40, 17, 33)]
+    outs = [(wide(x), narrow(x)) for x in xs]  # interleaved shapes reuse the same buffer
+    for x, (a, b) in zip(xs, outs):
+        assert torch.equal(a, fresh(wide, x)) and torch.equal(b, fresh(narrow, x))
+    here = int8_prefill._product_buffer(40, 320)
+    assert here.data_ptr() == int8_prefill._product_buffer(17, 48).data_ptr()  # one buffer, reused
+    elsewhere = []
+    thread = threading.Thread(target=lambda: elsewhere.append(int8_prefill._product_buffer(40, 320).data_ptr()))
+    thread.start()
+    thread.join()
+    assert elsewhere[0] != here.data_ptr()  # another thread, its own
+
+
 def test_smoothing_moves_an_outlier_channel_into_the_weights(rows):
     """Rows with one channel 50x the others: quantised as they are, that channel sets each
     row's scale and the rest round to a few levels; smoothed on the channel maxima, the
