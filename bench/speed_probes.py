@@ -119,22 +119,15 @@ def fixed_cost_ms(n_layers: int, steps: int = 64, rounds: int = 5) -> dict[str, 
     `rounds` alternated rounds."""
     import transformers  # noqa: PLC0415
 
+    from bench.model_shapes import random_weights  # noqa: PLC0415
     from engine.model import ModelConfig  # noqa: PLC0415
 
     config = transformers.LlamaConfig(
         vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=n_layers, num_attention_heads=1,
         num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
     ).to_dict()
-    gen = torch.Generator().manual_seed(0)
-    w = {"model.embed_tokens.weight": torch.randn(256, 64, generator=gen) * 0.02, "model.norm.weight": torch.ones(64)}
-    for i in range(n_layers):
-        p = f"model.layers.{i}."
-        for name, shape in (("self_attn.q_proj", (64, 64)), ("self_attn.k_proj", (64, 64)), ("self_attn.v_proj", (64, 64)),
-                            ("self_attn.o_proj", (64, 64)), ("mlp.gate_proj", (64, 64)), ("mlp.up_proj", (64, 64)),
-                            ("mlp.down_proj", (64, 64))):
-            w[p + name + ".weight"] = torch.randn(*shape, generator=gen) * 0.02
-        w[p + "input_layernorm.weight"] = torch.ones(64)
-        w[p + "post_attention_layernorm.weight"] = torch.ones(64)
+    # bench.model_shapes' random checkpoint (a Qwen2 layout), without its q/k/v biases: the served model has none.
+    w = {name: t for name, t in random_weights(config).items() if not name.endswith(".bias")}
     model = Transformer(ModelConfig.from_hf(config), w, dtype=torch.bfloat16, quant="int4")
     plan = model.decode_layers
     prompt = torch.arange(64) % 256
