@@ -28,7 +28,7 @@ from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, En
 from engine.runtime import faults
 from engine.kv.budget import default_budget_bytes, parse_bytes
 from engine.kv.radix import RadixCache
-from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends
+from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends, team_affinity
 from engine.kv.disk_tier import DiskTier, attach_disk_tier
 from engine.model import int8_prefill
 from engine.model.head_screen import head_form
@@ -141,8 +141,10 @@ class LocalEngine:
         self.kv_dtype = self.model.kv_dtype  # "model" | "int8"
         self._pool_budget = pool_budget
         # The engine thread uses up to torch's thread count (its default, or `threads` given
-        # to `load_engine`), fewer while other processes keep cores busy (engine.runtime.cpu_threads).
-        self.threads = ThreadGovernor(torch.get_num_threads()) if adaptive_threads else None
+        # to `load_engine`), fewer while other processes keep cores busy; a team that fills the
+        # machine is pinned one thread per CPU (engine.runtime.cpu_threads).
+        team = team_affinity() if adaptive_threads and getattr(self.model, "device", torch.device("cpu")).type == "cpu" else None
+        self.threads = ThreadGovernor(torch.get_num_threads(), team=team) if adaptive_threads else None
         self._scheduler_options = dict(
             before_step=self.threads.apply if self.threads is not None else None,
             step_tokens=step_tokens,
@@ -304,6 +306,7 @@ class LocalEngine:
             # CPU threads the engine computes with now, and how often the load changed it.
             "cpuThreads": self.threads.threads if self.threads is not None else torch.get_num_threads(),
             "cpuThreadChanges": self.threads.changes if self.threads is not None else 0,
+            "cpuThreadsPinned": self.threads.pinned if self.threads is not None else 0,
         }
 
     # ------------------------------------------------------------ Engine protocol

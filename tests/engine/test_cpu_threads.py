@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -86,3 +87,79 @@ def test_the_loading_thread_returns_the_result_or_raises_in_the_caller():
 
     with pytest.raises(KeyError):
         on_a_thread_that_ends(fail)
+
+
+class FakeTeam:
+    """Records what the governor asks of the team's affinity (kernels/cpu/team_affinity.py)."""
+
+    def __init__(self, pins: bool = True) -> None:
+        self.pins = pins
+        self.calls: list[tuple] = []
+
+    def pin(self, cpus):
+        self.calls.append(("pin", list(cpus)))
+        return self.pins
+
+    def allow(self, threads, cpus):
+        self.calls.append(("allow", threads, list(cpus)))
+        return True
+
+
+def test_a_team_that_fills_the_machine_is_pinned_and_unpinned_when_it_shrinks(monkeypatch):
+    load = [0.0]
+    team = FakeTeam()
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpu_threads, "SAMPLE_SECONDS", 0.0)
+    try:
+        gov = ThreadGovernor(2, others=lambda: load[0], team=team, allowed=[4, 6])
+        assert gov.apply() == 2
+        assert team.calls == [("pin", [4, 6])] and gov.pinned == 2
+        assert gov.apply() == 2 and len(team.calls) == 1, "placed once per team size"
+        load[0] = 1.0  # another process holds a core: one thread, free to go where the kernel puts it
+        assert gov.apply() == 1
+        assert team.calls[-1] == ("allow", 2, [4, 6]) and gov.pinned == 0, "undone on both threads that had it"
+        load[0] = 0.0
+        assert gov.apply() == 2 and team.calls[-1] == ("pin", [4, 6]) and gov.pinned == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_no_pinning_for_a_team_smaller_than_the_machine_or_one_that_cannot_be_pinned():
+    before = torch.get_num_threads()
+    try:
+        team = FakeTeam()
+        gov = ThreadGovernor(2, others=lambda: 0.0, team=team, allowed=[0, 1, 2, 3])
+        assert gov.apply() == 2 and team.calls == [] and gov.pinned == 0
+        one = FakeTeam()
+        assert ThreadGovernor(1, others=lambda: 0.0, team=one, allowed=[0]).apply() == 1 and one.calls == []
+        refused = FakeTeam(pins=False)
+        gov = ThreadGovernor(2, others=lambda: 0.0, team=refused, allowed=[0, 1])
+        assert gov.apply() == 2
+        assert refused.calls == [("pin", [0, 1]), ("allow", 2, [0, 1])], "a pinning that fails is undone"
+        assert gov.pinned == 0 and gov.team is None, "and not tried again"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_engine_pins_only_when_asked(monkeypatch):
+    monkeypatch.setenv("EFIM_PIN_THREADS", "0")
+    assert cpu_threads.team_affinity() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) != 2, reason="a 2-CPU machine")
+def test_an_engine_on_a_2_cpu_machine_pins_its_two_threads(tiny_model_factory, monkeypatch):
+    from engine.api import InfillRequest
+    from engine.local import load_engine
+
+    monkeypatch.delenv("EFIM_PIN_THREADS", raising=False)
+    monkeypatch.setattr(ThreadGovernor, "_others_from_proc", lambda self: 0.0)  # an idle machine
+    if cpu_threads.team_affinity() is None:
+        pytest.skip("no C compiler, or torch's OpenMP runtime is not the one the kernels link")
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget="32M", threads=2)
+    try:
+        eng.submit(InfillRequest(key="a", prefix="def f(x):\n    return x", max_tokens=2)).result()
+        assert eng.health()["cpuThreads"] == 2 and eng.health()["cpuThreadsPinned"] == 2
+        assert len(os.sched_getaffinity(eng._thread.native_id)) == 1, "the engine thread is thread 0 of its team"
+    finally:
+        eng.close()
+    assert os.sched_getaffinity(0) == set(cpu_threads.ThreadGovernor(1).allowed), "the caller's own threads are not pinned"
