@@ -4,7 +4,7 @@ torch's parallel work and the C kernels built with OpenMP run on one pool of thr
 thread that opens parallel regions (libgomp's; `kernels.cpu.build` links the kernels to torch's
 own runtime). Pinning that team one thread per CPU keeps the kernel scheduler from stacking
 two of its threads on one CPU while another CPU idles — on a 2-core VM that happened to about
-one prefill in four after an idle pause, and such a step took 1.5-2.5x its time (a barrier
+a third of the server's first-window prefills, and such a step took 1.5-2.5x its time (a barrier
 waits for the thread that is not running; docs/navigation.md "Two threads on one core").
 
 Kernels know no engine: this sets affinities and says whether it could; when to pin is the
