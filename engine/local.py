@@ -236,6 +236,8 @@ class LocalEngine:
         return thread
 
     def _run(self, scheduler: Scheduler) -> None:
+        if self.threads is not None:
+            self.threads.on_new_thread()
         try:
             with torch.inference_mode():
                 scheduler.run()

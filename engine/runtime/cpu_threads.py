@@ -152,6 +152,18 @@ class ThreadGovernor:
             self._place()
         return self.threads
 
+    def on_new_thread(self) -> None:
+        """First thing on each new engine thread: a thread starts with its creator's affinity (a
+        restarted engine thread is started by the dying one, pinned to one CPU) and with a new
+        team, not placed yet; it gets back every allowed CPU and is placed at its first `apply`."""
+        self._placed = None
+        self.pinned = 0
+        if self.team is not None:
+            try:
+                os.sched_setaffinity(0, self.allowed)
+            except OSError as exc:
+                log.warning("could not give the engine thread back its CPUs (%s)", exc)
+
     def _place(self) -> None:
         """Pin a team that fills the allowed CPUs one thread per CPU; else undo a pinning, on
         every thread that had one. A pinning that does not reach every thread is undone."""

@@ -6,7 +6,6 @@
  * caller is thread 0), so each sets its own affinity. */
 #define _GNU_SOURCE
 #include <sched.h>
-#include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif

@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from engine.runtime import cpu_threads
+from engine.runtime import cpu_threads, faults
 from engine.runtime.cpu_threads import ThreadGovernor
 
 
@@ -120,6 +120,8 @@ def test_a_team_that_fills_the_machine_is_pinned_and_unpinned_when_it_shrinks(mo
         assert team.calls[-1] == ("allow", 2, [4, 6]) and gov.pinned == 0, "undone on both threads that had it"
         load[0] = 0.0
         assert gov.apply() == 2 and team.calls[-1] == ("pin", [4, 6]) and gov.pinned == 2
+        gov.on_new_thread()  # a restarted engine thread: a new team, placed again
+        assert gov.pinned == 0 and gov.apply() == 2 and team.calls[-1] == ("pin", [4, 6]) and len(team.calls) == 4
     finally:
         torch.set_num_threads(before)
 
@@ -160,6 +162,23 @@ def test_an_engine_on_a_2_cpu_machine_pins_its_two_threads(tiny_model_factory, m
         eng.submit(InfillRequest(key="a", prefix="def f(x):\n    return x", max_tokens=2)).result()
         assert eng.health()["cpuThreads"] == 2 and eng.health()["cpuThreadsPinned"] == 2
         assert len(os.sched_getaffinity(eng._thread.native_id)) == 1, "the engine thread is thread 0 of its team"
+        # A crash restarts the engine thread from the dying, pinned one: the new one and its
+        # team are pinned one per CPU again, not all on the dying thread's CPU.
+        step, old = eng.scheduler.step, eng._thread
+
+        def crashing():
+            eng.scheduler.step = step
+            raise faults.InjectedCrash("boom")
+
+        eng.scheduler.step = crashing
+        eng.submit(InfillRequest(key="b", prefix="def g(y):\n    return y", max_tokens=2)).result(30)
+        old.join(5)
+        assert eng.health()["restarts"] == 1
+        eng.submit(InfillRequest(key="c", prefix="def h(z):\n    return z", max_tokens=2)).result(30)
+        assert eng.health()["cpuThreadsPinned"] == 2
+        pinned = {tid: os.sched_getaffinity(int(tid)) for tid in os.listdir("/proc/self/task")}
+        assert pinned[str(eng._thread.native_id)] == {cpu_threads.ThreadGovernor(1).allowed[0]}
+        assert sum(1 for cpus in pinned.values() if cpus == {cpu_threads.ThreadGovernor(1).allowed[1]}) >= 1, "its worker on the other CPU"
     finally:
         eng.close()
     assert os.sched_getaffinity(0) == set(cpu_threads.ThreadGovernor(1).allowed), "the caller's own threads are not pinned"
