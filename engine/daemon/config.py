@@ -27,6 +27,7 @@ from engine.daemon.wire import PROTOCOL_VERSION
 ENGINE_ENV_NAMES = frozenset({
     "EFIM_KV_DIR", "EFIM_CACHE_DIR",  # where KV files and built kernels live (engine.kv.disk_format, engine.paths)
     "EFIM_KERNELS", "EFIM_C_KERNELS", "EFIM_KERNEL_CHECKS",  # kernel switches (kernels/)
+    "EFIM_PIN_THREADS",  # the engine's threads pinned one per CPU, or not (engine.runtime.cpu_threads)
     "EFIM_FAULT",  # the fault-injection test hook (engine.runtime.faults)
     "EFIM_DAEMON_STANDBY", "EFIM_DAEMON_FORKED_STANDBY",  # the daemon's standby (engine.daemon.standby)
     "LRU_CACHE_CAPACITY",  # ATen's oneDNN operation cache (engine.runtime.native_caches)

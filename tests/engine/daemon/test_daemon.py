@@ -142,7 +142,7 @@ def test_a_fronts_engine_environment_is_part_of_the_config_and_is_what_its_daemo
     # Only what the engine process reads; the rest (HOME, the front-side EFIM_DAEMON) is not the engine's.
     assert config.environment == {"EFIM_DAEMON_STANDBY": "1", "EFIM_KV_DIR": "/x/kv", "GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "1"}
     assert config.digest() == DaemonConfig.of("default", environment={**env, "HOME": "/elsewhere"}).digest()
-    for name, value in (("EFIM_KV_DIR", "/y/kv"), ("OMP_NUM_THREADS", "2"), ("EFIM_FAULT", "engine-crash")):
+    for name, value in (("EFIM_KV_DIR", "/y/kv"), ("OMP_NUM_THREADS", "2"), ("EFIM_FAULT", "engine-crash"), ("EFIM_PIN_THREADS", "0")):
         assert DaemonConfig.of("default", environment={**env, name: value}).digest() != config.digest(), name
     # The daemon gets exactly the config's engine variables, whatever this process has now.
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
