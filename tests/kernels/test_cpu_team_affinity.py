@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from engine.runtime.cpu_threads import on_a_thread_that_ends  # a new thread: its OpenMP team is new and ends with it
 from kernels.cpu import build
 from kernels.cpu.team_affinity import TeamAffinity
 from tests.kernels.threads import torch_threads
@@ -28,24 +29,6 @@ def _tasks() -> set[int]:
 def _cpu_ns(tid: int) -> int:
     with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
         return int(f.read().split()[0])
-
-
-def _on_a_new_thread(fn):
-    """fn() on a thread of its own (its OpenMP team is new and ends with it)."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def test_pin_reaches_the_team_torch_computes_on_and_allow_undoes_it(kernel_cache):
@@ -72,7 +55,7 @@ def test_pin_reaches_the_team_torch_computes_on_and_allow_undoes_it(kernel_cache
             assert team.allow(2, ALLOWED)
             return me, pinned, busy, {t: os.sched_getaffinity(t) for t in pinned}, os.sched_getaffinity(0)
 
-    me, pinned, busy, after, me_after = _on_a_new_thread(work)
+    me, pinned, busy, after, me_after = on_a_thread_that_ends(work)
     assert me == {a}, "the caller is thread 0 of its team"
     assert len(pinned) == 1, "one worker for a team of two, on the second CPU"
     assert busy == pinned, "torch's parallel work ran on the pinned worker"
@@ -89,5 +72,5 @@ def test_bad_cpu_lists_are_refused(kernel_cache):
         team.pin([0, 0])
     with pytest.raises(ValueError):
         team.allow(0, ALLOWED)
-    assert not _on_a_new_thread(lambda: team.pin([ALLOWED[0], 5000])), "a CPU number past the set size pins nothing"
+    assert not on_a_thread_that_ends(lambda: team.pin([ALLOWED[0], 5000])), "a CPU number past the set size pins nothing"
     assert os.sched_getaffinity(0) == set(ALLOWED)
