@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest, RequestStats, StreamEvent
+from engine.api import MAX_ALTERNATIVES, Completion, EngineError, EngineInfo, EngineStats, InfillRequest
 from engine.runtime import faults
+from engine.runtime.recovery import CrashRecord, abandon, is_out_of_memory
 from engine.kv.budget import default_budget_bytes, parse_bytes
 from engine.kv.radix import RadixCache
 from engine.runtime.cpu_threads import ThreadGovernor, on_a_thread_that_ends, team_affinity
@@ -48,13 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
-
-# The engine thread is restarted after it dies (an exception escaping `Scheduler.run`), at
-# most this many times within `RESTART_WINDOW_S`; past that the engine stays "failed" and
-# `submit` raises EngineError (a crash at every step would otherwise loop forever).
-MAX_RESTARTS = 3
-RESTART_WINDOW_S = 60.0
-
 
 # glibc's malloc raises its mmap threshold to the size of each large block freed, up to
 # 32 MiB, so after the first window's KV (15-40 MB per sequence, allocated and dropped at
@@ -165,12 +159,9 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._grow_lock = threading.Lock()  # one budget raise at a time (grow_kv_budget)
         # Engine-thread health (`health()`): restarts after a crash, and out-of-memory errors.
-        self._restart_lock = threading.Lock()
+        self.crashes = CrashRecord()
         self.state = "running"  # "running" | "failed" (crashed too often) | "closed"
-        self.restarts = 0
-        self.last_crash: str | None = None
         self.oom_errors = 0
-        self._crash_times: list[float] = []
         # Called (kind, message) on the engine thread when something the user should hear
         # about happened: "engine-crash", "engine-failed", "out-of-memory". The server sets it.
         self.on_fault: Callable[[str, str], None] | None = None
@@ -251,32 +242,31 @@ class LocalEngine:
         unless the engine is closed or crashed too often — start a fresh scheduler (new KV
         pool, blend store and retained KV: the dead one's state may be half-updated) on a new
         engine thread. Runs on the dying thread, or on a submitter's (`_check_thread`)."""
-        with self._restart_lock:
+        crashes = self.crashes
+        with crashes.lock:
             if dead is not self.scheduler:
                 return  # already recovered
-            now = time.monotonic()
-            self._crash_times = [t for t in self._crash_times if now - t < RESTART_WINDOW_S] + [now]
-            self.last_crash = what
+            crashes.crashed(what)
             with self._lock:  # submitters see the new scheduler, or the failed state, never the dead one
                 dead.close()
-                restart = not self._closed and len(self._crash_times) <= MAX_RESTARTS
+                restart = not self._closed and crashes.may_restart()
                 if restart:
                     self.cache, self.scheduler = self._new_scheduler()
                 elif not self._closed:
                     self.state = "failed"
-            failed = _abandon(dead, f"the engine thread crashed ({what})")
+            failed = abandon(dead, f"the engine thread crashed ({what})")
             if restart:
                 if self.disk_tier is not None:
                     self.disk_tier.scheduler = self.scheduler
-                self.restarts += 1
+                crashes.restarts += 1
                 self._thread = self._start_thread(self.scheduler)
                 message = (f"the engine thread crashed ({what}) and was restarted; {failed} request(s) failed, "
                            "the KV cache was dropped")
                 log.error("%s", message)
                 self._report("engine-crash", message)
             elif self.state == "failed":
-                message = (f"the engine thread crashed {len(self._crash_times)} times within "
-                           f"{RESTART_WINDOW_S:.0f} s (last: {what}); the engine is stopped, reload the model")
+                message = (f"the engine thread crashed {crashes.recent} times within "
+                           f"{crashes.window_s:.0f} s (last: {what}); the engine is stopped, reload the model")
                 log.error("%s", message)
                 self._report("engine-failed", message)
 
@@ -301,8 +291,8 @@ class LocalEngine:
         """The engine thread's state for `efim/stats` "engine" (any thread)."""
         return {
             "state": self.state,
-            "restarts": self.restarts,
-            "lastCrash": self.last_crash,
+            "restarts": self.crashes.restarts,
+            "lastCrash": self.crashes.last,
             "outOfMemory": self.oom_errors,
             "threadAlive": self._thread.is_alive(),
             # CPU threads the engine computes with now, and how often the load changed it.
@@ -342,7 +332,7 @@ class LocalEngine:
         fork_samplers = () if request.background else _fork_samplers(request, fresh)
         self._check_thread()
         if self.state == "failed":
-            raise EngineError(f"the engine stopped after repeated crashes (last: {self.last_crash})")
+            raise EngineError(f"the engine stopped after repeated crashes (last: {self.crashes.last})")
         handle: RequestHandle[Sequence] = RequestHandle(next(self._ids), self._canceller)
         seq = Sequence(
             request_id=handle.request_id,
@@ -400,7 +390,7 @@ class LocalEngine:
                 live = self._warming if seq.background else self._by_key
                 if live.get(seq.key) is handle:
                     del live[seq.key]
-        if completion.finish_reason == "error" and _is_out_of_memory(completion.error):
+        if completion.finish_reason == "error" and is_out_of_memory(completion.error):
             self._out_of_memory(completion.error or "")
 
     def _out_of_memory(self, error: str) -> None:
@@ -514,25 +504,6 @@ class _CancelOnCurrentScheduler:
 
     def cancel(self, seq: Sequence) -> None:
         self._engine.scheduler.cancel(seq)
-
-
-def _is_out_of_memory(error: str | None) -> bool:
-    return bool(error) and ("OutOfMemoryError" in error or "out of memory" in error.lower())
-
-
-def _abandon(scheduler: Scheduler, reason: str) -> int:
-    """End every request of a scheduler whose thread died with "error" (queued ones
-    included) and fail its idle-work futures (`Scheduler.abandon`); returns how many
-    foreground requests were ended. A request whose finish failed (the scheduler's state
-    may be half-updated) has its handle completed here: a handle never hangs."""
-
-    def complete_handle(seq: Sequence) -> None:
-        handle = getattr(seq.sink, "handle", None)
-        if handle is not None and not handle.done:
-            completion = Completion(text="", finish_reason="error", stats=RequestStats(), error=reason)
-            handle.complete(StreamEvent(kind="error", completion=completion, error=reason))
-
-    return scheduler.abandon(reason, complete_handle)
 
 
 def load_engine(

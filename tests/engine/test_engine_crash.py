@@ -12,7 +12,8 @@ import pytest
 
 from engine.runtime import faults
 from engine.api import EngineError, InfillRequest
-from engine.local import MAX_RESTARTS, load_engine
+from engine.local import load_engine
+from engine.runtime.recovery import MAX_RESTARTS
 
 PREFIX = "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n    "
 
