@@ -57,6 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="chance a file but the first is opened only when the tour first switches to it, like a file opened by "
         "go-to-definition (default 0.5; 0: every file open from the start, as tours were before client styles)",
     )
+    t.add_argument(
+        "--edit-mix", metavar="P=W,P=W",
+        help="relative weights of the stops' first edits by pattern (tail-deleted, backspaces, new-line, paste), "
+        "e.g. all four =1 to measure each pattern on as many jumps (default: 0.18, 0.27, 0.30, 0.25)",
+    )
     s.set_defaults(func=run_synth)
 
     i = actions.add_parser("info", help="summarise traces (header, events, duration)")
@@ -103,6 +108,18 @@ def run_synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_edit_mix(spec: str) -> tuple[tuple[str, float], ...]:
+    """`tail-deleted=1,backspaces=1,new-line=1,paste=1` as (pattern, weight) pairs."""
+    mix = []
+    for part in spec.split(","):
+        name, _, weight = part.strip().partition("=")
+        try:
+            mix.append((name.strip(), float(weight)))  # float("") when there is no "="
+        except ValueError:
+            raise ValueError(f"--edit-mix: {part.strip()!r} is not PATTERN=WEIGHT (e.g. new-line=1)") from None
+    return tuple(mix)
+
+
 def run_tour(args: argparse.Namespace) -> int:
     from efim_lsp.trace_format import write_trace
     from efim_tools.trace.tour import CLIENT_STYLES, TourOptions, synthesize_tours
@@ -118,6 +135,7 @@ def run_tour(args: argparse.Namespace) -> int:
         undo_rate=args.undo_rate,
         client_styles=tuple(s.strip() for s in args.client_styles.split(",")) if args.client_styles else CLIENT_STYLES,
         late_open_rate=args.late_open_rate,
+        edit_mix=parse_edit_mix(args.edit_mix) if args.edit_mix else (),
     ).check()
     styles = options.client_styles
     if Path(args.output).suffix == ".jsonl" and len(styles) > 1:

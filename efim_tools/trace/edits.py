@@ -77,15 +77,16 @@ def newline_of(text: str) -> str:
     return m.group(0) if m else "\n"
 
 
-def retype_tail(text: str, line_end: int, rng: random.Random) -> Action:
-    """Delete the last 4–24 characters of the line ending at `line_end` and type them back."""
+def retype_tail(text: str, line_end: int, rng: random.Random, backspace_share: float = 0.6) -> Action:
+    """Delete the last 4–24 characters of the line ending at `line_end` and type them back:
+    Backspace by Backspace (`backspace_share` of the time) or as one selection."""
     start, end = line_span(text, line_end)
     content = text[start:end]
     room = len(content) - len(indentation(content)) - 1  # keep at least one character
     k = max(1, min(rng.randint(4, 24), room))
     tail = text[end - k : end]
     steps: list[Step] = []
-    if rng.random() < 0.6:
+    if rng.random() < backspace_share:
         for j in range(k):  # Backspace, one character at a time
             at = end - j - 1
             steps.append(Step(key_gap(rng), at, at + 1, "", at))

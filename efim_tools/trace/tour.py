@@ -70,6 +70,8 @@ CLIENT_STYLES = ("plain", "editor", "insert-enter", "ours")
 EDITOR_ASK_MS = 250.0
 EDITOR_ASK_METHOD = "textDocument/documentHighlight"
 PATTERNS = ("file-switch", "tail-deleted", "backspaces", "new-line", "paste")
+EDIT_PATTERNS = PATTERNS[1:]  # what a stop's first edit can be (`TourOptions.edit_mix`)
+BACKSPACE_SHARE = 0.6  # of the retyped tails, deleted Backspace by Backspace (the rest: one selection)
 MIN_FUNCTIONS = 2  # a file worth touring has functions to jump between
 PLAN_TRIES = 8
 
@@ -88,6 +90,20 @@ class TourOptions(NamedTuple):
     # opens half the files late).
     client_styles: tuple[str, ...] = ("ours",)
     late_open_rate: float = 0.0  # chance a file (not the first) is opened only when the tour first switches to it
+    # Relative weights of the stops' edits by pattern (`EDIT_PATTERNS`), e.g. equal weights to
+    # measure every pattern on as many jumps; empty: the default mix (`ACTION_WEIGHTS`, and
+    # `BACKSPACE_SHARE` of the tails Backspace by Backspace), the tours written before it existed.
+    edit_mix: tuple[tuple[str, float], ...] = ()
+
+    def action_weights(self) -> tuple[tuple[tuple[str, float], ...], float]:
+        """(the weights of the planner's actions, the share of retyped tails deleted Backspace
+        by Backspace)."""
+        if not self.edit_mix:
+            return ACTION_WEIGHTS, BACKSPACE_SHARE
+        mix = dict(self.edit_mix)
+        tails = mix.get("tail-deleted", 0.0) + mix.get("backspaces", 0.0)
+        actions = (("retype-tail", tails), ("new-line", mix.get("new-line", 0.0)), ("paste", mix.get("paste", 0.0)))
+        return actions, (mix.get("backspaces", 0.0) / tails if tails else BACKSPACE_SHARE)
 
     def check(self) -> "TourOptions":
         if self.sessions < 1 or self.visits < 1 or self.files < 1:
@@ -100,6 +116,11 @@ class TourOptions(NamedTuple):
         for name in ("same_file_rate", "no_pause_rate", "undo_rate", "late_open_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(self, name)}")
+        names = [name for name, _ in self.edit_mix]
+        if any(name not in EDIT_PATTERNS for name in names) or len(set(names)) < len(names):
+            raise ValueError(f"--edit-mix: each of {', '.join(EDIT_PATTERNS)} at most once, got {','.join(names)}")
+        if any(not 0.0 <= w < float("inf") for _, w in self.edit_mix) or (self.edit_mix and not sum(w for _, w in self.edit_mix) > 0):
+            raise ValueError("--edit-mix: weights must be finite, at least 0, and not all 0")
         return self
 
 
@@ -261,6 +282,7 @@ class _Planner:
     """Chooses stops and plans the edit at each, on the writer's current texts."""
 
     def __init__(self, writer: _Writer, files: list[tuple[str, Path]], options: TourOptions, rng: random.Random) -> None:
+        self.actions, self.backspace_share = options.action_weights()
         self.writer = writer
         self.files = files  # (uri, path)
         self.options = options
@@ -308,7 +330,7 @@ class _Planner:
         rng = self.rng
         text = self.writer.texts[uri]
         parsed = _parses(text, path)
-        kinds, weights = zip(*ACTION_WEIGHTS)
+        kinds, weights = zip(*self.actions)
         kind = rng.choices(kinds, weights)[0]
         for _ in range(PLAN_TRIES if kind != "retype-tail" else 0):
             site = rng.choice(candidates)
@@ -320,7 +342,7 @@ class _Planner:
                 action = edits.paste(text, site.start, block, rng) if block else None
             if action is not None and (not parsed or _parses(action.after, path)):
                 return action
-        return edits.retype_tail(text, rng.choice(candidates).end, rng)
+        return edits.retype_tail(text, rng.choice(candidates).end, rng, self.backspace_share)
 
 
 def tour_traces(sources: list[tuple[Path, str]], options: TourOptions, rng: random.Random, index: int) -> list[Tour]:
@@ -426,6 +448,7 @@ def tour_traces(sources: list[tuple[Path, str]], options: TourOptions, rng: rand
                 "no_pause_rate": options.no_pause_rate,
                 "undo_rate": options.undo_rate,
                 "late_open_rate": options.late_open_rate,
+                **({"edit_mix": dict(options.edit_mix)} if options.edit_mix else {}),
                 "settle_ms": options.settle_ms,
                 "actions": dict(sorted(actions.items())),
                 "patterns": dict(sorted(patterns.items())),

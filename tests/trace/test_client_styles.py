@@ -209,6 +209,41 @@ def test_each_pattern_is_what_the_first_edit_does():
     assert all(counts.values()), counts
 
 
+def test_an_edit_mix_gives_each_pattern_its_share_of_the_stops():
+    """`--edit-mix`: the stops' first edits follow the weights (a pattern weighted 0 never
+    comes), the tour stays exact, and the header says which mix wrote it."""
+    options = TourOptions(seed=9, visits=60, same_file_rate=1.0, client_styles=("plain",),
+                          edit_mix=(("tail-deleted", 1.0), ("backspaces", 1.0), ("new-line", 0.0), ("paste", 2.0)))
+    (tour,) = synthesize_tours(SOURCES, options)
+    check_exact(tour)
+    meta = tour.trace.header.meta
+    assert meta["edit_mix"] == {"tail-deleted": 1.0, "backspaces": 1.0, "new-line": 0.0, "paste": 2.0}
+    counts = {p: 0 for p in PATTERNS}
+    for mark in jump_marks(tour.trace).values():
+        counts[mark.pattern] += 1
+    assert counts["new-line"] == 0 and counts["file-switch"] <= 1  # only the tour's first stop is a switch
+    assert counts["tail-deleted"] >= 5 and counts["backspaces"] >= 5 and counts["paste"] >= counts["backspaces"], counts
+    default = synthesize_tours(SOURCES, options._replace(edit_mix=()))[0].trace.header.meta
+    assert "edit_mix" not in default  # tours without a mix are written as before it existed
+
+
+@pytest.mark.parametrize("mix", [(("typo", 1.0),), (("paste", -1.0),), (("paste", 0.0),), (("paste", 1.0), ("paste", 2.0)),
+                                 (("paste", float("nan")),)])
+def test_a_bad_edit_mix_is_refused(mix):
+    with pytest.raises(ValueError, match="--edit-mix"):
+        TourOptions(edit_mix=mix).check()
+
+
+def test_the_edit_mix_option_is_parsed_and_checked(tmp_path, capsys):
+    out = tmp_path / "t.jsonl"
+    base = ["trace", "synth", "--tour", *map(str, SOURCES), "-o", str(out), "--visits", "6", "--client-styles", "plain"]
+    assert cli.main([*base, "--edit-mix", "backspaces=1, paste=0.5"]) == 0
+    assert read_trace(out).header.meta["edit_mix"] == {"backspaces": 1.0, "paste": 0.5}
+    for bad in ("backspaces", "backspaces=x", "typo=1"):
+        assert cli.main([*base, "--edit-mix", bad]) != 0
+        assert "--edit-mix" in capsys.readouterr().err
+
+
 ANY_PYTHON = """\
 # -*- coding: utf-8 -*-
 \"\"\"A module no tour was tuned on: tabs, decorators, async, nested defs, unicode.\"\"\"
