@@ -98,7 +98,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     answer_ahead: bool = True
     """Navigation: where the cursor settles (a cursor signal, after its warm-up), compute the suggestion a request there would get; a request at that place then answers at once, and typing its first characters shows the rest (docs/navigation.md, "Answers ahead"). Needs `warmAhead` and `cache`."""
 
-    first_window_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 208
+    first_window_tokens: Annotated[int, msgspec.Meta(ge=0, le=65536)] = 256
     """Navigation: while a new edit session's full window is not computed yet (a jump, a file just opened), its requests are answered from this many tokens around the cursor (3/4 before it) and the full window is prefilled in the background; later requests use it once it is (docs/navigation.md, "The first answer at a new place"). Needs `warmAhead` and `cache`; 0 turns it off."""
 
     document_kv: bool = False
