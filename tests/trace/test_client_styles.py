@@ -210,7 +210,7 @@ def test_each_pattern_is_what_the_first_edit_does():
 
 
 def test_an_edit_mix_gives_each_pattern_its_share_of_the_stops():
-    """`--edit-mix`: the stops' first edits follow the weights (a pattern weighted 0 never
+    """`--edit-mix`: the stops' first edits follow the weights (new-line weighted 0 never
     comes), the tour stays exact, and the header says which mix wrote it."""
     options = TourOptions(seed=9, visits=60, same_file_rate=1.0, client_styles=("plain",),
                           edit_mix=(("tail-deleted", 1.0), ("backspaces", 1.0), ("new-line", 0.0), ("paste", 2.0)))
