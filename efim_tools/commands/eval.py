@@ -97,7 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     cf.add_argument("--no-jump", action="store_true", help="skip the jump after the keystrokes (a new line 30 lines above, a request there)")
     cf.add_argument("--model", default="default", help="the server's `model` setting")
     cf.add_argument("--config", action="append", default=[], metavar="JSON",
-                    help='settings merged into every configuration, e.g. \'{"firstWindowTokens": 208}\' (a JSON object or a file holding one; repeatable)')
+                    help='settings merged into every configuration, e.g. \'{"firstWindowTokens": 256}\' (a JSON object or a file holding one; repeatable)')
     cf.add_argument("--server", metavar="CMD", help="server command line (default: this Python's `efim serve --log-level warning`)")
     cf.add_argument("--threads", type=int, default=0, help="`efim serve --threads` (0 = its default)")
     cf.add_argument("--ready-timeout", type=float, default=900.0, metavar="S", help="seconds to wait for the model to load")
