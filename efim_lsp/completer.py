@@ -9,9 +9,8 @@ at once and it answers nothing. An asyncio cancellation (pygls does this for
 `$/cancelRequest`) cancels the engine handle too. An answer is only ever for
 the document version the request arrived with.
 
-Streaming: the handle's blocking `events()` iterator runs on a small thread
-pool and feeds an asyncio queue, so the server sees the first token when it
-happens (server-side TTFT) and can stop decoding as soon as the suggestion is
+Streaming (`efim_lsp.streaming`): the server sees the first token when it
+happens (server-side TTFT) and stops decoding as soon as the suggestion is
 complete (a block whose indentation ended, a line that ended).
 """
 
@@ -21,8 +20,7 @@ import asyncio
 import itertools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Literal, NamedTuple, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import msgspec
 
@@ -34,10 +32,10 @@ from efim_lsp.engine_holder import EngineHolder
 from efim_lsp.session import Budget, EditSession, Segments
 from efim_lsp.settings import Settings
 from efim_lsp.stats import ServerStats
+from efim_lsp.streaming import StreamReader
 from efim_lsp.suggest import (
     OFFSIDE_LANGUAGES,
     CursorContext,
-    Mode,
     choose_mode,
     distinct_alternatives,
     fresh_line,
@@ -45,21 +43,9 @@ from efim_lsp.suggest import (
 )
 from efim_lsp.warm_ahead import WarmAhead
 from efim_lsp.window import TokenMeter
-from engine.api import (
-    Completion,
-    CompletionHandle,
-    ContextChunk,
-    EngineInfo,
-    InfillRequest,
-    StreamEvent,
-)
+from engine.api import ContextChunk, EngineInfo, InfillRequest
 
 log = logging.getLogger(__name__)
-
-# No stream event for this long means the engine is stuck: cancel and decline rather than
-# leave the request (and the client's ghost text) hanging. Generous: a cold prefill of a
-# full window on a loaded 2-core machine takes tens of seconds.
-STREAM_STALL_SECONDS = 180.0
 
 # Tokens kept free in the model's context beside the two windows: the increment
 # (session limit ~384 chars) and the template's sentinels.
@@ -75,13 +61,6 @@ class ContextSource(Protocol):
 
     def status(self) -> dict[str, object]:
         """Index counters for `efim/stats` ("context")."""
-
-
-class _Streamed(NamedTuple):
-    text: str
-    first_token_at: float | None
-    completion: Completion | None
-    error: str | None
 
 
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
@@ -126,9 +105,8 @@ class Completer:
         self.warm_ahead = WarmAhead(documents, holder, stats, settings, self._states, self._request_at)
         self.answer_ahead = AnswerAhead(self._states, documents, stats, self._run)
         self.warm_ahead.after_warm = self._answer_ahead_at
-        self._streams = ThreadPoolExecutor(max_workers=stream_workers, thread_name_prefix="efim-stream")
+        self._streams = StreamReader(stream_workers)
         self._ids = itertools.count(1)
-        self._drains: set[asyncio.Task] = set()
 
     # -- document lifecycle (called synchronously, in message order) --------
     def opened(self, uri: str) -> None:
@@ -221,7 +199,7 @@ class Completer:
 
     def close(self) -> None:
         self.cancel_all("server shutting down")
-        self._streams.shutdown(wait=False, cancel_futures=True)
+        self._streams.close()
 
     # -- requests ------------------------------------------------------------
     async def complete(self, uri: str, cursor: int, version: int | None, arrival: float) -> Answer | Declined:
@@ -333,7 +311,7 @@ class Completer:
             warm_up()
         if pending.superseded:  # superseded while submitting (cannot happen on one loop; cheap to check)
             handle.cancel()
-        streamed = await self._stream(handle, ctx, mode, forks=request.n > 1, stats=stats)
+        streamed = await self._streams.read(handle, ctx, mode, stats, forks=request.n > 1)
         if streamed.first_token_at is not None:
             stats.ttft.add((streamed.first_token_at - arrival) * 1000)
 
@@ -379,99 +357,6 @@ class Completer:
         state.typed.remember(cursor, text)
         stats.served += 1
         return Answer(text, cursor, cursor, pending.version, next(self._ids), "engine", alternatives)
-
-    async def _stream(
-        self, handle: CompletionHandle, ctx: CursorContext, mode: Mode, *, forks: bool = False, stats: ServerStats | None = None
-    ) -> _Streamed:
-        """Stream fork 0's text until the suggestion is complete (then cancel the handle) or
-        the terminal event. With `forks` (alternatives), a complete suggestion still waits
-        for the terminal event — the cancel ends every fork before its next decode step —
-        since only that event carries the forks' texts. The engine's counts go to `stats`."""
-        stats = self.stats if stats is None else stats
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[float, StreamEvent | None]] = asyncio.Queue()
-
-        def put(item: tuple[float, StreamEvent | None]) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:
-                pass  # the loop is gone (shutdown); nobody is listening
-
-        def pump() -> None:
-            try:
-                for event in handle.events():
-                    put((time.monotonic(), event))
-                    if event.kind != "token":
-                        return
-                put((time.monotonic(), None))
-            except Exception as exc:
-                put((time.monotonic(), StreamEvent(kind="error", error=f"{type(exc).__name__}: {exc}")))
-
-        self._streams.submit(pump)
-        stalled = StreamEvent(kind="error", error=f"no output from the engine for {STREAM_STALL_SECONDS:.0f} s")
-        # A timer rather than asyncio.wait_for: on 3.11, wait_for can swallow a cancellation
-        # that races with a queue item, and `$/cancelRequest` must always cancel.
-        timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
-        text = ""
-        first: float | None = None
-        complete: str | None = None  # fork 0's complete suggestion, while the forks wind down
-        try:
-            while True:
-                at, event = await queue.get()
-                timer.cancel()
-                if event is stalled:
-                    handle.cancel()
-                    self._drain(queue, stats)
-                    return _Streamed(text, first, None, stalled.error)
-                timer = loop.call_later(STREAM_STALL_SECONDS, put, (0.0, stalled))
-                if event is None:
-                    return _Streamed(text, first, None, "the engine's stream ended without a result")
-                if event.kind == "token":
-                    if complete is not None:
-                        continue
-                    if first is None:
-                        first = at
-                    text += event.text
-                    if shape(text, ctx, mode, done=False).final:
-                        handle.cancel()  # the suggestion is complete: stop decoding
-                        if forks:
-                            complete = text
-                            continue
-                        self._drain(queue, stats)
-                        return _Streamed(text, first, None, None)
-                    continue
-                completion = event.completion
-                if completion is not None:
-                    stats.add_engine_request(completion.stats)
-                if complete is not None:
-                    return _Streamed(complete, first, completion, None)
-                if completion is not None and completion.finish_reason != "cancelled":
-                    text = completion.text  # authoritative (stop strings trimmed, healing applied)
-                error = event.error if event.kind == "error" else None
-                if completion is not None and completion.finish_reason == "error":
-                    error = completion.error or "engine error"
-                return _Streamed(text, first, completion, error)
-        except asyncio.CancelledError:
-            handle.cancel()
-            self._drain(queue, stats)
-            raise
-        finally:
-            timer.cancel()
-
-    def _drain(self, queue: asyncio.Queue, stats: ServerStats) -> None:
-        """Read a stopped stream to its terminal event in the background (for its stats)."""
-
-        async def drain() -> None:
-            while True:
-                _, event = await queue.get()
-                if event is None or event.kind != "token":
-                    if event is not None and event.completion is not None:
-                        stats.add_engine_request(event.completion.stats)
-                    return
-
-        task = asyncio.get_running_loop().create_task(drain())
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
 
     def _request_at(self, uri: str, doc, state: DocumentState, cursor: int, settings: Settings, info: EngineInfo | None) -> tuple[InfillRequest, Segments]:
         """The engine request for a completion at `cursor` (rebasing the edit session when

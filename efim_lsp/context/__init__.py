@@ -3,8 +3,10 @@
 Map: `workspace.py` (which files qualify) → `ignore.py` (.gitignore + vendor folders) →
 `chunking.py` (64-line chunks and their identifiers) → `ranking.py` (BM25 index);
 `imports.py` (a file's imports) → `modules.py` (the indexed files they name) → `outline.py`
-(a module's definitions as one chunk) → `gatherer.py` (`ContextGatherer`: open documents +
-watched workspace folders, stable selection for a cursor: imports, recent files, BM25) ←
+(a module's definitions as one chunk) → `definitions.py` (every indexed module's outline and
+imports); `picking.py` (BM25's best chunks, trimmed to their share) → `gatherer.py`
+(`ContextGatherer`: open documents + watched workspace folders, stable selection for a cursor:
+imports, recent files, BM25) ←
 `watcher.py` (watchfiles thread); `source.py` (the completer's source, fed by the server) →
 `prefetch.py` (chunk KV computed ahead in the background).
 """

@@ -21,17 +21,15 @@ import collections
 import logging
 import os
 import queue
-import re
 import threading
 from pathlib import Path
 from typing import Callable, Hashable, NamedTuple
 
 from engine.api import ContextChunk
 
-from efim_lsp.context.chunking import CHUNK_LINES, Chunk, chunk_digest, identifiers, split_chunks, sub_chunk
-from efim_lsp.context.imports import ImportRef, imports_of
-from efim_lsp.context.modules import ModuleResolver
-from efim_lsp.context.outline import Outline
+from efim_lsp.context.chunking import CHUNK_LINES, Chunk, chunk_digest, identifiers, split_chunks
+from efim_lsp.context.definitions import ModuleDefinitions
+from efim_lsp.context.picking import MIN_CHUNK_TOKENS, Picked, by_relevance, pick_chunks, share, significant_lines, window_text
 from efim_lsp.context.ranking import ChunkIndex, jaccard
 from efim_lsp.context.watcher import WorkspaceWatcher
 from efim_lsp.context.workspace import ContextFolder, is_text
@@ -41,16 +39,8 @@ log = logging.getLogger(__name__)
 # Lines around the cursor whose identifiers form the query.
 QUERY_LINES_BEFORE = 40
 QUERY_LINES_AFTER = 10
-# Lines around the cursor taken as "the local window" when the caller gives none.
-WINDOW_LINES_BEFORE = 150
-WINDOW_LINES_AFTER = 50
 # Keep the previous selection while the query identifiers are at least this similar.
 STABLE_JACCARD = 0.7
-# A chunk with at least this fraction of its lines already in the local window adds nothing.
-DUPLICATE_FRACTION = 0.5
-# Trimmed chunks start on this line grid, so a re-trim tends to land on the same lines.
-TRIM_GRID = 8
-MIN_CHUNK_TOKENS = 32
 
 
 def estimate_tokens(text: str) -> int:
@@ -63,7 +53,6 @@ def estimate_tokens(text: str) -> int:
 STRATEGIES = ("imports", "bm25")
 # Open documents (most recently edited or opened first) the "imports" strategy looks at after the imports.
 RECENT_DOCUMENTS = 3
-PYTHON_SUFFIXES = (".py", ".pyi")
 
 
 class Selection(NamedTuple):
@@ -75,18 +64,6 @@ class Selection(NamedTuple):
     chunks: tuple[ContextChunk, ...]
     strategy: str = "bm25"
     sources: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (path, its chunks' digests) of every file used
-
-
-class ModuleInfo(NamedTuple):
-    """A Python file's outline (None: it does not parse) and imports, read when it was indexed."""
-
-    outline: Outline | None
-    imports: tuple[ImportRef, ...]
-    digest: str  # of the text they were read from
-
-
-def is_python(path: str) -> bool:
-    return path.endswith(PYTHON_SUFFIXES)
 
 
 class ContextGatherer:
@@ -114,12 +91,13 @@ class ContextGatherer:
         self._open: dict[str, str] = {}
         self._dirty: set[str] = set()
         self._selections: dict[str, Selection] = {}
-        self._modules: dict[str, ModuleInfo] = {}  # Python files of the index: outline and imports
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()  # open documents, last edited last
-        self._resolver: tuple[int, tuple[Path, ...], ModuleResolver] | None = None
-        self._outline_chunks: collections.OrderedDict[tuple[str, int], ContextChunk | None] = collections.OrderedDict()
         self._listeners: list[Callable[[str], None]] = []
         self._lock = threading.RLock()
+        # Python files of the index: outline and imports (the "imports" strategy)
+        self.definitions = ModuleDefinitions(
+            self.index, self._lock, roots=self._roots, count_tokens=self.count_tokens, display_path=self.display_path
+        )
         self._tasks: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="efim-context", daemon=True)
         self._worker.start()
@@ -132,7 +110,7 @@ class ContextGatherer:
         with self._lock:
             self._count_tokens = count_tokens
             self._token_cache.clear()
-            self._outline_chunks.clear()
+        self.definitions.forget_rendered()
 
     def add_listener(self, listener: Callable[[str], None]) -> None:
         with self._lock:
@@ -274,13 +252,12 @@ class ContextGatherer:
                 elif last.index_version == self.index.version and jaccard(last.terms, terms) >= STABLE_JACCARD:
                     return last.chunks
             version = self.index.version
-        local = _significant_lines(_window_text(text, cursor, window))
+        local = significant_lines(window_text(text, cursor, window))
         if strategy == "imports":
             chosen = self._pick_tiered(key, text, cursor, terms, local, max_chunks, max_tokens)
         else:
-            picked = self._pick(key, terms, local, max_chunks, max_tokens)
-            picked.sort(key=lambda item: (item[0], item[1].path, item[1].start_line))  # ascending relevance
-            chosen = [(c.path, c, src.digest) for _score, c, src in picked]
+            picked = by_relevance(self._pick(key, terms, local, max_chunks, max_tokens))
+            chosen = [(p.chunk.path, p.chunk, p.source.digest) for p in picked]
         with self._lock:
             sources = tuple((p, self._fingerprint(p)) for p in dict.fromkeys(p for p, _c, _d in chosen))
         selection = Selection(
@@ -302,68 +279,24 @@ class ContextGatherer:
 
     # ---- the "imports" strategy ------------------------------------------------------
 
-    def _module_resolver(self) -> ModuleResolver:
+    def _roots(self) -> tuple[Path, ...]:
         with self._lock:
-            roots = tuple(self._workspaces)
-            cached = self._resolver
-            version = self.index.version
-            if cached is not None and cached[0] == version and cached[1] == roots:
-                return cached[2]
-        resolver = ModuleResolver(set(self.index.paths()), [str(r) for r in roots])
-        with self._lock:
-            self._resolver = (version, roots, resolver)
-        return resolver
+            return tuple(self._workspaces)
 
     def imported_modules(self, path: str, text: str, cursor: int | None = None, terms: frozenset[str] = frozenset()) -> list[str]:
-        """The indexed modules `text` (the document `path`) imports, most relevant first: the
-        import statement at the cursor's line, then those whose names or alias the text
-        around the cursor mentions (by count), then text order."""
-        key = document_key(path)
-        refs = imports_of(text) if is_python(key) or "://" in key else []
-        if not refs:
-            return []
-        resolver = self._module_resolver()
-        line = text.count("\n", 0, cursor) if cursor is not None else -1
-        # `alias.` right before the cursor names the module the next word comes from
-        dotted = _ATTRIBUTE_BEFORE.search(text, max(0, cursor - 200), cursor) if cursor is not None else None
-        owner = dotted.group(1) if dotted else None
-        scores: dict[str, tuple[int, int, int]] = {}
-        for order, ref in enumerate(refs):
-            for found in resolver.resolve(ref, key):
-                words = set(found.names or ()) | ({ref.alias} if ref.alias else set())
-                if found.names is None and not ref.alias:
-                    words.add(os.path.splitext(os.path.basename(found.path))[0])
-                at_cursor = 1 if ref.line == line or (owner is not None and owner in words) else 0
-                mentions = sum(1 for w in words if w.lower() in terms)
-                score = (at_cursor, mentions, -order)
-                if found.path not in scores or score > scores[found.path]:
-                    scores[found.path] = score
-        return sorted(scores, key=lambda p: scores[p], reverse=True)
+        """The indexed modules `text` (the document `path`) imports, most relevant to the
+        cursor first (`definitions.ModuleDefinitions.imported_modules`)."""
+        return self.definitions.imported_modules(document_key(path), text, cursor, terms)
 
     def definition_chunk(self, path: str, max_tokens: int) -> ContextChunk | None:
         """The outline of the indexed Python module `path` (`outline.Outline`) in at most
         `max_tokens` tokens; None when it has none (not Python, does not parse, nothing public)."""
-        with self._lock:
-            info = self._modules.get(path)
-        if info is None or info.outline is None:
-            return None
-        cache_key = (info.digest, max_tokens)
-        with self._lock:
-            if cache_key in self._outline_chunks:
-                self._outline_chunks.move_to_end(cache_key)
-                return self._outline_chunks[cache_key]
-        text = info.outline.render(lambda t: self.count_tokens(t) <= max_tokens)
-        chunk = ContextChunk(path=self.display_path(path), text=text) if text.strip() else None
-        with self._lock:
-            self._outline_chunks[cache_key] = chunk
-            while len(self._outline_chunks) > 4096:
-                self._outline_chunks.popitem(last=False)
-        return chunk
+        return self.definitions.definition_chunk(path, max_tokens)
 
     def import_chunks(self, path: str, text: str, *, max_chunks: int = 4, max_tokens: int = 1024) -> list[ContextChunk]:
         """The definition chunks of the modules `text` imports, in text order (no cursor):
         what a request in the document is likely to use, for computing their KV ahead."""
-        per_chunk = max(MIN_CHUNK_TOKENS, max_tokens // max(1, max_chunks))
+        per_chunk = share(max_tokens, max_chunks)
         out = []
         for module in self.imported_modules(path, text):
             chunk = self.definition_chunk(module, per_chunk)
@@ -374,29 +307,14 @@ class ContextGatherer:
     def popular_chunks(self, *, max_chunks: int = 4, max_tokens: int = 1024, limit: int = 64) -> list[ContextChunk]:
         """Definition chunks of the indexed modules that the most indexed files import
         (ties: path order), at most `limit`: the likely chunks of a workspace."""
-        with self._lock:
-            modules = dict(self._modules)
-        resolver = self._module_resolver()
-        importers: collections.Counter[str] = collections.Counter()
-        for path, info in modules.items():
-            for found in {r.path for ref in info.imports for r in resolver.resolve(ref, path)}:
-                importers[found] += 1
-        per_chunk = max(MIN_CHUNK_TOKENS, max_tokens // max(1, max_chunks))
-        out = []
-        for path in sorted(importers, key=lambda p: (-importers[p], p)):
-            chunk = self.definition_chunk(path, per_chunk)
-            if chunk is not None:
-                out.append(chunk)
-                if len(out) >= limit:
-                    break
-        return out
+        return self.definitions.popular(share(max_tokens, max_chunks), limit)
 
     def _pick_tiered(
         self, key: str, text: str, cursor: int, terms: frozenset[str], local: set[str], max_chunks: int, max_tokens: int
     ) -> list[tuple[str, ContextChunk | Chunk, str]]:
         """(path, chunk, digest) least relevant first: imports' definitions, then the best
         chunk of each recently edited open document, then BM25 (see `select`)."""
-        per_chunk = max(MIN_CHUNK_TOKENS, max_tokens // max_chunks)
+        per_chunk = share(max_tokens, max_chunks)
         imported: list[tuple[str, ContextChunk | Chunk, str]] = []
         total = 0
         for module in self.imported_modules(key, text, cursor, terms):
@@ -418,16 +336,14 @@ class ContextGatherer:
                 others = [p for p in reversed(self._recent) if p not in used][:RECENT_DOCUMENTS]
             if others:
                 picked = self._pick(key, terms, local, min(left, len(others)), max_tokens - total, only_paths=set(others), per_chunk=per_chunk)
-                picked.sort(key=lambda item: (item[0], item[1].path, item[1].start_line))
-                recent = [(src.path, c, src.digest) for _s, c, src in picked]
+                recent = [(p.source.path, p.chunk, p.source.digest) for p in by_relevance(picked)]
                 total += sum(self.count_tokens(c.text) for _p, c, _d in recent)
                 used |= {p for p, _c, _d in recent}
         fallback: list[tuple[str, ContextChunk | Chunk, str]] = []
         left = max_chunks - len(imported) - len(recent)
         if left > 0 and max_tokens - total >= MIN_CHUNK_TOKENS:
             picked = self._pick(key, terms, local, left, max_tokens - total, exclude_paths=used, per_chunk=per_chunk)
-            picked.sort(key=lambda item: (item[0], item[1].path, item[1].start_line))
-            fallback = [(src.path, c, src.digest) for _s, c, src in picked]
+            fallback = [(p.source.path, p.chunk, p.source.digest) for p in by_relevance(picked)]
         return fallback + recent + imported[::-1]
 
     def _pick(
@@ -441,53 +357,12 @@ class ContextGatherer:
         exclude_paths: set[str] | None = None,
         only_paths: set[str] | None = None,
         per_chunk: int | None = None,
-    ) -> list[tuple[float, Chunk, Chunk]]:
-        """BM25's best chunks (one per file when `only_paths` is given), trimmed to their share."""
-        per_chunk = per_chunk or max(MIN_CHUNK_TOKENS, max_tokens // max_chunks)
-        picked: list[tuple[float, Chunk, Chunk]] = []  # (score, chunk as used, chunk in index)
-        seen: set[str] = set()
-        files: set[str] = set()
-        total = 0
-        excluded = {key} | (exclude_paths or set())
-        limit = max_chunks * 4 if only_paths is None else max(64, max_chunks * 16)
-        for scored in self.index.search(terms, exclude_paths=excluded, limit=limit):
-            if len(picked) == max_chunks:
-                break
-            source = scored.chunk
-            if only_paths is not None and (source.path not in only_paths or source.path in files):
-                continue
-            if source.text in seen or _duplicate_fraction(source.text, local) >= DUPLICATE_FRACTION:
-                continue
-            chunk = source
-            n = self.count_tokens(chunk.text)
-            if n > per_chunk:
-                chunk = self._trim(chunk, terms, per_chunk, n)
-                n = self.count_tokens(chunk.text)
-            if total + n > max_tokens or not chunk.text.strip():
-                continue
-            seen.add(source.text)
-            files.add(source.path)
-            picked.append((scored.score, chunk, source))
-            total += n
-        return picked
-
-    def _trim(self, chunk: Chunk, terms: frozenset[str], limit: int, tokens: int) -> Chunk:
-        """The grid-aligned run of lines of `chunk` that fits `limit` tokens and mentions
-        the most query identifiers (the first such run on ties)."""
-        lines = chunk.text.splitlines(keepends=True)
-        span = max(1, int(len(lines) * limit / tokens))
-        best, best_hits = 0, -1
-        for start in range(0, max(1, len(lines) - span + 1), TRIM_GRID):
-            hits = len(terms & set(identifiers("".join(lines[start : start + span]))))
-            if hits > best_hits:
-                best, best_hits = start, hits
-        lo = chunk.start_line + best
-        hi = lo + span
-        trimmed = sub_chunk(chunk, lo, hi)
-        while hi - lo > 1 and self.count_tokens(trimmed.text) > limit:
-            hi -= max(1, (hi - lo) // 8)
-            trimmed = sub_chunk(chunk, lo, hi)
-        return trimmed
+    ) -> list[Picked]:
+        """BM25's best chunks of files other than `key` (`picking.pick_chunks`)."""
+        return pick_chunks(
+            self.index, terms, local, max_chunks, max_tokens, self.count_tokens,
+            exclude_paths={key} | (exclude_paths or set()), only_paths=only_paths, per_chunk=per_chunk,
+        )
 
     # ---- tokens and paths ------------------------------------------------------------
 
@@ -528,31 +403,15 @@ class ContextGatherer:
         if text is None:
             return
         if not is_text(text):
-            self._note_module(key, None)
+            self.definitions.note(key, None)
             self._replace(key, [])
             return
-        self._note_module(key, text)
+        self.definitions.note(key, text)
         self._replace(key, split_chunks(key, text, self.chunk_lines))
-
-    def _note_module(self, key: str, text: str | None) -> None:
-        """Keep a Python file's outline and imports (for the "imports" strategy)."""
-        if text is None or not is_python(key):
-            with self._lock:
-                self._modules.pop(key, None)
-            return
-        digest = chunk_digest(key, text)
-        with self._lock:
-            old = self._modules.get(key)
-        if old is not None and old.digest == digest:
-            return
-        info = ModuleInfo(Outline.of(text), tuple(imports_of(text)), digest)
-        with self._lock:
-            self._modules[key] = info
 
     def _replace(self, key: str, chunks: list[Chunk]) -> None:
         if not chunks:
-            with self._lock:
-                self._modules.pop(key, None)
+            self.definitions.forget(key)
         changed = self.index.replace(key, chunks) if chunks else self.index.remove(key)
         if changed:
             with self._lock:
@@ -596,7 +455,7 @@ class ContextGatherer:
             if key in self._open:
                 return  # the editor's text wins while the document is open
         text = workspace.read(key)
-        self._note_module(key, text)
+        self.definitions.note(key, text)
         self._replace(key, split_chunks(key, text, self.chunk_lines) if text is not None else [])
 
     def _scan(self, workspace: ContextFolder) -> None:
@@ -651,33 +510,9 @@ class ContextGatherer:
             self._scan(workspace)
 
 
-_ATTRIBUTE_BEFORE = re.compile(r"([A-Za-z_]\w*)\.\w*$")
-
-
 def document_key(path: str) -> str:
     """The gatherer's identity for a document: an absolute path, or the URI as given."""
     return path if "://" in path else os.path.abspath(path)
-
-
-def _window_text(text: str, cursor: int, window: tuple[int, int] | None) -> str:
-    if window is not None:
-        start, end = window
-        return text[max(0, start) : max(0, end)]
-    before = text[:cursor].splitlines(keepends=True)[-WINDOW_LINES_BEFORE:]
-    after = text[cursor:].splitlines(keepends=True)[:WINDOW_LINES_AFTER]
-    return "".join(before + after)
-
-
-def _significant_lines(text: str) -> set[str]:
-    """Lines that identify content (trimmed; braces and blank lines say nothing)."""
-    return {s for s in (line.strip() for line in text.splitlines()) if len(s) > 3}
-
-
-def _duplicate_fraction(text: str, local: set[str]) -> float:
-    lines = [s for s in (line.strip() for line in text.splitlines()) if len(s) > 3]
-    if not lines:
-        return 1.0
-    return sum(1 for s in lines if s in local) / len(lines)
 
 
 __all__ = ["ContextGatherer", "Selection", "document_key", "estimate_tokens"]
