@@ -114,14 +114,19 @@ def window_text(text: str, cursor: int, window: tuple[int, int] | None) -> str:
     return "".join(before + after)
 
 
+def _significant(text: str) -> list[str]:
+    """`text`'s lines that identify content, trimmed (braces and blank lines say nothing)."""
+    return [s for s in (line.strip() for line in text.splitlines()) if len(s) > 3]
+
+
 def significant_lines(text: str) -> set[str]:
-    """Lines that identify content (trimmed; braces and blank lines say nothing)."""
-    return {s for s in (line.strip() for line in text.splitlines()) if len(s) > 3}
+    """The distinct lines of `text` that identify content (`duplicate_fraction`'s `local`)."""
+    return set(_significant(text))
 
 
 def duplicate_fraction(text: str, local: set[str]) -> float:
     """The share of `text`'s significant lines that are in `local` (1.0 when it has none)."""
-    lines = [s for s in (line.strip() for line in text.splitlines()) if len(s) > 3]
+    lines = _significant(text)
     if not lines:
         return 1.0
     return sum(1 for s in lines if s in local) / len(lines)
