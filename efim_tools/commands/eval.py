@@ -337,6 +337,11 @@ def run_crossfile(args: argparse.Namespace) -> int:
         raise SystemExit(f"efim eval crossfile: {exc}") from None
     if not packages or not configs:
         raise SystemExit("efim eval crossfile: --packages and --configs must name at least one each")
+    from efim_tools.training.crossfile import TRAINING_PACKAGES  # noqa: PLC0415
+
+    trained = [p.name for p in packages if p.name in TRAINING_PACKAGES]
+    if trained:  # the shipped adapter's cross-file round read their lines: not held out
+        print(f"note: {', '.join(trained)} trained on by the adapter's cross-file round (not held out)", file=sys.stderr)
     server = shlex.split(args.server) if args.server else [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning"]
     if args.threads:
         server += ["--threads", str(args.threads)]

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="data-parallel worker processes on this machine (2 on 2 cores: one 1-thread worker is as fast as one 2-thread one)")
     p.add_argument("--mix", default="0.45:0.35:0.2", help="FIM:EFIM:plain share of samples (normalised; a new run's setting)")
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
+    p.add_argument("--crossfile", type=float, default=0.0, metavar="P", help="share of FIM/EFIM samples placed where a line needs a name another module of its package defines, with the context chunks the server's gatherer picks in front (issue #33; packages read where installed)")
+    p.add_argument("--crossfile-packages", default="", metavar="A,B", help="packages for --crossfile (default: efim_tools.training.crossfile.TRAINING_PACKAGES; the eval's held-out packages are refused)")
+    p.add_argument("--context-tokens", type=int, default=1024, help="the most chunk tokens a cross-file sample carries")
     p.set_defaults(func=run)
 
 
@@ -75,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--blank-middles must be in [0, 1]")
     if not 0 <= args.healed <= 1:
         raise ValueError("--healed must be in [0, 1]")
+    if not 0 <= args.crossfile <= 1:
+        raise ValueError("--crossfile must be in [0, 1]")
+    if args.context_tokens < 64:
+        raise ValueError("--context-tokens must be at least 64")
     if args.init_from == "shipped":
         from engine.adapters import SHIPPED_ADAPTER  # noqa: PLC0415
 
@@ -113,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         blank_middle_keep=args.blank_middles,
         healed_prob=args.healed,
         layout=args.layout,
+        crossfile_prob=args.crossfile,
+        crossfile_packages=tuple(p for p in args.crossfile_packages.split(",") if p),
+        context_tokens=args.context_tokens,
     )
     result = train(config)
     print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)

@@ -40,7 +40,7 @@ import random
 import re
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
-from engine.api import InfillRequest
+from engine.api import ContextChunk, InfillRequest
 from engine.text.templates import FimTemplate, detect_template
 from engine.text.tokenize import HealingProgress, SegmentTokenizer, whole_indentation
 
@@ -49,11 +49,12 @@ from efim_tools.training.fragment import encode_text, fragment_encode
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
+    from efim_tools.training.crossfile import CrossFileSource
     from efim_tools.training.data import Corpus
 
 SampleKind = Literal["fim", "efim", "plain"]
 Layout = Literal["psm", "spm"]
-SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text"]
+SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text", "chunk"]
 
 FIM_SENTINELS = ("<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>")
 # The suffix-first layout's own spellings (prefix, middle, suffix, pad — the same order, so
@@ -88,17 +89,22 @@ class FimIds(NamedTuple):
             raise ValueError(f"serving's {LAYOUT_FAMILY[layout]} template does not use the {layout} sentinels")
         return cls(ids[pre], ids[suf], ids[mid], ids[pad], ids[EOT_TOKEN], layout, template)
 
-    def head(self, prefix: TextSegment, suffix: TextSegment) -> list[int]:
-        """The prompt up to where the middle (increment first) goes — PRE p SUF s MID, or
-        suffix-first SUF s PRE p — as serving renders a request with this prefix and
-        suffix and no increment (`FimTemplate.render`, format "efim"), each text segment
-        carrying the ids the sample gave it (fragments included)."""
-        request = InfillRequest(key="sample", prefix=prefix.text, suffix=suffix.text, format="efim", context="off")
+    def head(self, prefix: TextSegment, suffix: TextSegment, chunks: tuple[TextSegment, ...] = ()) -> list[int]:
+        """The prompt up to where the middle (increment first) goes — C PRE p SUF s MID, or
+        suffix-first C SUF s PRE p — as serving renders a request with these context chunks,
+        this prefix and suffix and no increment (`FimTemplate.render`, format "efim"), each
+        text segment carrying the ids the sample gave it (fragments included). `chunks` are
+        the text segments `FimTemplate.render_chunks` writes, one per chunk, in order."""
+        placeholders = tuple(ContextChunk(path="c.py", text="c\n") for _ in chunks)
+        request = InfillRequest(key="sample", prefix=prefix.text, suffix=suffix.text, format="efim", context="off", chunks=placeholders)
         own = {"prefix": prefix, "suffix": suffix}
+        given = iter(chunks)
         ids: list[int] = []
         for seg in self.template.render(request):
             if isinstance(seg.value, int):
                 ids.append(seg.value)
+            elif seg.role == "chunk":
+                ids.extend(next(given).ids)
             else:
                 ids.extend(own[seg.role].ids)
         return ids
@@ -128,6 +134,9 @@ class Sample(NamedTuple):
     # The text serving's token healing dropped from the prompt's end, now the target's
     # start (`SampleConfig.healed_prob`); empty when the sample is not healed.
     healed: str = ""
+    # Context chunks in front of the prompt (cross-file samples, `SampleConfig.crossfile_prob`),
+    # each as serving renders it (header line and text); not part of the window.
+    chunks: tuple[TextSegment, ...] = ()
 
     @property
     def document(self) -> str:
@@ -162,11 +171,15 @@ class SampleConfig(NamedTuple):
     # Share of samples whose prompt ends with text that are built healed, as serving's
     # token healing prompts the model (module docstring). 0 keeps earlier runs' streams.
     healed_prob: float = 0.0
+    # Share of FIM/EFIM samples that are cross-file samples (`efim_tools.training.crossfile`):
+    # a place needing a sibling module's name, with the chunks the server's gatherer picks.
+    # 0 draws nothing extra: earlier runs keep their stream.
+    crossfile_prob: float = 0.0
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
             raise ValueError("fim_rate and efim_rate must be >= 0 and sum to at most 1")
-        for name in ("fragment_prob", "line_start_prob", "suffix_informed_prob", "blank_middle_keep", "healed_prob"):
+        for name in ("fragment_prob", "line_start_prob", "suffix_informed_prob", "blank_middle_keep", "healed_prob", "crossfile_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.layout not in SENTINELS:
@@ -294,13 +307,17 @@ class SampleBuilder:
     """Draws samples from a corpus; sample `index` under `seed` is always the same sample,
     so a resumed run continues the exact data stream."""
 
-    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, config: SampleConfig = SampleConfig(), seed: int = 0):
+    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, config: SampleConfig = SampleConfig(), seed: int = 0,
+                 crossfile: CrossFileSource | None = None):
         self.tokenizer = tokenizer
         self.segments = SegmentTokenizer(tokenizer)  # serving's segment tokenization
         self.corpus = corpus
         self.config = config.validate()
         self.seed = seed
         self.fim = FimIds.from_tokenizer(tokenizer, self.config.layout)
+        if self.config.crossfile_prob > 0 and crossfile is None:
+            raise ValueError("crossfile_prob > 0 needs a CrossFileSource (efim_tools.training.crossfile)")
+        self.crossfile = crossfile
 
     def sample(self, index: int) -> Sample:
         rng = random.Random(self.seed * 1_000_003 + index)
@@ -312,10 +329,26 @@ class SampleBuilder:
         kind: SampleKind = "fim" if r < cfg.fim_rate else "efim" if r < cfg.fim_rate + cfg.efim_rate else "plain"
         if len(window) < 4:
             kind = "plain"
+        if kind != "plain" and cfg.crossfile_prob > 0 and rng.random() < cfg.crossfile_prob:
+            return self.crossfile_sample(kind, rng)
         return build_sample(self.segments, self.fim, window, kind, rng, cfg)
 
+    def crossfile_sample(self, kind: SampleKind, rng: random.Random) -> Sample:
+        """A FIM/EFIM sample at a cross-file spot (`CrossFileSource.draw`), its chunks in front."""
+        assert self.crossfile is not None
+        spot = self.crossfile.draw(rng)
+        chunks = []
+        for chunk in spot.chunks:  # the chunk's text segment as serving writes it (a separator token stays in the template)
+            (text,) = [seg.value for seg in self.fim.template.render_chunks((chunk,)) if isinstance(seg.value, str)]
+            chunks.append(TextSegment("chunk", text, tuple(encode_text(self.segments, text))))
+        span = (spot.start, spot.end) if spot.at_target else None
+        return build_sample(self.segments, self.fim, spot.window, kind, rng, self.config, span=span, chunks=tuple(chunks))
 
-def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: SampleKind, rng: random.Random, cfg: SampleConfig) -> Sample:
+
+def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: SampleKind, rng: random.Random, cfg: SampleConfig,
+                 *, span: tuple[int, int] | None = None, chunks: tuple[TextSegment, ...] = ()) -> Sample:
+    """A sample of `window`; `span` fixes the middle (else it is drawn), `chunks` go in
+    front of the prompt as serving renders context."""
     # Draw the same numbers whether or not fragmenting is on, and cut fragments with their
     # own generator: runs with and without fragment tokenization see the same windows,
     # middles and increments, so they differ only in tokenization.
@@ -333,7 +366,7 @@ def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: Sa
         text = seg("text", window)
         return Sample(kind, list(text.ids), [True] * len(text.ids), (text,), fragmented)
 
-    start, end = choose_middle(window, rng, cfg)
+    start, end = span if span is not None else choose_middle(window, rng, cfg)
     prefix, middle, suffix = seg("prefix", window[:start]), window[start:end], seg("suffix", window[end:])
     if kind == "efim" and len(middle) >= 2:
         cut = rng.randint(1, len(middle) - 1)
@@ -364,11 +397,11 @@ def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: Sa
                     middle_segs = (kept, target) if kept.text else (target,)
                 else:
                     prefix, middle_segs = kept, (target,)
-    head = fim.head(prefix, suffix)
+    head = fim.head(prefix, suffix, chunks)
     tail = [i for s in middle_segs for i in s.ids] + [fim.eot]
     ids = head + tail
     targets = [False] * len(head) + [True] * len(tail)
-    return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented, healed)
+    return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented, healed, chunks)
 
 
 def heal_split(tokenizer: SegmentTokenizer, seg: TextSegment, before: str, after: str) -> tuple[TextSegment, str] | None:

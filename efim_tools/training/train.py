@@ -68,6 +68,9 @@ class TrainConfig(NamedTuple):
     healed_prob: float = 0.0  # samples built as serving's token healing prompts the model
     layout: str = "psm"  # "psm" (<fim_*>, prefix first) or "spm" (<spm_*>, suffix first)
     workers: int = 1  # data-parallel processes (this invocation's, like threads)
+    crossfile_prob: float = 0.0  # FIM/EFIM samples at cross-file spots with context chunks (issue #33)
+    crossfile_packages: tuple[str, ...] = ()  # their packages (default: crossfile.TRAINING_PACKAGES)
+    context_tokens: int = 1024  # the most chunk tokens a cross-file sample carries
 
 
 class TrainState(NamedTuple):
@@ -261,9 +264,19 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         blank_middle_keep=config.blank_middle_keep,
         healed_prob=config.healed_prob,
         layout=config.layout,
+        crossfile_prob=config.crossfile_prob,
     )
     corpus = Corpus(training_files())
-    builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed)
+    crossfile = None
+    if config.crossfile_prob > 0:
+        from efim_tools.training.crossfile import TRAINING_PACKAGES, CrossFileSource  # noqa: PLC0415
+
+        crossfile = CrossFileSource(
+            config.crossfile_packages or TRAINING_PACKAGES,
+            lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids),
+            max_tokens=(min(384, config.context_tokens), config.context_tokens),
+        )
+    builder = SampleBuilder(tokenizer, corpus, scfg, seed=config.seed, crossfile=crossfile)
     meta = {"base_model": str(model_dir), "base_vocab_size": base_vocab, "corpus_files": len(corpus.files), "corpus_chars": corpus.chars}
     n_params = sum(p.numel() for p in lora_mod.trainable_parameters(model))
     log.info("training %d parameters (LoRA r=%d on %s + %d new rows); state %s", n_params, config.rank, ",".join(lcfg.targets), n_added, state)
@@ -276,7 +289,9 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
 
     old_handlers = {s: signal.signal(s, _on_stop) for s in (signal.SIGTERM, signal.SIGINT)}
     started = time.monotonic()
-    max_len = config.max_window + 96  # fragmenting adds tokens; longer samples are skipped
+    # Fragmenting adds tokens; longer samples are skipped. Cross-file samples carry chunks
+    # (up to `context_tokens`) and a local window of up to ~650 tokens.
+    max_len = max(config.max_window, 640 + config.context_tokens if config.crossfile_prob > 0 else 0) + 96
     params = lora_mod.trainable_parameters(model)
     log_file = (out / "train_log.jsonl").open("a") if group.is_main else None
     try:
