@@ -129,6 +129,8 @@ class AnswerAhead:
         if doc is None or doc.version != version:
             return None
         if isinstance(result, Answer):
+            if result.source == "imports":
+                self.stats.import_names += 1
             self.stats.warm_answer_hits += 1
             self.stats.served += 1
             self.stats.latency.add((time.monotonic() - arrival) * 1000)

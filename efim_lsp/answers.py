@@ -12,7 +12,7 @@ class Answer(NamedTuple):
     end: int
     version: int
     suggestion_id: int
-    source: Literal["engine", "typing-through", "ahead"]
+    source: Literal["engine", "typing-through", "ahead", "imports"]
     # More suggestions for the same range (setting `alternatives`): distinct, non-empty,
     # none equal to `text`, in the engine's fork order.
     alternatives: tuple[str, ...] = ()

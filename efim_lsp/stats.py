@@ -50,7 +50,7 @@ class LatencySeries:
 
 # `efim/stats` reports each count under its field's name in camelCase (`_counts`), in
 # these groups, in this order.
-_REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "first_window_answers", "first_window_warmups", "cancelled", "deadline_cuts",
+_REQUEST_COUNTS = ("requests", "served", "typing_through_hits", "import_names", "first_window_answers", "first_window_warmups", "cancelled", "deadline_cuts",
                    *TOKEN_COUNTS)
 _SUGGESTION_COUNTS = ("shown", "accepted", "partially_accepted", "accepted_chars")
 _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_prefilled_tokens", "warm_position_signals",
@@ -72,6 +72,7 @@ class ServerStats:
     requests: int = 0
     served: int = 0
     typing_through_hits: int = 0
+    import_names: int = 0  # answered with the names a `from X import` list needs (efim_lsp.context.import_names)
     first_window_answers: int = 0  # answered from a small window while the full one warmed (efim_lsp.first_window)
     first_window_warmups: int = 0  # small windows prefilled ahead of the full one at a cursor signal
     cancelled: int = 0

@@ -126,6 +126,18 @@ class WorkspaceContext:
         self.gatherer.on_watch_problem(report)
 
     # -- ContextSource ----------------------------------------------------------------
+    def import_completion(self, uri: str, text: str, cursor: int, settings: Any) -> str:
+        """The workspace's answer at a name's place in a `from X import` list
+        (`ContextGatherer.import_completion`); "" with context off or anywhere else."""
+        if settings.context == "off" or not settings.import_names:
+            return ""
+        try:
+            self._sync()
+            return self.gatherer.import_completion(uri_to_path(uri), text, cursor)
+        except Exception:  # context is an extra: a problem here must not fail the completion
+            log.exception("context: import names failed")
+            return ""
+
     def chunks(self, uri: str, text: str, cursor: int, settings: Any, anchor: object = None) -> Sequence[ContextChunk]:
         if settings.context == "off" or settings.context_chunks <= 0 or settings.context_tokens <= 0:
             return ()

@@ -207,15 +207,19 @@ def test_the_command_asks_the_server_with_and_without_context(tmp_path, tiny_mod
     doc = json.loads(out.read_text())
     by_config: dict[str, dict] = {}
     for r in doc["records"]:
-        assert r["package"] == "crosspkg" and r["latency_ms"] > 0 and r["prompt_tokens"] > 0
+        assert r["package"] == "crosspkg" and r["latency_ms"] > 0 and (r["prompt_tokens"] > 0 or r["import_names"])
         assert (r["file"], r["line_no"], r["name"], r["expected"]) in {(f, n, name, rest) for f, n, name, _, rest in EXPECTED}
         by_config.setdefault(r["config"], {})[(r["file"], r["line_no"])] = r
     assert set(by_config) == {"off", "blend"} and all(len(v) == 4 for v in by_config.values())
     assert any(r["ttft_ms"] for r in doc["records"])
     # The blend server indexed the package's folder and put its sibling module into the prompts.
     assert doc["context_index"]["blend/crosspkg"]["files"] == 3 and not doc["context_index"]["blend/crosspkg"]["indexing"]
+    # The import lines were answered from the workspace's names (context on), not the model.
+    assert not any(r["import_names"] for r in by_config["off"].values())
+    # report.py uses make_square, helper and Square and binds none of them: all three, sorted by type.
+    assert by_config["blend"][("report.py", 3)]["import_names"] and by_config["blend"][("report.py", 3)]["suggestion"] == "Square, helper, make_square"
     for key, off in by_config["off"].items():
-        if key[0] == "report.py":
+        if key[0] == "report.py" and not by_config["blend"][key]["import_names"]:
             assert by_config["blend"][key]["prompt_tokens"] > off["prompt_tokens"] + 20
     assert doc["settings"]["timeoutMs"] == 0 and doc["settings"]["multiline"] == "never"
     # After each first answer: 3 keystrokes (a request each, client time always, TTFT when the

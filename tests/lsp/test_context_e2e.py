@@ -110,3 +110,28 @@ async def test_blend_context_enters_the_prompt_and_keystrokes_reuse_it(client: L
     assert engine_answers > 0
     check = await request(client, "efim/debug/checkIntegrity")
     assert check["ok"] and check["engine"] == "ok", check
+
+
+async def test_an_import_list_gets_the_names_the_code_below_uses_without_the_model(client: LanguageClient, workspace):
+    """At `from textwrap import ` the workspace's textwrap.py says which of its names the
+    file uses and has not imported: they are the answer, no model asked; off without context."""
+    uri = (workspace / "use_names.py").as_uri()
+    text = "import os\nfrom textwrap import \n\n\ndef show(x):\n    return fill(dedent(x)) + os.sep  # shorten\n"
+    open_doc(client, text, uri)
+    before = await request(client, "efim/stats")
+    result = await inline(client, t.Position(1, len("from textwrap import ")), uri)
+    after = await request(client, "efim/stats")
+    assert [item.insert_text for item in result.items] == ["dedent, fill"]  # sorted; shorten only in a comment
+    assert after["importNames"] - before["importNames"] == 1
+    assert after["promptTokens"] == before["promptTokens"]  # the engine was not asked
+    # Typed letters narrow it to the names that start with them.
+    change(client, 1, 1, len("from textwrap import "), "fi", uri=uri)
+    result = await inline(client, t.Position(1, len("from textwrap import fi")), uri)
+    assert [item.insert_text for item in result.items][0].startswith("ll")
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"importNames": False}))
+    before = await request(client, "efim/stats")
+    await inline(client, t.Position(1, len("from textwrap import fi")), uri)
+    after = await request(client, "efim/stats")
+    assert after["importNames"] == before["importNames"]
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"importNames": True}))
+    client.text_document_did_close(t.DidCloseTextDocumentParams(t.TextDocumentIdentifier(uri=uri)))
