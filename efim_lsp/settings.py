@@ -84,7 +84,7 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     """How context chunks are chosen: imports (the definitions — signatures, class heads with their methods, docstring first lines — of the workspace modules the file imports, then recently edited open files, then BM25) or bm25 (64-line pieces of any file whose identifiers best match the text around the cursor). docs/crossfile.md."""
 
     import_names: bool = True
-    """With context on: at a name's place in a `from X import` list (X a workspace module), answer with the names of X that the code below uses and the file does not bind yet, first used first, without asking the model (docs/crossfile.md, "Import names")."""
+    """At a name's place in a `from X import` list (X a module of a workspace folder or an open document), answer with the names of X that the code below uses and the file does not bind yet, in the list's sort order, without asking the model; independent of `context` (docs/crossfile.md, "Import names")."""
 
     context_chunks: Annotated[int, msgspec.Meta(ge=0, le=64)] = 4
     """Most context chunks per request."""

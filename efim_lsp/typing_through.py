@@ -43,8 +43,8 @@ class TypingThrough:
             return
         if shown.start <= edit.start and edit.end <= shown.end:
             self._shown = shown._replace(end=shown.end + edit.delta)  # typing/backspacing the run
-        elif edit.end <= shown.start and not (edit.start == edit.end == shown.start):
-            d = edit.delta  # above: the run only moves
+        elif edit.end < shown.start:
+            d = edit.delta  # above: the run only moves (an edit reaching its start, e.g. a Backspace before it, changes what it continues)
             self._shown = shown._replace(start=shown.start + d, end=shown.end + d)
         else:
             self._shown = None

@@ -9,7 +9,6 @@ files import (`popular`), whose chunks are worth computing before anyone asks.
 
 from __future__ import annotations
 
-import ast
 import collections
 import os
 import re
@@ -20,7 +19,6 @@ from typing import Callable, NamedTuple
 from engine.api import ContextChunk
 
 from efim_lsp.context.chunking import chunk_digest
-from efim_lsp.context.import_names import ImportSite, missing_names, site_at, top_level_names
 from efim_lsp.context.imports import ImportRef, imports_of
 from efim_lsp.context.modules import ModuleResolver
 from efim_lsp.context.outline import Outline
@@ -44,7 +42,6 @@ class ModuleInfo(NamedTuple):
     outline: Outline | None
     imports: tuple[ImportRef, ...]
     digest: str  # of the text they were read from
-    names: frozenset[str] = frozenset()  # every top-level binding (`import_names.top_level_names`)
 
 
 class ModuleDefinitions:
@@ -85,15 +82,7 @@ class ModuleDefinitions:
             old = self._modules.get(key)
         if old is not None and old.digest == digest:
             return
-        try:
-            tree = ast.parse(text)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            tree = None
-        if tree is not None:
-            outline, names = Outline.from_tree(tree), top_level_names(tree)
-        else:  # half typed: its names are still the ones it had (an import of them is still right)
-            outline, names = None, (old.names if old is not None else frozenset())
-        info = ModuleInfo(outline, tuple(imports_of(text)), digest, names)
+        info = ModuleInfo(Outline.of(text), tuple(imports_of(text)), digest)
         with self._lock:
             self._modules[key] = info
 
@@ -144,25 +133,6 @@ class ModuleDefinitions:
                 if found.path not in scores or score > scores[found.path]:
                     scores[found.path] = score
         return sorted(scores, key=lambda p: scores[p], reverse=True)
-
-    def names_for_import(self, key: str, text: str, cursor: int) -> tuple[ImportSite, list[str]] | None:
-        """At a name's place in a `from X import` statement of `text` (the document `key`):
-        the statement, and the names of workspace module X the code below uses and the file
-        does not bind yet, first used first (`import_names`); None anywhere else or when X
-        is not indexed."""
-        site = site_at(text, cursor)
-        if site is None:
-            return None
-        found = self.resolver().resolve(ImportRef(site.module, site.level, None, None, site.line), key)
-        if not found:
-            return None
-        with self._lock:
-            info = self._modules.get(found[0].path)
-        if info is None or not info.names:
-            return None
-        refs = [r for r in imports_of(text) if r.line != site.line]
-        elsewhere = {n for r in refs if r.names for n in r.names} | {r.alias for r in refs if r.alias}
-        return site, missing_names(site, text, info.names, elsewhere)
 
     def definition_chunk(self, path: str, max_tokens: int) -> ContextChunk | None:
         """The outline of the indexed Python module `path` in at most `max_tokens` tokens;

@@ -29,7 +29,6 @@ from engine.api import ContextChunk
 
 from efim_lsp.context.chunking import CHUNK_LINES, Chunk, chunk_digest, identifiers, split_chunks
 from efim_lsp.context.definitions import ModuleDefinitions
-from efim_lsp.context.import_names import suggestion
 from efim_lsp.context.picking import MIN_CHUNK_TOKENS, Picked, by_relevance, pick_chunks, share, significant_lines, window_text
 from efim_lsp.context.ranking import ChunkIndex, jaccard
 from efim_lsp.context.watcher import WorkspaceWatcher
@@ -288,23 +287,6 @@ class ContextGatherer:
         """The indexed modules `text` (the document `path`) imports, most relevant to the
         cursor first (`definitions.ModuleDefinitions.imported_modules`)."""
         return self.definitions.imported_modules(document_key(path), text, cursor, terms)
-
-    def import_completion(self, path: str, text: str, cursor: int) -> str:
-        """At a name's place in a `from X import` list (X a workspace module): the names of X
-        that the code below uses and the file does not bind yet, as text to insert at the
-        cursor (`import_names.suggestion`); "" anywhere else."""
-        key = document_key(path)
-        with self._lock:
-            for other in list(self._dirty):  # open documents edited since: their names as they are now
-                if other != key:
-                    self._refresh(other)
-        found = self.definitions.names_for_import(key, text, cursor)
-        if found is None or not found[1]:
-            return ""
-        site, names = found
-        line_start = text.rfind("\n", 0, cursor) + 1
-        line_end = text.find("\n", cursor)
-        return suggestion(site, names, text[cursor : len(text) if line_end < 0 else line_end], text[line_start:cursor])
 
     def definition_chunk(self, path: str, max_tokens: int) -> ContextChunk | None:
         """The outline of the indexed Python module `path` (`outline.Outline`) in at most

@@ -14,7 +14,7 @@ are ever answered, so an import that points outside the workspace resolves to no
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 from efim_lsp.context.imports import ImportRef
 
@@ -40,8 +40,12 @@ def package_root(folder: str) -> str:
 
 
 class ModuleResolver:
-    def __init__(self, paths: Iterable[str], roots: Iterable[str]) -> None:
+    """`exists` (optional) replaces membership in `paths`: files looked up where they are
+    (import names need no index, `module_names`)."""
+
+    def __init__(self, paths: Iterable[str], roots: Iterable[str], exists: Callable[[str], bool] | None = None) -> None:
         self.paths = paths if isinstance(paths, (set, frozenset)) else set(paths)
+        self._exists = exists if exists is not None else self.paths.__contains__
         seen: list[str] = []
         for root in roots:
             for candidate in (root, os.path.join(root, "src"), package_root(root)):
@@ -53,7 +57,7 @@ class ModuleResolver:
         """`dotted` as a module under `folder`, if the index has it."""
         base = os.path.join(folder, *dotted.split(".")) if dotted else folder
         for candidate in (base + ".py", base + ".pyi", os.path.join(base, "__init__.py"), os.path.join(base, "__init__.pyi")):
-            if candidate in self.paths:
+            if self._exists(candidate):
                 return candidate
         return None
 

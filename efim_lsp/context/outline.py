@@ -187,10 +187,6 @@ class Outline(NamedTuple):
             tree = ast.parse(text)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
-        return cls.from_tree(tree)
-
-    @classmethod
-    def from_tree(cls, tree: ast.Module) -> Outline:
         return cls(tuple(_definitions(tree)))
 
     def names(self) -> set[str]:

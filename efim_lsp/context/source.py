@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
 from engine.api import ContextChunk
 
 from efim_lsp.context.gatherer import ContextGatherer
+from efim_lsp.context.import_names import missing_names, site_at, suggestion
+from efim_lsp.context.imports import ImportRef, imports_of
+from efim_lsp.context.module_names import ModuleNames
+from efim_lsp.context.modules import ModuleResolver
 from efim_lsp.context.prefetch import MAX_PLANNED, ChunkPrefetch
 
 log = logging.getLogger(__name__)
@@ -71,6 +76,7 @@ class WorkspaceContext:
         self._loop: asyncio.AbstractEventLoop | None = None  # the server's, seen at a push
         self._lock = threading.Lock()
         self.prefetch = ChunkPrefetch(self._plan, self._wait_indexed)
+        self._module_names = ModuleNames()
 
     # -- what the server pushes ---------------------------------------------------------
     def set_folders(self, uris: Iterable[str]) -> None:
@@ -127,16 +133,42 @@ class WorkspaceContext:
 
     # -- ContextSource ----------------------------------------------------------------
     def import_completion(self, uri: str, text: str, cursor: int, settings: Any) -> str:
-        """The workspace's answer at a name's place in a `from X import` list
-        (`ContextGatherer.import_completion`); "" with context off or anywhere else."""
-        if settings.context == "off" or not settings.import_names:
+        """At a name's place in a `from X import` list, X a module of a workspace folder or an
+        open document: the names of X the code below uses and the file does not bind yet, as
+        text to insert (`import_names`); "" anywhere else or with `importNames` off. Needs no
+        index: X is looked up where it would be imported from, its names read when asked."""
+        if not settings.import_names:
             return ""
         try:
-            self._sync()
-            return self.gatherer.import_completion(uri_to_path(uri), text, cursor)
-        except Exception:  # context is an extra: a problem here must not fail the completion
+            return self._import_completion(uri, text, cursor)
+        except Exception:  # an extra: a problem here must not fail the completion
             log.exception("context: import names failed")
             return ""
+
+    def _import_completion(self, uri: str, text: str, cursor: int) -> str:
+        site = site_at(text, cursor)
+        if site is None:
+            return ""
+        roots = [p for p in (uri_to_path(u) for u in self._folders) if "://" not in p]
+        opened = {uri_to_path(u): t for u, (_v, t) in list(self._open.items())}
+        inside = tuple(os.path.join(r, "") for r in roots)
+
+        def exists(path: str) -> bool:  # never a file outside the workspace folders and the open documents
+            return path in opened or (path.startswith(inside) and os.path.isfile(path))
+
+        importer = uri_to_path(uri)
+        found = ModuleResolver((), roots, exists).resolve(ImportRef(site.module, site.level, None, None, site.line), importer)
+        if not found:
+            return ""
+        names = self._module_names.of(found[0].path, opened.get(found[0].path))
+        if not names:
+            return ""
+        refs = [r for r in imports_of(text) if r.line != site.line]
+        elsewhere = {n for r in refs if r.names for n in r.names} | {r.alias for r in refs if r.alias}
+        wanted = missing_names(site, text, names, elsewhere)
+        line_start = text.rfind("\n", 0, cursor) + 1
+        line_end = text.find("\n", cursor)
+        return suggestion(site, wanted, text[cursor : len(text) if line_end < 0 else line_end], text[line_start:cursor])
 
     def chunks(self, uri: str, text: str, cursor: int, settings: Any, anchor: object = None) -> Sequence[ContextChunk]:
         if settings.context == "off" or settings.context_chunks <= 0 or settings.context_tokens <= 0:

@@ -128,10 +128,15 @@ async def test_an_import_list_gets_the_names_the_code_below_uses_without_the_mod
     change(client, 1, 1, len("from textwrap import "), "fi", uri=uri)
     result = await inline(client, t.Position(1, len("from textwrap import fi")), uri)
     assert [item.insert_text for item in result.items][0].startswith("ll")
+    # Context off: still answered (no index needed); importNames off: the model answers.
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"context": "off"}))
+    change(client, 2, 1, len("from textwrap import "), "", end=(1, len("from textwrap import fi")), uri=uri)
+    result = await inline(client, t.Position(1, len("from textwrap import ")), uri)
+    assert [item.insert_text for item in result.items] == ["dedent, fill"], result.items
     client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"importNames": False}))
     before = await request(client, "efim/stats")
-    await inline(client, t.Position(1, len("from textwrap import fi")), uri)
+    await inline(client, t.Position(1, len("from textwrap import ")), uri)
     after = await request(client, "efim/stats")
     assert after["importNames"] == before["importNames"]
-    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"importNames": True}))
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings={"importNames": True, "context": "blend"}))
     client.text_document_did_close(t.DidCloseTextDocumentParams(t.TextDocumentIdentifier(uri=uri)))

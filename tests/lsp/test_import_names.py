@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from efim_lsp.context import ContextGatherer
+from efim_lsp.context.source import WorkspaceContext
 from efim_lsp.context.import_names import code_only, missing_names, site_at, suggestion, top_level_names
 
 MODULE = "STATE_A = 1\nSTATE_B = 2\n\nclass Thing:\n    pass\n\nclass Other:\n    pass\n\ndef helper():\n    pass\n\nif True:\n    def guarded():\n        pass\nfrom os import sep as SEP\n"
@@ -98,22 +98,40 @@ def test_code_only_keeps_offsets():
     assert len(out) == len(text) and out.count("\n") == text.count("\n") and "x" not in out and "q" not in out
 
 
-def test_the_gatherer_resolves_the_module_and_keeps_names_of_a_half_typed_sibling(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
+class _Settings:
+    import_names = True
+
+
+def test_the_workspace_answers_from_the_module_on_disk_or_open_and_nothing_outside(tmp_path):
+    pkg = tmp_path / "ws" / "pkg"
+    pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "errors.py").write_text("class HeaderError(Exception):\n    pass\n\nclass BodyError(Exception):\n    pass\n")
-    gatherer = ContextGatherer(watch=False)
+    (tmp_path / "outside.py").write_text("def secret():\n    pass\n")
+    source = WorkspaceContext(watch=False)
     try:
-        gatherer.set_workspaces([tmp_path])
-        assert gatherer.wait_idle(30)
+        source.set_folders([(tmp_path / "ws").as_uri()])  # no index is built: context is off
+        uri = (pkg / "parser.py").as_uri()
         text = "from .errors import \n\n\ndef f(x):\n    raise HeaderError(x)\n"
-        path = str(pkg / "parser.py")
-        assert gatherer.import_completion(path, text, text.index("\n")) == "HeaderError"
-        assert gatherer.import_completion(path, text, 3) == ""  # not at a name's place
-        assert gatherer.import_completion(path, "from .nowhere import \nHeaderError\n", 21) == ""  # not a workspace module
-        # errors.py open and half typed: its names are still the ones it had.
-        gatherer.open_document(str(pkg / "errors.py"), "class HeaderError(Exception):\n    pass\n\nclass Body(\n")
-        assert gatherer.import_completion(path, text, text.index("\n")) == "HeaderError"
+        at = text.index("\n")
+        assert source.import_completion(uri, text, at, _Settings()) == "HeaderError"
+        assert source.import_completion(uri, text, 3, _Settings()) == ""  # not at a name's place
+        off = _Settings()
+        off.import_names = False
+        assert source.import_completion(uri, text, at, off) == ""
+        # A module outside the workspace folders is never read (`from .. import` climbs out of it).
+        above = "from ..outside import \nsecret()\n"
+        assert source.import_completion((tmp_path / "ws" / "mod.py").as_uri(), above, above.index("\n"), _Settings()) == ""
+        # errors.py open and half typed: its names are the ones it had; a new one once it parses.
+        errors_uri = (pkg / "errors.py").as_uri()
+        source.document_changed(errors_uri, 2, "class HeaderError(Exception):\n    pass\n\nclass Body(\n")
+        assert source.import_completion(uri, text, at, _Settings()) == "HeaderError"
+        source.document_changed(errors_uri, 3, "class HeaderError(Exception):\n    pass\n\nclass Odd(Exception):\n    pass\n")
+        text2 = text + "    raise Odd()\n"
+        assert source.import_completion(uri, text2, at, _Settings()) == "HeaderError, Odd"
+        # On disk, a changed file is read again.
+        source.document_closed(errors_uri)
+        (pkg / "errors.py").write_text("class Renamed(Exception):\n    pass\n" + " " * 7)  # another size: another version
+        assert source.import_completion(uri, "from .errors import \nRenamed\n", 20, _Settings()) == "Renamed"
     finally:
-        gatherer.close()
+        source.gatherer.close()

@@ -59,3 +59,16 @@ def test_whitespace_only_remainder_is_not_offered():
     tt.remember(cursor, "ab  ")
     text, cursor = typed(tt, text, cursor, "ab")
     assert tt.remainder(text, cursor) is None
+
+
+def test_a_backspace_before_the_suggestion_forgets_it():
+    """Deleting what the suggestion continues (here the "fi" it completes to "fill") leaves it
+    continuing nothing: it must not come back at the new cursor."""
+    tt = TypingThrough()
+    text, cursor = "from m import fi\n", 16
+    tt.remember(cursor, "ll")
+    tt.observe(Edit(14, 16, ""))  # both letters selected and deleted
+    assert tt.remainder("from m import \n", 14) is None
+    tt.remember(16, "ll")
+    tt.observe(Edit(15, 16, ""))  # one Backspace
+    assert tt.remainder("from m import f\n", 15) is None
