@@ -8,7 +8,10 @@ imports); `picking.py` (BM25's best chunks, trimmed to their share) → `gathere
 (`ContextGatherer`: open documents + watched workspace folders, stable selection for a cursor:
 imports, recent files, BM25) ←
 `watcher.py` (watchfiles thread); `source.py` (the completer's source, fed by the server) →
-`prefetch.py` (chunk KV computed ahead in the background).
+`prefetch.py` (chunk KV computed ahead in the background). Import names, no index needed:
+`import_names.py` (where a `from X import` list wants a name, which of X's names the file
+needs) ← `module_names.py` (X's names read from its file or open document when asked),
+resolved by `modules.py` over the workspace folders.
 """
 
 from efim_lsp.context.chunking import CHUNK_LINES, Chunk, identifiers, split_chunks
