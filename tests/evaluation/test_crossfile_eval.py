@@ -214,10 +214,12 @@ def test_the_command_asks_the_server_with_and_without_context(tmp_path, tiny_mod
     assert any(r["ttft_ms"] for r in doc["records"])
     # The blend server indexed the package's folder and put its sibling module into the prompts.
     assert doc["context_index"]["blend/crosspkg"]["files"] == 3 and not doc["context_index"]["blend/crosspkg"]["indexing"]
-    # The import lines were answered from the workspace's names (context on), not the model.
-    assert not any(r["import_names"] for r in by_config["off"].values())
-    # report.py uses make_square, helper and Square and binds none of them: all three, sorted by type.
-    assert by_config["blend"][("report.py", 3)]["import_names"] and by_config["blend"][("report.py", 3)]["suggestion"] == "Square, helper, make_square"
+    # report.py's import line was answered from the workspace's names (with or without context),
+    # not the model: it uses make_square, helper and Square and binds none of them — all three,
+    # sorted by type. __init__.py uses nothing below its import: the model answered there.
+    for config in ("off", "blend"):
+        assert by_config[config][("report.py", 3)]["import_names"] and by_config[config][("report.py", 3)]["suggestion"] == "Square, helper, make_square"
+        assert not by_config[config][("__init__.py", 2)]["import_names"]
     for key, off in by_config["off"].items():
         if key[0] == "report.py" and not by_config["blend"][key]["import_names"]:
             assert by_config["blend"][key]["prompt_tokens"] > off["prompt_tokens"] + 20
