@@ -19,6 +19,8 @@ import ast
 import re
 from typing import Iterable, NamedTuple
 
+from efim_lsp.context.outline import top_level_statements
+
 # `from X import` at a line start, X relative or absolute, then an optional bracket.
 _FROM = re.compile(r"[ \t]*from[ \t]+(\.*)([A-Za-z_][\w.]*|)[ \t]+import[ \t]+(\(?)")
 _LISTED = re.compile(r"\s*(?:[A-Za-z_]\w*(?:\s+as\s+[A-Za-z_]\w*)?\s*,\s*)*(?:[A-Za-z_]\w*)?\Z")
@@ -104,30 +106,15 @@ def top_level_names(source: str | ast.Module) -> frozenset[str]:
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return frozenset()
     names: set[str] = set()
-
-    def visit(body: list[ast.stmt]) -> None:
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
-            elif isinstance(node, ast.If):
-                visit(node.body)
-                visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
-                visit(node.orelse)
-                visit(node.finalbody)
-            elif isinstance(node, ast.With):
-                visit(node.body)
-
-    visit(tree.body)  # type: ignore[union-attr]
+    for node in top_level_statements(tree.body):  # type: ignore[union-attr]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name != "*")
     return frozenset(names)
 
 
@@ -136,6 +123,7 @@ def code_only(text: str) -> str:
     return _NOT_CODE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
 
 
+_USE = re.compile(r"(?<![\w.])\w+")
 _ALL = re.compile(r"^__all__[ \t]*(?::[^=\n]*)?\+?=[ \t]*[\[(]([^\])]*)[\])]", re.M)
 _QUOTED = re.compile(r"""["']([A-Za-z_]\w*)["']""")
 
@@ -157,17 +145,20 @@ def missing_names(site: ImportSite, text: str, module_names: Iterable[str], impo
     level). Where the statement's names are sorted (as isort and ruff keep them), in that
     order, those that belong at the cursor first; else in the order of their first use."""
     below = text[site.end :]
-    code = code_only(below)
+    all_code = code_only(text)  # same length as text: its tail is the code below
+    code = all_code[site.end :]
     bound = set(site.listed) | set(imported_elsewhere)
-    bound.update(a or b for a, b in _BINDS.findall(code_only(text)))
+    bound.update(a or b for a, b in _BINDS.findall(all_code))
     exported = {n for m in _ALL.finditer(below) for n in _QUOTED.findall(m.group(1))}
+    used: dict[str, int] = {}  # each whole word read as a name (not after a dot), at its first use
+    for m in _USE.finditer(code):
+        used.setdefault(m.group(), m.start())
     first: dict[str, int] = {}
     for name in module_names:
         if not name.startswith(site.partial) or name == site.partial or name in bound or len(name) < 2:
             continue
-        m = re.search(r"(?<![\w.])" + re.escape(name) + r"(?!\w)", code)
-        if m is not None:
-            first[name] = m.start()
+        if name in used:
+            first[name] = used[name]
         elif name in exported:
             first[name] = len(code)
     found = sorted(first, key=first.__getitem__)

@@ -77,16 +77,17 @@ def _exported(tree: ast.Module) -> set[str] | None:
     return None
 
 
-def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+def top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's top-level statements, those inside top-level `if`/`try`/`with` included."""
     out: list[ast.stmt] = []
     for node in body:
         if isinstance(node, ast.If):
-            out += _top_level(node.body) + _top_level(node.orelse)
+            out += top_level_statements(node.body) + top_level_statements(node.orelse)
         elif isinstance(node, ast.Try):
-            out += _top_level(node.body) + [s for h in node.handlers for s in _top_level(h.body)]
-            out += _top_level(node.orelse) + _top_level(node.finalbody)
+            out += top_level_statements(node.body) + [s for h in node.handlers for s in top_level_statements(h.body)]
+            out += top_level_statements(node.orelse) + top_level_statements(node.finalbody)
         elif isinstance(node, ast.With):
-            out += _top_level(node.body)
+            out += top_level_statements(node.body)
         else:
             out.append(node)
     return out
@@ -96,7 +97,7 @@ def _definitions(tree: ast.Module) -> list[Definition]:
     exported = _exported(tree)
     out: list[Definition] = []
     seen: set[str] = set()
-    for node in _top_level(tree.body):
+    for node in top_level_statements(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if node.name in seen:
                 continue
