@@ -17,10 +17,11 @@ complete (a block whose indentation ended, a line that ended).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Callable, ContextManager, Literal, Protocol, Sequence
 
 import msgspec
 
@@ -65,6 +66,9 @@ class ContextSource(Protocol):
 
     def status(self) -> dict[str, object]:
         """Index counters for `efim/stats` ("context")."""
+
+    def busy(self) -> ContextManager[None]:
+        """Held while a request is answered: background indexing waits meanwhile."""
 
 
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
@@ -210,8 +214,12 @@ class Completer:
         """Answer a completion request at `cursor` (an offset into the current text).
 
         `version` is the document version when the request arrived; an answer is only
-        given for that version.
+        given for that version. Background indexing waits while it runs (`ContextSource.busy`).
         """
+        with self.context_source.busy() if self.context_source is not None else contextlib.nullcontext():
+            return await self._complete(uri, cursor, version, arrival)
+
+    async def _complete(self, uri: str, cursor: int, version: int | None, arrival: float) -> Answer | Declined:
         stats = self.stats
         stats.requests += 1
         doc = self.documents.get(uri)

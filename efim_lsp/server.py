@@ -16,6 +16,7 @@ open and where, and the engine holder pushes each new engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -163,7 +164,8 @@ class EfimServer(LanguageServer):
         s = self.settings
         spec = EngineSpec.from_settings(s)
         progress = await self._progress_sink()
-        ok = await self.holder.load(spec, progress)
+        with self.context.busy() if self.context is not None else contextlib.nullcontext():  # indexing waits for the load
+            ok = await self.holder.load(spec, progress)
         if ok:
             self.window_log_message(types.LogMessageParams(type=types.MessageType.Info, message=f"efim: model ready ({spec.model})"))
         elif self.holder.state == "failed" or self.holder.error:  # failed, or a new remote engine failed and the old one serves

@@ -327,6 +327,13 @@ class Engine(Protocol):
         """The file `path` (a `ContextChunk.path`) changed: drop its chunks' cached KV.
         Any thread; never blocks; takes effect before the engine's next step."""
 
+    def computing(self) -> bool:
+        """True while this process's engine thread has work now (a request, a warm-up,
+        document pieces, chunk KV): Python running on other threads then slows it down (each
+        torch call waits for the GIL), so background indexing waits meanwhile. Any thread; a
+        racy read. An engine whose model runs in another process answers False."""
+        return False
+
     def check_integrity(self) -> Future[None]:
         """Check every KV store's invariants on the engine thread, between steps, once no
         request is queued or running. The future resolves with None, or fails with the

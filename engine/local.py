@@ -439,6 +439,10 @@ class LocalEngine:
         (CacheBlend). Thread-safe; takes effect at the engine's next step."""
         self.scheduler.forget_chunks(path)
 
+    def computing(self) -> bool:
+        """True while the engine thread has work now (`engine.api.Engine.computing`)."""
+        return self.scheduler.computing()
+
     def check_integrity(self) -> Future[None]:
         """The radix cache's, blend store's and retained KV's invariants, checked on the
         engine thread once it is idle (`Scheduler.check_integrity`). Never blocks."""

@@ -1,7 +1,11 @@
 """What the indexed Python modules define and import — the "imports" selection's knowledge.
 
-For each Python file of the index: its outline (`outline.Outline`: signatures, class heads,
-docstring first lines) and its imports, read once per text. From these: which indexed modules
+For each Python file of the index: its imports, read once per text when it is indexed, and
+its outline (`outline.Outline`: signatures, class heads, docstring first lines), read the
+first time a chunk of it is wanted (the file read again, its digest checked) and kept for the
+`MAX_OUTLINES` most recently used texts — parsing a whole module is most of what indexing
+would cost (`compile` holds the GIL for a big file's whole parse), and few modules of a big
+workspace are ever imported by an open document. From these: which indexed modules
 a document imports, most relevant to the cursor first (`imported_modules`); a module's
 definitions as one chunk within a token budget (`definition_chunk`); and the modules most
 files import (`popular`), whose chunks are worth computing before anyone asks.
@@ -27,6 +31,8 @@ from efim_lsp.context.ranking import ChunkIndex
 PYTHON_SUFFIXES = (".py", ".pyi")
 # Rendered definition chunks kept (per module text and token budget).
 MAX_RENDERED = 4096
+# Outlines kept (per module text), most recently used.
+MAX_OUTLINES = 1024
 
 # `alias.` right before the cursor names the module the next word comes from.
 _ATTRIBUTE_BEFORE = re.compile(r"([A-Za-z_]\w*)\.\w*$")
@@ -37,19 +43,19 @@ def is_python(path: str) -> bool:
 
 
 class ModuleInfo(NamedTuple):
-    """A Python file's outline (None: it does not parse) and imports, read when it was indexed."""
+    """A Python file's imports, read when it was indexed."""
 
-    outline: Outline | None
     imports: tuple[ImportRef, ...]
-    digest: str  # of the text they were read from
+    digest: str  # of the text they were read from (its outline is read from the same text)
 
 
 class ModuleDefinitions:
     """Outlines and imports of the index's Python files. Guarded by the owner's `lock`.
 
     `roots()` gives the workspace folders (module names resolve against them),
-    `count_tokens` measures a rendered outline, `display_path` names a file in a prompt.
-    None of the three is called with `lock` held by this class.
+    `count_tokens` measures a rendered outline, `display_path` names a file in a prompt,
+    `read_text` gives a file's current text (the open document's, else the disk's; None when
+    unreadable). None of the four is called with `lock` held by this class.
     """
 
     def __init__(
@@ -60,20 +66,23 @@ class ModuleDefinitions:
         roots: Callable[[], tuple[Path, ...]],
         count_tokens: Callable[[str], int],
         display_path: Callable[[str], str],
+        read_text: Callable[[str], str | None],
     ) -> None:
         self.index = index
         self._lock = lock
         self._roots = roots
         self._count_tokens = count_tokens
         self._display_path = display_path
+        self._read_text = read_text
         self._modules: dict[str, ModuleInfo] = {}
+        self._outlines: collections.OrderedDict[str, Outline | None] = collections.OrderedDict()  # digest -> outline (None: no parse)
         self._resolver: tuple[int, tuple[Path, ...], ModuleResolver] | None = None
         self._rendered: collections.OrderedDict[tuple[str, int], ContextChunk | None] = collections.OrderedDict()
 
     # ---- what is known -----------------------------------------------------------------
 
     def note(self, key: str, text: str | None) -> None:
-        """Read `key`'s outline and imports from `text` (None, or not Python: forget it)."""
+        """Read `key`'s imports from `text` (None, or not Python: forget it)."""
         if text is None or not is_python(key):
             self.forget(key)
             return
@@ -82,7 +91,7 @@ class ModuleDefinitions:
             old = self._modules.get(key)
         if old is not None and old.digest == digest:
             return
-        info = ModuleInfo(Outline.of(text), tuple(imports_of(text)), digest)
+        info = ModuleInfo(tuple(imports_of(text)), digest)
         with self._lock:
             self._modules[key] = info
 
@@ -139,20 +148,40 @@ class ModuleDefinitions:
         None when it has none (not Python, does not parse, nothing public)."""
         with self._lock:
             info = self._modules.get(path)
-        if info is None or info.outline is None:
+        if info is None:
             return None
         cache_key = (info.digest, max_tokens)
         with self._lock:
             if cache_key in self._rendered:
                 self._rendered.move_to_end(cache_key)
                 return self._rendered[cache_key]
-        text = info.outline.render(lambda t: self._count_tokens(t) <= max_tokens)
+        outline = self._outline(path, info.digest)
+        if outline is None:
+            return None
+        text = outline.render(lambda t: self._count_tokens(t) <= max_tokens)
         chunk = ContextChunk(path=self._display_path(path), text=text) if text.strip() else None
         with self._lock:
             self._rendered[cache_key] = chunk
             while len(self._rendered) > MAX_RENDERED:
                 self._rendered.popitem(last=False)
         return chunk
+
+    def _outline(self, path: str, digest: str) -> Outline | None:
+        """The outline of `path`'s text with `digest` (None: it does not parse, or the text
+        changed since it was indexed — the change is indexed again, and asked about then)."""
+        with self._lock:
+            if digest in self._outlines:
+                self._outlines.move_to_end(digest)
+                return self._outlines[digest]
+        text = self._read_text(path)
+        if text is None or chunk_digest(path, text) != digest:
+            return None
+        outline = Outline.of(text)
+        with self._lock:
+            self._outlines[digest] = outline
+            while len(self._outlines) > MAX_OUTLINES:
+                self._outlines.popitem(last=False)
+        return outline
 
     def popular(self, per_chunk: int, limit: int) -> list[ContextChunk]:
         """Definition chunks (`per_chunk` tokens each) of the modules that the most indexed

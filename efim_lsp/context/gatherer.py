@@ -29,6 +29,7 @@ from engine.api import ContextChunk
 
 from efim_lsp.context.chunking import CHUNK_LINES, Chunk, chunk_digest, identifiers, split_chunks
 from efim_lsp.context.definitions import ModuleDefinitions
+from efim_lsp.context.foreground import ForegroundGate
 from efim_lsp.context.picking import MIN_CHUNK_TOKENS, Picked, by_relevance, pick_chunks, share, significant_lines, window_text
 from efim_lsp.context.ranking import ChunkIndex, jaccard
 from efim_lsp.context.watcher import WorkspaceWatcher
@@ -72,7 +73,9 @@ class ContextGatherer:
     Keys: a document is identified by its file-system path (made absolute) or, for
     documents that have none, by its URI string. Listeners added with `add_listener`
     are called with a key whenever that key's chunks change or disappear (a file
-    edited in the editor or on disk), so caches of their KV can be dropped.
+    edited in the editor or on disk), so caches of their KV can be dropped — not when a
+    file is indexed for the first time (nothing can hold KV of chunks that did not exist,
+    and a first scan of 10,000 files would otherwise send 10,000 drops to the engine).
     """
 
     def __init__(
@@ -82,8 +85,10 @@ class ContextGatherer:
         chunk_lines: int = CHUNK_LINES,
         watch: bool = True,
         debounce_ms: int = 300,
+        gate: ForegroundGate | None = None,
     ) -> None:
         self.chunk_lines = chunk_lines
+        self.gate = gate if gate is not None else ForegroundGate()  # disk work waits between files while it is busy
         self.index = ChunkIndex()
         self._count_tokens = count_tokens
         self._token_cache: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -96,7 +101,8 @@ class ContextGatherer:
         self._lock = threading.RLock()
         # Python files of the index: outline and imports (the "imports" strategy)
         self.definitions = ModuleDefinitions(
-            self.index, self._lock, roots=self._roots, count_tokens=self.count_tokens, display_path=self.display_path
+            self.index, self._lock, roots=self._roots, count_tokens=self.count_tokens, display_path=self.display_path,
+            read_text=self.current_text,
         )
         self._tasks: queue.Queue[tuple[str, object] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="efim-context", daemon=True)
@@ -158,6 +164,7 @@ class ContextGatherer:
             "files": len(self.index.paths()),
             "chunks": len(self.index),
             "indexing": self._tasks.unfinished_tasks > 0,
+            "pausedS": round(self.gate.paused_s, 1),  # indexing's waits for requests and model loads
             "watch": self._watcher.state() if self._watcher is not None else {"state": "off"},
         }
 
@@ -382,6 +389,16 @@ class ContextGatherer:
                 self._token_cache.popitem(last=False)
         return n
 
+    def current_text(self, key: str) -> str | None:
+        """The text of `key` as context sees it: the editor's while open, else the file's
+        in its workspace folder (None: neither, or not readable as context)."""
+        with self._lock:
+            text = self._open.get(key)
+        if text is not None:
+            return text
+        workspace = self._workspace_of(key)
+        return workspace.read(key) if workspace is not None else None
+
     def display_path(self, key: str) -> str:
         """Path as shown in the prompt: relative to its workspace folder when inside one."""
         with self._lock:
@@ -412,8 +429,9 @@ class ContextGatherer:
     def _replace(self, key: str, chunks: list[Chunk]) -> None:
         if not chunks:
             self.definitions.forget(key)
+        had = bool(self.index.chunks_of(key))
         changed = self.index.replace(key, chunks) if chunks else self.index.remove(key)
-        if changed:
+        if changed and had:  # a file indexed for the first time has no KV anywhere to drop
             with self._lock:
                 listeners = list(self._listeners)
             for listener in listeners:
@@ -466,6 +484,7 @@ class ContextGatherer:
         for path in workspace.scan():
             key = str(path)
             found.add(key)
+            self.gate.pause_point()
             self._load_from_disk(workspace, key)
         for key in self.index.paths():
             if key not in found and workspace.relative(key) is not None:
@@ -478,6 +497,7 @@ class ContextGatherer:
     def _forget(self, workspace: ContextFolder) -> None:
         for key in self.index.paths():
             if workspace.relative(key) is not None and self._workspace_of(key) is None:
+                self.gate.pause_point()
                 with self._lock:
                     if key in self._open:
                         continue
@@ -490,6 +510,7 @@ class ContextGatherer:
             workspace = self._workspace_of(key)
             if workspace is None:
                 continue
+            self.gate.pause_point()
             if os.path.basename(key) == ".gitignore":
                 rel = workspace.relative(key) or ""
                 workspace.rules.forget(rel.rsplit("/", 1)[0] if "/" in rel else "")

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import os
 import threading
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Protocol, Sequence
 
 from engine.api import ContextChunk
 
@@ -124,6 +124,7 @@ class WorkspaceContext:
                 return
             self._engine = engine
         self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
+        self.gatherer.gate.watch_engine(getattr(engine, "computing", None))  # indexing waits while it computes
         self.prefetch.configure(engine, self._settings)  # type: ignore[arg-type]
 
     def on_watch_problem(self, report: Callable[[str], None] | None) -> None:
@@ -181,6 +182,11 @@ class WorkspaceContext:
             uri_to_path(uri), text, cursor, max_chunks=settings.context_chunks, max_tokens=settings.context_tokens,
             anchor=anchor, strategy=getattr(settings, "context_selection", "bm25"),
         )
+
+    def busy(self) -> ContextManager[None]:
+        """A request or a model load runs inside this block: indexing and chunk planning wait
+        meanwhile (`foreground.ForegroundGate`)."""
+        return self.gatherer.gate.busy()
 
     def status(self) -> dict[str, object]:
         """Index counters for `efim/stats` ("context"): folders, files, chunks, indexing, and

@@ -293,6 +293,10 @@ class Scheduler:
             not self._stepping and not self._inbox and not self._waiting and not self._prefilling and not self._decoding
         )
 
+    def computing(self) -> bool:
+        """In a step, or a step is due now (best-effort read from any thread)."""
+        return self._stepping or self._wait_seconds() == 0.0
+
     def background_pending(self) -> bool:
         """Document passes or pieces still to compute (best-effort read from any thread)."""
         return bool(self._plans) or self.documents.pending()

@@ -88,7 +88,9 @@ async def test_blend_context_enters_the_prompt_and_keystrokes_reuse_it(client: L
         await asyncio.sleep(0.25)
     # The two siblings from disk; the open document itself is chunked only for other documents.
     assert indexed["context"] == {"folders": 1, "files": 2, "chunks": indexed["context"]["chunks"], "indexing": False,
-                                  "watch": indexed["context"]["watch"], "kv": indexed["context"]["kv"]}
+                                  "watch": indexed["context"]["watch"], "kv": indexed["context"]["kv"],
+                                  "pausedS": indexed["context"]["pausedS"]}
+    assert indexed["context"]["pausedS"] >= 0.0
     assert indexed["context"]["watch"]["state"] in ("watching", "off")  # "off": a server built without watching
     assert indexed["context"]["chunks"] > 2
     assert blend_tokens > base_tokens + 50  # chunks of the sibling modules were added

@@ -1,0 +1,129 @@
+"""Background indexing gives way to requests and to the engine (`context.foreground`), and a
+big workspace's index reads outlines only when asked (`context.definitions`)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from efim_lsp.context import ContextGatherer
+from efim_lsp.context.chunking import identifiers, split_chunks
+from efim_lsp.context.foreground import ForegroundGate
+
+
+def test_pause_point_returns_at_once_when_nothing_runs():
+    gate = ForegroundGate()
+    started = time.monotonic()
+    gate.pause_point(5.0)
+    assert time.monotonic() - started < 0.5
+    assert gate.paused_s < 0.5
+
+
+def test_pause_point_waits_for_the_request_and_no_longer():
+    gate = ForegroundGate()
+    done_at: list[float] = []
+
+    def background() -> None:
+        gate.pause_point(5.0)
+        done_at.append(time.monotonic())
+
+    with gate.busy():
+        worker = threading.Thread(target=background)
+        worker.start()
+        time.sleep(0.3)
+        assert not done_at  # still waiting while the request runs
+        left = time.monotonic()
+    worker.join(5)
+    assert done_at and done_at[0] >= left
+    assert done_at[0] - left < 1.0  # woken when the request ended, not at the 5 s cap
+    assert gate.paused_s >= 0.25
+
+
+def test_pause_point_gives_up_after_its_cap_under_constant_load():
+    gate = ForegroundGate()
+    with gate.busy():
+        started = time.monotonic()
+        gate.pause_point(0.2)
+        waited = time.monotonic() - started
+    assert 0.15 <= waited < 2.0
+
+
+def test_pause_point_waits_while_the_engine_computes():
+    gate = ForegroundGate()
+    computing = threading.Event()
+    computing.set()
+    gate.watch_engine(computing.is_set)
+    threading.Timer(0.3, computing.clear).start()
+    started = time.monotonic()
+    gate.pause_point(5.0)
+    waited = time.monotonic() - started
+    assert 0.25 <= waited < 2.0
+    gate.watch_engine(None)  # no engine: nothing to wait for
+    assert not gate.is_busy
+
+    def broken() -> bool:
+        raise RuntimeError("engine closed")
+
+    gate.watch_engine(broken)
+    assert not gate.is_busy  # an engine that fails to answer is not waited for
+
+
+def test_scan_waits_while_a_request_runs(tmp_path):
+    root = tmp_path / "ws"
+    root.mkdir()
+    for i in range(30):
+        (root / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    g = ContextGatherer(watch=False)
+    try:
+        with g.gate.busy():
+            g.set_workspaces([root])
+            time.sleep(0.5)
+            during = g.status()["files"]
+            assert g.status()["indexing"] is True
+        assert during <= 1  # at most the file it was reading when the request came
+        assert g.wait_idle(10)
+        assert g.status()["files"] == 30
+        assert g.status()["pausedS"] > 0.3
+    finally:
+        g.close()
+
+
+def test_outlines_are_read_when_asked_and_never_from_changed_text(tmp_path):
+    root = tmp_path / "ws"
+    (root / "pkg").mkdir(parents=True)
+    rates = root / "pkg" / "rates.py"
+    rates.write_text('def exchange_rate(currency: str) -> float:\n    """The rate today."""\n    return RATES[currency]\n')
+    g = ContextGatherer(watch=False)
+    try:
+        g.set_workspaces([root])
+        assert g.wait_idle(10)
+        assert not g.definitions._outlines  # noqa: SLF001 — indexing parsed no outline
+        chunk = g.definition_chunk(str(rates), 200)
+        assert chunk is not None and "def exchange_rate(currency: str) -> float" in chunk.text
+        assert len(g.definitions._outlines) == 1  # noqa: SLF001
+        # The file changes on disk and the index has not seen it yet (no watcher here): the
+        # outline of the new text is not passed off as the indexed one's.
+        rates.write_text("def other_rate():\n    pass\n")
+        g.definitions.forget_rendered()
+        g.definitions._outlines.clear()  # noqa: SLF001
+        assert g.definition_chunk(str(rates), 200) is None
+        # An open document's text is what the outline is read from.
+        text = "def opened_rate(day):\n    return day\n"
+        g.open_document(str(rates), text)
+        g.select(str(root / "main.py"), "import pkg.rates\n", 0)  # refreshes the open document
+        chunk = g.definition_chunk(str(rates), 200)
+        assert chunk is not None and "def opened_rate(day)" in chunk.text
+    finally:
+        g.close()
+
+
+def test_index_terms_are_shared_strings():
+    text = "total_amount = compute_total(total_amount)\n"
+    a = split_chunks("a.py", text)[0].terms
+    b = split_chunks("b.py", "x = total_amount\n")[0].terms
+    shared = next(k for k in a if k == "total_amount")
+    assert shared is next(k for k in b if k == "total_amount")
+    assert shared is sys.intern("total_amount")
+    assert identifiers(text) == a  # the same counts either way
+    assert identifiers("If Return self total") == {"total": 1}  # stop words dropped, lower-cased
