@@ -11,7 +11,7 @@ import hashlib
 import re
 import sys
 from collections import Counter
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 CHUNK_LINES = 64
 
@@ -47,7 +47,9 @@ class Chunk(NamedTuple):
     start_line: int  # 0-based first line
     end_line: int  # exclusive
     text: str
-    terms: Counter[str]  # identifier counts (see `identifiers`)
+    # Identifier counts (see `identifiers`) as cut; a chunk from the index carries the words
+    # alone (a tuple: `ranking.ChunkIndex` keeps their counts in its postings).
+    terms: Mapping[str, int] | tuple[str, ...]
     digest: str  # hash of (path, text): identity for caches and selections
     length: int  # identifiers in all (BM25's document length)
 

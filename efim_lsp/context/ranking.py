@@ -9,8 +9,9 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-from collections import Counter, defaultdict  # noqa: F401 - Counter in annotations
-from typing import Iterable, NamedTuple
+from array import array
+from collections import Counter  # noqa: F401 - Counter in annotations
+from typing import Iterable, Mapping, NamedTuple
 
 from efim_lsp.context.chunking import Chunk
 
@@ -25,17 +26,34 @@ class Scored(NamedTuple):
     chunk: Chunk
 
 
+class _Posting:
+    """The chunks that mention one word: their ids and counts of it, in two flat arrays
+    (8 + 2 bytes an entry, where a set of digests took ~60). Ids of dropped chunks stay
+    until the arrays are more than half dead, then they are compacted; `df` counts the live."""
+
+    __slots__ = ("ids", "tfs", "df")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.tfs = array("H")
+        self.df = 0
+
+
 class ChunkIndex:
     """Chunks of many files, replaceable per file. Thread-safe.
 
     Contracts: `replace(path, chunks)` makes `chunks` the only chunks of `path`;
-    `remove(path)` forgets them; `search` never modifies the index.
+    `remove(path)` forgets them; `search` never modifies the index. The chunks it hands
+    back carry their words alone (`Chunk.terms` a tuple): the counts live in its postings.
     """
 
     def __init__(self) -> None:
         self._by_path: dict[str, list[Chunk]] = {}
         self._by_digest: dict[str, Chunk] = {}
-        self._postings: dict[str, set[str]] = defaultdict(set)  # term -> chunk digests
+        self._id_of: dict[str, int] = {}  # digest -> id in the postings
+        self._by_id: dict[int, Chunk] = {}
+        self._next_id = 0
+        self._postings: dict[str, _Posting] = {}  # term -> the chunks that mention it
         self._total_length = 0
         self._lock = threading.RLock()
         self.version = 0  # bumped by every change: selections made at another version may be stale
@@ -66,13 +84,27 @@ class ChunkIndex:
             self._drop(path)
             self.version += 1
             if chunks:
-                self._by_path[path] = chunks
-                for chunk in chunks:
-                    self._by_digest[chunk.digest] = chunk
-                    self._total_length += chunk.length
-                    for term in chunk.terms:
-                        self._postings[term].add(chunk.digest)
+                self._by_path[path] = [self._add(chunk) for chunk in chunks]
             return True
+
+    def _add(self, chunk: Chunk) -> Chunk:
+        counts = chunk.terms if isinstance(chunk.terms, Mapping) else dict.fromkeys(chunk.terms, 1)
+        slim = chunk._replace(terms=tuple(counts))
+        if chunk.digest in self._id_of:
+            return slim  # the same (path, text) twice in one file: indexed once
+        cid = self._next_id
+        self._next_id += 1
+        self._id_of[chunk.digest] = cid
+        self._by_id[cid] = self._by_digest[chunk.digest] = slim
+        self._total_length += chunk.length
+        for term, tf in counts.items():
+            posting = self._postings.get(term)
+            if posting is None:
+                posting = self._postings[term] = _Posting()
+            posting.ids.append(cid)
+            posting.tfs.append(min(tf, 0xFFFF))
+            posting.df += 1
+        return slim
 
     def remove(self, path: str) -> bool:
         with self._lock:
@@ -84,15 +116,27 @@ class ChunkIndex:
 
     def _drop(self, path: str) -> None:
         for chunk in self._by_path.pop(path, []):
-            if self._by_digest.pop(chunk.digest, None) is None:
+            cid = self._id_of.pop(chunk.digest, None)
+            if cid is None:
                 continue  # the same (path, text) twice in one file: already dropped
+            del self._by_id[cid]
+            del self._by_digest[chunk.digest]
             self._total_length -= chunk.length
             for term in chunk.terms:
                 posting = self._postings.get(term)
-                if posting is not None:
-                    posting.discard(chunk.digest)
-                    if not posting:
-                        del self._postings[term]
+                if posting is None:
+                    continue
+                posting.df -= 1
+                if posting.df <= 0:
+                    del self._postings[term]
+                elif len(posting.ids) > 2 * posting.df + 8:
+                    self._compact(posting)
+
+    def _compact(self, posting: _Posting) -> None:
+        live = self._by_id
+        kept = [(i, tf) for i, tf in zip(posting.ids, posting.tfs) if i in live]
+        posting.ids = array("q", [i for i, _tf in kept])
+        posting.tfs = array("H", [tf for _i, tf in kept])
 
     def search(self, query: Counter[str] | Iterable[str], exclude_paths: Iterable[str] = (), limit: int = 16) -> list[Scored]:
         """The `limit` best chunks for `query` (identifiers), best first; ties broken by
@@ -104,27 +148,28 @@ class ChunkIndex:
             if n == 0 or not terms:
                 return []
             avg_len = max(self._total_length / n, 1.0)
-            scores: dict[str, float] = {}
-            by_digest = self._by_digest
+            scores: dict[int, float] = {}
+            by_id = self._by_id
             base, slope = K1 * (1.0 - B), K1 * B / avg_len
             # The rarest query identifiers carry the score; common ones cost long posting
             # walks for little: keep the MAX_QUERY_TERMS rarest.
-            present = sorted((len(self._postings[t]), t) for t in terms if t in self._postings)
-            for _df, term in present[:MAX_QUERY_TERMS]:
+            present = sorted((self._postings[t].df, t) for t in terms if t in self._postings)
+            for df, term in present[:MAX_QUERY_TERMS]:
                 posting = self._postings[term]
-                idf = math.log(1.0 + (n - len(posting) + 0.5) / (len(posting) + 0.5))
+                idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
                 gain = idf * (K1 + 1.0)
-                for digest in posting:
-                    chunk = by_digest[digest]
-                    tf = chunk.terms[term]
-                    scores[digest] = scores.get(digest, 0.0) + gain * tf / (tf + base + slope * chunk.length)
+                for cid, tf in zip(posting.ids, posting.tfs):
+                    chunk = by_id.get(cid)
+                    if chunk is None:
+                        continue  # dropped; compacted later
+                    scores[cid] = scores.get(cid, 0.0) + gain * tf / (tf + base + slope * chunk.length)
             for path in excluded:
                 for chunk in self._by_path.get(path, ()):
-                    scores.pop(chunk.digest, None)
+                    scores.pop(self._id_of.get(chunk.digest, -1), None)
             # A margin past `limit`, then a total order, so equal scores never make the
-            # answer depend on set iteration order.
+            # answer depend on dict order.
             top = heapq.nlargest(limit + 16, scores.items(), key=lambda item: item[1])
-            ranked = [Scored(score, by_digest[d]) for d, score in top]
+            ranked = [Scored(score, by_id[cid]) for cid, score in top]
         ranked.sort(key=lambda s: (-s.score, s.chunk.path, s.chunk.start_line))
         return ranked[:limit]
 
