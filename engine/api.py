@@ -121,6 +121,10 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # the same key ends it (keeping what it computed). A newer background request of the
     # same key supersedes it.
     background: bool = False
+    # Background work that waits for an idle engine: unlike a warm-up it gets no slice beside a
+    # stream of requests (`Scheduler._share_with_warm_up`) — chunk KV computed ahead, which
+    # nobody is waiting for. Only with `background`.
+    idle_only: bool = False
     # Assemble the local segments from the document's stored KV (`Engine.keep_document_pieces`)
     # and its previous sequence by CacheBlend (`blend_ratio`) when that covers enough rows.
     document_kv: bool = False

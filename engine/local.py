@@ -342,6 +342,7 @@ class LocalEngine:
             max_tokens=request.max_tokens,
             cache=request.cache,
             background=request.background,
+            idle_only=request.background and request.idle_only,
             deadline=request.deadline,
             owner=request.owner,
             fork_samplers=fork_samplers,

@@ -4,8 +4,9 @@ With CacheBlend a chunk's KV is computed once, alone, and reused wherever the ch
 in a prompt (`engine.kv.blend_store`). A chunk first met by a request is computed on that
 request's path; `ChunkPrefetch` computes the likely chunks before then, as background work
 the engine runs only while no request is queued or running (a background blend gives way
-between layers when one arrives): one chunk at a time, so a warm-up submitted meanwhile
-waits for at most one chunk.
+between layers when one arrives; `idle_only`: unlike a warm-up, it gets no slice beside a
+stream of keystrokes): one chunk at a time, so a warm-up submitted meanwhile waits for at
+most one chunk.
 
 Which chunks (`plan`, called off the event loop): the definition chunks of what the open
 documents import (most recently opened first), then those of the workspace modules the
@@ -129,7 +130,7 @@ class ChunkPrefetch:
             return
         request = InfillRequest(
             key=PREFETCH_KEY, prefix="", chunks=(chunk,), format=settings.prompt_format, context="blend",
-            max_tokens=1, blend_ratio=settings.blend_ratio, background=True,
+            max_tokens=1, blend_ratio=settings.blend_ratio, background=True, idle_only=True,
         )
         try:
             handle = engine.submit(request)

@@ -342,7 +342,9 @@ def plan_spans(
             hits += 1
         else:
             _check(cancelled)  # before each chunk prefilled alone: the expensive part
-            cached = prefill_span(model, chunk, header)
+            cached = prefill_span(model, chunk, header, stop=cancelled)  # and between its layers
+            if cached is None:
+                raise BlendCancelled("cancelled while a chunk was prefilled alone")
             store.insert(chunk, cached, origins[j] if origins is not None and j < len(origins) else None)
             misses += 1
             prefilled += len(chunk)

@@ -26,7 +26,7 @@ import collections
 import hashlib
 import logging
 from array import array
-from typing import NamedTuple, Sequence, TYPE_CHECKING
+from typing import Callable, NamedTuple, Sequence, TYPE_CHECKING
 
 import torch
 
@@ -69,14 +69,21 @@ class BlendStoreStats(NamedTuple):
     evictions: int
 
 
-def prefill_span(model: Transformer, ids: Sequence[int], header: Sequence[int] = ()) -> SpanKV:
+def prefill_span(model: Transformer, ids: Sequence[int], header: Sequence[int] = (), stop: Callable[[], bool] | None = None) -> SpanKV | None:
     """Prefill `header + ids` on a fresh sequence; return the K/V rows of `ids`
-    (the header's rows are dropped: every prompt has its own header at position 0)."""
+    (the header's rows are dropped: every prompt has its own header at position 0).
+    `stop()` is polled between layers: when it turns true the prefill is abandoned and
+    None returned (a background span giving way to a request: a chunk of 256 rows is a
+    whole forward, 40-60 ms on 2 cores, that a keystroke would otherwise wait for)."""
     h, n = len(header), len(ids)
     if n == 0:
         raise ValueError("prefill_span: empty span")
     kv = model.new_kv(h + n)
-    model.forward(torch.tensor([*header, *ids], dtype=torch.int64), kv, 0, "none")
+    tokens = torch.tensor([*header, *ids], dtype=torch.int64)
+    if stop is None:
+        model.forward(tokens, kv, 0, "none")
+    elif model.prefill_pausable(tokens, kv, 0, stop=stop) is not None:
+        return None
     k, v = kv.read(h, h + n)  # [L, H_kv, n, D], dequantised when the KV is int8
     k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [L, n, H_kv, D]
     return SpanKV(k, v, torch.arange(h, h + n, dtype=torch.int64))

@@ -537,6 +537,8 @@ class Scheduler:
             if seq.paused_at is not None:
                 seq.starved_s += began - seq.paused_at
             slice_s = min(max(self.background_min_slice, seq.starved_s / 4), self.background_step_seconds)
+            if seq.idle_only:
+                slice_s = 0.0  # chunk KV ahead: nobody waits for it, it owes no request a wait
 
             def preempted() -> bool:
                 if time.perf_counter() - began < slice_s:

@@ -62,6 +62,7 @@ class Sequence:
     max_tokens: int
     cache: bool = True  # False: reuse nothing, store nothing (the no-cache baseline)
     background: bool = False  # a warm-up: runs only while no foreground sequence waits or runs
+    idle_only: bool = False  # background that gets no slice beside requests (InfillRequest.idle_only)
     deadline: float | None = None  # time.monotonic() after which it ends ("deadline"), its rows kept
     owner: str = ""  # InfillRequest.owner: whose turn it runs in (engine.scheduling.fairness)
     submitted: float = field(default_factory=time.perf_counter)

@@ -74,7 +74,7 @@ class OwnerTurns:
         this step served — another window's warm-ups never cut into a request of this one (a
         burst of jumps leaves a warm-up behind each)."""
         shared = self.turns.shared()
-        return next((s for s in self._prefilling if s.background and (not shared or s.owner == served)), None)
+        return next((s for s in self._prefilling if s.background and not s.idle_only and (not shared or s.owner == served)), None)
 
 
 __all__ = ["OwnerTurns"]

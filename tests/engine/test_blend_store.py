@@ -116,3 +116,19 @@ def test_prefill_span_drops_the_header_rows(tiny_model_factory):
     torch.testing.assert_close(c.v, kv.v[:, :, 1:5].transpose(1, 2))
     with pytest.raises(ValueError, match="empty"):
         prefill_span(model, [], header=[0])
+
+
+def test_prefill_span_gives_way_between_layers_when_asked(tiny_model_factory):
+    """`stop` (a background span and a request arriving): polled between layers; true at once
+    -> abandoned (None) after one layer; never true -> the same rows as without it."""
+    from engine.model.loader import load_model
+
+    model = load_model(tiny_model_factory("llama"), dtype="fp32").model
+    ids = [5, 17, 300, 42, 7, 9]
+    plain = prefill_span(model, ids, header=[0])
+    polled: list[int] = []
+    kept = prefill_span(model, ids, header=[0], stop=lambda: polled.append(1) is not None)
+    assert kept is not None and len(polled) == model.config.n_layers - 1  # between every two layers
+    torch.testing.assert_close(kept.k, plain.k)
+    torch.testing.assert_close(kept.v, plain.v)
+    assert prefill_span(model, ids, header=[0], stop=lambda: True) is None

@@ -115,14 +115,14 @@ def test_a_request_starts_within_one_background_step(engine, text):
     settle(engine)
 
 
-def _warm_up_running(eng, text, steps: int = 1) -> tuple:
+def _warm_up_running(eng, text, steps: int = 1, idle_only: bool = False) -> tuple:
     """A warm-up of the `fill` window under key "doc", once `steps` of its prefill steps have
     begun: (its handle, the scheduler's trace, prefix, suffix)."""
     at = text.index("def fill(")
     prefix, suffix = _window(text, at, before=2400, after=600)
     trace: list = []
     eng.scheduler.trace = trace
-    warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True))
+    warm = eng.submit(InfillRequest(key="doc", prefix=prefix, suffix=suffix, max_tokens=0, background=True, idle_only=idle_only))
     end = time.monotonic() + 60
     while trace.count(("prefill", "doc", True)) < steps:
         assert time.monotonic() < end
@@ -184,6 +184,26 @@ def test_a_waiting_warm_up_gets_a_slice_while_foreground_work_goes_on(tiny_model
             assert during  # the warm-up ran between the request's steps
         else:
             assert not during
+    finally:
+        eng.close()
+
+
+def test_idle_only_background_work_gets_no_slice_beside_a_request(tiny_model_factory, text):
+    """`InfillRequest.idle_only` (chunk KV computed ahead): even with a slice due after every
+    foreground step, it waits until the request is done, then finishes."""
+    eng = load_engine(
+        str(tiny_model_factory("llama")), dtype="fp32", kv_budget="64M", check_integrity=True, idle_grace=0.0,
+        background_step_tokens=32, background_min_slice=0.0, background_share_after=0.0,
+    )
+    try:
+        idle, trace, _, _ = _warm_up_running(eng, text, idle_only=True)
+        _run(eng, key="other", prefix="def f(x):\n    return", suffix="\n", max_tokens=24)
+        assert idle.result(120).finish_reason == "length"
+        first = trace.index(("prefill", "other", False))
+        last = len(trace) - 1 - trace[::-1].index(("decode", "other", False))
+        assert last - first >= 10
+        assert ("prefill", "doc", True) not in trace[first:last]
+        assert ("prefill", "doc", True) in trace[last:]  # and it went on afterwards
     finally:
         eng.close()
 
