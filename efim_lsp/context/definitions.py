@@ -33,6 +33,8 @@ PYTHON_SUFFIXES = (".py", ".pyi")
 MAX_RENDERED = 4096
 # Outlines kept (per module text), most recently used.
 MAX_OUTLINES = 1024
+# `popular` offers its caller a pause after this many modules counted.
+PAUSE_EVERY = 64
 
 # `alias.` right before the cursor names the module the next word comes from.
 _ATTRIBUTE_BEFORE = re.compile(r"([A-Za-z_]\w*)\.\w*$")
@@ -183,18 +185,23 @@ class ModuleDefinitions:
                 self._outlines.popitem(last=False)
         return outline
 
-    def popular(self, per_chunk: int, limit: int) -> list[ContextChunk]:
+    def popular(self, per_chunk: int, limit: int, pause: Callable[[], None] = lambda: None) -> list[ContextChunk]:
         """Definition chunks (`per_chunk` tokens each) of the modules that the most indexed
-        files import (ties: path order), at most `limit`."""
+        files import (ties: path order), at most `limit`. `pause()` is called every
+        `PAUSE_EVERY` modules counted and before each outline read: over a big workspace this
+        is seconds of Python, and a background caller gives way to requests there."""
         with self._lock:
             modules = dict(self._modules)
         resolver = self.resolver()
         importers: collections.Counter[str] = collections.Counter()
-        for path, info in modules.items():
+        for n, (path, info) in enumerate(modules.items()):
+            if n % PAUSE_EVERY == 0:
+                pause()
             for found in {r.path for ref in info.imports for r in resolver.resolve(ref, path)}:
                 importers[found] += 1
         out = []
         for path in sorted(importers, key=lambda p: (-importers[p], p)):
+            pause()
             chunk = self.definition_chunk(path, per_chunk)
             if chunk is not None:
                 out.append(chunk)

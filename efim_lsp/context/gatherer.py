@@ -300,21 +300,26 @@ class ContextGatherer:
         `max_tokens` tokens; None when it has none (not Python, does not parse, nothing public)."""
         return self.definitions.definition_chunk(path, max_tokens)
 
-    def import_chunks(self, path: str, text: str, *, max_chunks: int = 4, max_tokens: int = 1024) -> list[ContextChunk]:
+    def import_chunks(self, path: str, text: str, *, max_chunks: int = 4, max_tokens: int = 1024,
+                      pause: Callable[[], None] = lambda: None) -> list[ContextChunk]:
         """The definition chunks of the modules `text` imports, in text order (no cursor):
-        what a request in the document is likely to use, for computing their KV ahead."""
+        what a request in the document is likely to use, for computing their KV ahead.
+        `pause()` is called before each module (a background caller: `gate.pause_point`)."""
         per_chunk = share(max_tokens, max_chunks)
         out = []
         for module in self.imported_modules(path, text):
+            pause()
             chunk = self.definition_chunk(module, per_chunk)
             if chunk is not None:
                 out.append(chunk)
         return out
 
-    def popular_chunks(self, *, max_chunks: int = 4, max_tokens: int = 1024, limit: int = 64) -> list[ContextChunk]:
+    def popular_chunks(self, *, max_chunks: int = 4, max_tokens: int = 1024, limit: int = 64,
+                       pause: Callable[[], None] = lambda: None) -> list[ContextChunk]:
         """Definition chunks of the indexed modules that the most indexed files import
-        (ties: path order), at most `limit`: the likely chunks of a workspace."""
-        return self.definitions.popular(share(max_tokens, max_chunks), limit)
+        (ties: path order), at most `limit`: the likely chunks of a workspace. `pause()` is
+        called every few modules (a background caller: `gate.pause_point`)."""
+        return self.definitions.popular(share(max_tokens, max_chunks), limit, pause)
 
     def _pick_tiered(
         self, key: str, text: str, cursor: int, terms: frozenset[str], local: set[str], max_chunks: int, max_tokens: int

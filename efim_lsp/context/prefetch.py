@@ -16,7 +16,9 @@ chunk is submitted once per text (its path and text identify it, as its KV is ke
 its tokens); a changed file's new text is a new chunk.
 
 Threads: everything here runs on the event loop except `plan`, which runs on the loop's
-default executor (it resolves every indexed file's imports).
+default executor (it resolves every indexed file's imports: seconds of Python in a big
+workspace, so it waits at the gate's pause points — `foreground.ForegroundGate` — while a
+request is answered or the engine computes).
 """
 
 from __future__ import annotations

@@ -206,7 +206,8 @@ class WorkspaceContext:
         first), then the workspace's most imported modules."""
         if settings is None or getattr(settings, "context_selection", "imports") != "imports":
             return []  # BM25 chunks depend on the cursor: nothing to compute ahead
-        budget = {"max_chunks": settings.context_chunks, "max_tokens": settings.context_tokens}
+        budget = {"max_chunks": settings.context_chunks, "max_tokens": settings.context_tokens,
+                  "pause": self.gatherer.gate.pause_point}  # a request or the engine at work: wait
         planned: dict[tuple[str, str], ContextChunk] = {}
         for uri, (_version, text) in reversed(list(self._open.items())):
             for chunk in self.gatherer.import_chunks(uri_to_path(uri), text, **budget):

@@ -127,3 +127,25 @@ def test_index_terms_are_shared_strings():
     assert shared is sys.intern("total_amount")
     assert identifiers(text) == a  # the same counts either way
     assert identifiers("If Return self total") == {"total": 1}  # stop words dropped, lower-cased
+
+
+def test_planning_the_popular_chunks_offers_pauses(tmp_path):
+    root = tmp_path / "ws"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "core.py").write_text("def shared(x):\n    return x\n")
+    for i in range(5):
+        (root / f"user{i}.py").write_text("from pkg.core import shared\n\nprint(shared(1))\n")
+    g = ContextGatherer(watch=False)
+    try:
+        g.set_workspaces([root])
+        assert g.wait_idle(10)
+        pauses: list[int] = []
+        chunks = g.popular_chunks(limit=4, pause=lambda: pauses.append(1))
+        assert [c.path for c in chunks] == ["pkg/core.py"]
+        assert len(pauses) >= 2  # while counting importers, and before the outline is read
+        pauses.clear()
+        assert g.import_chunks(str(root / "user0.py"), "from pkg.core import shared\n", pause=lambda: pauses.append(1))
+        assert pauses
+    finally:
+        g.close()
