@@ -12,6 +12,7 @@ the segment LRU), so submit never blocks on the engine.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import itertools
 import logging
@@ -207,6 +208,39 @@ class LocalEngine:
             self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
             self.kv_budget_bytes = want
             log.info("KV budget raised to %d bytes (pool %d slots)", want, self.cache.n_slots)
+            return want
+
+    def lower_kv_budget(self, budget: int | str, timeout: float | None = 60.0) -> int:
+        """Lower the KV ceiling to `budget` while serving (never raises it): once the engine
+        is idle, the cached rows beyond the smaller pool are evicted (least recently used
+        first), the rest move into a smaller pool and the old one's memory goes back; the
+        working and retained shares shrink with it. For the engine daemon when the front that
+        asked for the largest budget leaves. Returns the budget in force (unchanged when the
+        rows in use do not fit); raises EngineError when the engine cannot take it."""
+        want = parse_bytes(budget)
+        with self._grow_lock:
+            if want >= self.kv_budget_bytes:
+                return self.kv_budget_bytes
+            pool, working, retained = self._budget_parts(want)
+            scheduler = self.scheduler
+            future = scheduler.run_when_idle(lambda: scheduler.shrink_budget(pool, working, retained))
+            try:
+                try:
+                    done = future.result(timeout)
+                except concurrent.futures.TimeoutError:
+                    if future.cancel():  # never idle in time: skipped, the budget stays
+                        log.info("KV budget kept at %d bytes: the engine was not idle within %s s", self.kv_budget_bytes, timeout)
+                        return self.kv_budget_bytes
+                    done = future.result()  # it began meanwhile: its outcome is the budget's
+            except Exception as exc:  # closed, crashed meanwhile, or too small to hold a sequence
+                raise EngineError(f"could not lower the KV budget to {want} bytes: {exc}") from exc
+            if not done:
+                log.info("KV budget kept at %d bytes: the rows in use do not fit %d", self.kv_budget_bytes, want)
+                return self.kv_budget_bytes
+            self._pool_budget = pool
+            self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
+            self.kv_budget_bytes = want
+            log.info("KV budget lowered to %d bytes (pool %d slots)", want, self.cache.n_slots)
             return want
 
     def _new_scheduler(self) -> tuple[RadixCache, Scheduler]:

@@ -13,6 +13,10 @@ socket answering finds the model loaded. It serves any number of fronts (connect
   another's keystrokes (`engine.scheduling.fairness`);
 - a front that goes away (closed, killed) has its running requests cancelled and its
   documents' pieces forgotten; its retained KV ages out of the LRU like any other;
+- its KV budget is the largest any front asked for: raised (the pool grows, every row
+  stays) when a front asks for more, lowered when the front that asked for the most leaves
+  (at the engine's next idle moment: the rows that fit stay, the pool shrinks and its memory
+  goes back); a front that asked for none counts as the default;
 - once the last front has gone the daemon exits after `--idle-timeout` seconds (a front
   arriving meanwhile keeps it), removing its socket (only if it is still its own);
 - the engine's faults (`on_fault`) are told to every front.
@@ -39,6 +43,7 @@ import msgspec
 
 from engine.api import Completion, RequestStats, StreamEvent
 from engine.daemon.place import peer_uid
+from engine.kv.budget import default_budget_bytes
 from engine.daemon.wire import (
     Call, Cancel, Event, Fault, Hello, ProtocolError, Reply, Submit, decode, decode_hello, frame, read_frame,
 )
@@ -95,6 +100,7 @@ class EngineDaemon:
         self.idle_timeout = idle_timeout
         self.kv_budget = kv_budget if kv_budget is not None else getattr(engine, "kv_budget_bytes", None)
         self.fronts: set[Front] = set()
+        self._budget_tasks: set[asyncio.Task] = set()  # lowering the KV budget after a front left
         self._numbers = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -239,6 +245,36 @@ class EngineDaemon:
         else:
             log.info("KV budget raised to %d bytes for front pid %d", self.kv_budget, hello.pid)
 
+    def _budget_wanted(self) -> int | None:
+        """The largest budget the fronts still here asked for (a front that asked for none
+        counts as the default, `default_budget_bytes`); None with no fronts."""
+        if not self.fronts:
+            return None
+        return max(f.kv_budget if f.kv_budget else default_budget_bytes() for f in self.fronts)
+
+    async def _lower_budget(self) -> None:
+        """A front left: when the largest budget the others asked for is below the one the
+        daemon runs with, the engine takes it at its next idle moment — the cached rows that
+        fit stay, the pool shrinks and its memory goes back (`LocalEngine.lower_kv_budget`).
+        An engine that cannot lower keeps its budget."""
+        wanted = self._budget_wanted()
+        lower = getattr(self.engine, "lower_kv_budget", None)
+        if wanted is None or self.kv_budget is None or wanted >= self.kv_budget or lower is None:
+            return
+        try:
+            budget = await asyncio.get_running_loop().run_in_executor(None, lambda: lower(wanted, None))
+        except Exception as exc:  # EngineError: closed, or a budget too small to hold a sequence
+            log.warning("keeping the KV budget of %d bytes (the fronts left ask for %d): %s", self.kv_budget, wanted, exc)
+            return
+        wanted_now = self._budget_wanted()
+        if budget < self.kv_budget:
+            self.kv_budget = budget
+            log.info("KV budget lowered to %d bytes: the front that asked for more left", budget)
+        if wanted_now is not None and wanted_now > budget:  # a front that asks for more came meanwhile
+            grow = getattr(self.engine, "grow_kv_budget", None)
+            if grow is not None:
+                self.kv_budget = await asyncio.get_running_loop().run_in_executor(None, grow, wanted_now)
+
     async def _serve_front(self, front: Front, reader: asyncio.StreamReader) -> None:
         while True:
             try:
@@ -270,6 +306,10 @@ class EngineDaemon:
                  len(front.handles), len(self.fronts))
         if not self.fronts and self._stop is not None and not self._stop.is_set():
             self._arm_idle_timer()
+        elif self.fronts and self._loop is not None:
+            task = self._loop.create_task(self._lower_budget())
+            self._budget_tasks.add(task)
+            task.add_done_callback(self._budget_tasks.discard)
 
     # ------------------------------------------------------------ requests
     def _submit(self, front: Front, message: Submit) -> None:

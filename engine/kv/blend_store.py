@@ -191,6 +191,18 @@ class BlendStore:
             self._drop(key)
         return len(keys)
 
+    def fit(self, n_pool_slots: int) -> int:
+        """Evict (LRU first) until the store is within its share of a pool of `n_pool_slots`
+        (a pool about to shrink); returns slots freed."""
+        over = self._n_slots - max(1, int(n_pool_slots * self.share))
+        return self.evict(over) if over > 0 else 0
+
+    def renumber(self, remap: torch.Tensor) -> None:
+        """The pool renumbered its slots (`SlotPool.shrink`): `remap[old]` is each slot's new
+        number. In place, so every holder of an entry (a document's piece index) sees it."""
+        for entry in self._entries.values():
+            entry.slots.copy_(remap[entry.slots])
+
     def evict(self, n_slots: int) -> int:
         """Free at least `n_slots` pool slots if the store holds them (LRU first); returns
         slots freed. Evicting 0 is always safe."""

@@ -172,6 +172,44 @@ class SlotPool:
         self.n_slots = n_new
         return added
 
+    def shrink(self, budget_bytes: int) -> torch.Tensor | None:
+        """Take `budget_bytes` (less than now) when the slots in use fit in it: the rows of
+        slots in use at or above the new count move to free slots below it, new smaller
+        tensors (only the rows in use touched) replace the old, whose memory goes back. Returns
+        the map [old n_slots] int64 from each old slot number to its new one — whoever keeps
+        slot numbers (the tree's nodes, the blend store) renumbers with it. None: the budget
+        is not smaller, or more slots are in use than it holds (evict first). Engine thread
+        only, between steps."""
+        n_new = int(budget_bytes) // self.bytes_per_slot
+        n_old = self.n_slots
+        if n_new >= n_old or n_new < 1:
+            return None
+        used = self._owner != _FREE
+        if int(used.sum()) > n_new:
+            return None
+        stay = used[:n_new].nonzero().flatten()  # [s] rows that keep their number
+        high = used[n_new:].nonzero().flatten() + n_new  # [h] rows that move
+        dest = (~used[:n_new]).nonzero().flatten()[: high.numel()]  # [h] free slots they move to
+        remap = torch.arange(n_old, dtype=torch.int64)
+        remap[high] = dest
+        src, dst = torch.cat((stay, high)), torch.cat((stay, dest))
+        names = ("k8", "k_scale", "v8", "v_scale") if self.int8 else ("k", "v")
+        for name in names:
+            old = getattr(self, name)
+            new = torch.empty((old.shape[0], n_new, *old.shape[2:]), dtype=old.dtype)  # untouched pages
+            if src.numel():
+                new.index_copy_(1, dst, old.index_select(1, src))
+            setattr(self, name, new)
+        owner = torch.zeros(n_new, dtype=torch.int8)
+        owner[dst] = self._owner[src]
+        self._owner = owner
+        free = (owner == _FREE).nonzero().flatten()
+        self._free = torch.empty(n_new, dtype=torch.int64)  # the stack's room: every slot
+        self._free[: free.numel()] = free
+        self._n_free = free.numel()
+        self.n_slots = n_new
+        return remap
+
     # ------------------------------------------------------------------ rows
     def gather(self, slots: torch.Tensor, kv: KV, start: int = 0) -> None:
         """Copy pool rows `slots` into workspace `kv` (a SequenceKV: k, v [L, H_kv, cap, D],

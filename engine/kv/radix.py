@@ -193,6 +193,21 @@ class RadixCache:
         it is. Returns the slots added."""
         return self.pool.grow(budget_bytes)
 
+    def shrink(self, budget_bytes: int) -> torch.Tensor | None:
+        """`SlotPool.shrink`, after evicting unpinned leaves until the slots in use fit (the
+        caller makes its own held slots fit first: the blend store's). The tree's nodes are
+        renumbered in place; the map is returned for the other holders of slot numbers.
+        None: not smaller, or pinned and held rows do not fit."""
+        n_new = int(budget_bytes) // self.pool.bytes_per_slot
+        over = (self.pool.n_slots - self.pool.n_free) - n_new
+        if over > 0:
+            self.evict(over)
+        remap = self.pool.shrink(budget_bytes)
+        if remap is not None:
+            for node in self.nodes():
+                node.slots.copy_(remap[node.slots])  # in place: a split node's halves are disjoint views
+        return remap
+
     @property
     def n_slots(self) -> int:
         return self.pool.n_slots

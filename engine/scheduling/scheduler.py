@@ -281,6 +281,28 @@ class Scheduler:
         self.documents.max_rows = self._piece_max_rows()
         return added
 
+    def shrink_budget(self, pool_bytes: int, working_bytes: int, retained_bytes: int) -> bool:
+        """Engine thread, idle (nothing queued, running or pinned): a smaller KV budget's parts.
+        The blend store evicts to its share of the smaller pool, the tree evicts leaves until
+        the rows in use fit, the pool moves the rows above its new size down and takes smaller
+        tensors (the memory goes back); the retained documents are dropped oldest first to fit
+        their share. False (nothing changed but evictions): rows still in use do not fit."""
+        if not self.idle():
+            return False
+        before = self.share.working_limit
+        self.share.set_limit(working_bytes)  # first: ValueError when too small, before anything moved
+        self.blend_store.fit(int(pool_bytes) // self.cache.bytes_per_slot)
+        remap = self.cache.shrink(pool_bytes)
+        if remap is None:
+            self.share.set_limit(before)
+            return False
+        self.blend_store.renumber(remap)
+        self.retained.budget_bytes = retained_bytes
+        while self.retained.nbytes() > retained_bytes and self.retained.evict_oldest():
+            pass
+        self.documents.max_rows = self._piece_max_rows()
+        return True
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -413,3 +413,88 @@ def test_a_raised_budget_grows_the_pool_while_serving_keeps_the_cache_and_is_the
         assert ceiling.max_used() > BUDGET - pool_before  # ... and its room is used (more than the old pool's rows)
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_pool_that_shrinks_moves_the_rows_above_its_size_and_says_where(kv_dtype):
+    import torch  # noqa: PLC0415
+
+    from engine.kv.pool import SlotPool  # noqa: PLC0415
+
+    pool = SlotPool(n_layers=2, n_kv_heads=2, head_dim=8, dtype=torch.float32, budget_bytes=60 * 256, kv_dtype=kv_dtype)
+    before = pool.n_slots
+    held = pool.alloc(before // 4)  # the free list hands out the highest slots first: all above before // 2
+    assert int(held.min()) >= before // 2
+    k, v = torch.randn(2, held.numel(), 2, 8), torch.randn(2, held.numel(), 2, 8)
+    pool.write_slots(held, k, v)
+    tree, still_held = held[: held.numel() // 2], held[held.numel() // 2:]
+    pool.adopt(tree)
+    rows = pool.read_slots(held)
+    assert pool.shrink(pool.bytes_per_slot * before) is None  # not smaller
+    assert pool.shrink(pool.bytes_per_slot * (held.numel() - 1)) is None  # the rows in use do not fit
+    assert pool.n_slots == before
+    remap = pool.shrink(pool.bytes_per_slot * (before // 2))
+    assert remap is not None and pool.n_slots == before // 2
+    moved = remap[held]
+    assert int(moved.max()) < before // 2 and moved.unique().numel() == held.numel()
+    for got, want in zip(pool.read_slots(moved), rows):
+        assert torch.equal(got, want)  # every row at its new number, bit for bit
+    assert pool.n_held == still_held.numel() and pool.n_tree == tree.numel()
+    assert pool.n_free == before // 2 - held.numel()
+    pool.check_integrity(remap[tree])
+    pool.free(remap[still_held])
+    fresh = pool.alloc(pool.n_free)
+    assert not set(fresh.tolist()) & set(remap[tree].tolist()) and int(fresh.max()) < before // 2
+    pool.free(fresh)
+    pool.check_integrity(remap[tree])
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+def test_a_lowered_budget_keeps_what_fits_gives_memory_back_and_is_the_new_ceiling(tiny_model_factory, kv_dtype):
+    """The engine daemon lowers its budget when the front that asked for the most leaves:
+    at the next idle moment the cached rows that fit stay (the most recent prompt is reused,
+    the chunks' rows are where their renumbered slots say), the pool takes the smaller size,
+    and nothing later goes past it."""
+    import torch  # noqa: PLC0415
+
+    sources = stdlib_sources(("textwrap.py", "shlex.py", "bisect.py", "difflib.py"))
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=8 * BUDGET, kv_dtype=kv_dtype, idle_grace=0.0,
+                      step_tokens=64)
+    try:
+        text = sources[0]
+        at = len(text) // 2
+        request = InfillRequest(key="a", prefix=text[max(0, at - 1500):at], suffix=text[at:at + 400], max_tokens=4)
+        first = eng.submit(request).result(60)
+        chunks = tuple(ContextChunk(f"ctx{i}.py", s[len(s) // 2:len(s) // 2 + 600]) for i, s in enumerate(sources[1:]))
+        for chunk in chunks:  # each chunk's KV computed alone, as the server's chunk prefetch does
+            eng.submit(InfillRequest(key="ahead", prefix="", chunks=(chunk,), context="blend", max_tokens=1, background=True)).result(60)
+        blended = InfillRequest(key="c", prefix=sources[2][:300], chunks=chunks, context="blend", max_tokens=4)
+        blend_first = eng.submit(blended).result(60)
+        eng.wait_idle(60)
+        store = eng.scheduler.blend_store
+        assert store.nbytes() > 0
+        rows_before = {key: store.load(entry) for key, entry in store._entries.items()}  # noqa: SLF001
+        slots, pool_before = eng.cache.n_slots, pool_bytes(eng.cache)
+        assert eng.lower_kv_budget(16 * BUDGET) == 8 * BUDGET  # never raised
+        assert eng.lower_kv_budget(2 * BUDGET) == 2 * BUDGET
+        assert eng.kv_budget_bytes == eng.stats().cache_bytes_total == 2 * BUDGET
+        assert eng.cache.n_slots < slots and pool_bytes(eng.cache) < pool_before
+        assert eng.scheduler.working_limit == BUDGET  # the working share shrank with it (half)
+        eng.check_integrity().result(30)
+        kept = {key: store.load(entry) for key, entry in store._entries.items()}  # noqa: SLF001
+        assert kept and set(kept) <= set(rows_before)
+        for key, span in kept.items():  # each chunk's rows found at its slots' new numbers, bit for bit
+            assert torch.equal(span.k, rows_before[key].k) and torch.equal(span.v, rows_before[key].v)
+        again = eng.submit(blended).result(60)  # the most recent prompt's rows fit and survived the move
+        assert again.text == blend_first.text and again.stats.prefilled_tokens <= 3
+        assert eng.submit(request).result(60).text == first.text
+        ceiling = Ceiling(eng)
+        handles = [eng.submit(InfillRequest(key=f"d{i}", prefix=t[len(t) // 3 - 2500:len(t) // 3], suffix=t[len(t) // 3:][:500],
+                                            max_tokens=6)) for i, t in enumerate(sources * 2)]
+        for h in handles:
+            assert h.result(120).finish_reason != "error"
+        eng.wait_idle(60)
+        eng.check_integrity().result(30)
+        ceiling.check(2 * BUDGET)  # the lower ceiling holds
+    finally:
+        eng.close()

@@ -231,7 +231,7 @@ def test_two_fronts_share_one_daemon_and_the_second_reuses_the_firsts_kv(rundir,
         b.close()
 
 
-def test_the_daemons_kv_budget_is_the_largest_any_front_asked_for_and_raising_it_keeps_the_cache(rundir, config):
+def test_the_daemons_kv_budget_is_the_largest_any_front_asked_for_raised_and_lowered_keeping_the_cache(rundir, config):
     a = _front(config, kv_budget="32M")
     try:
         first = a.submit(_request()).result(60)
@@ -249,6 +249,11 @@ def test_the_daemons_kv_budget_is_the_largest_any_front_asked_for_and_raising_it
             daemon = b.health()["daemon"]
             assert daemon["kvBudget"] == 48 << 20
             assert sorted(f["kvBudgetAsked"] for f in daemon["fronts"]) == [16 << 20, 32 << 20, 48 << 20]
+            b.close()  # the front that asked for the most leaves: the budget comes down to the others' largest
+            _wait(lambda: a.stats().cache_bytes_total == 32 << 20, what="the engine's budget lowered to 32M")
+            again = a.submit(_request()).result(60)  # the rows that fit stayed through the smaller pool
+            assert again.text == first.text and again.stats.prefilled_tokens <= 2
+            a.check_integrity().result(30)
         finally:
             b.close()
             c.close()
