@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -73,14 +74,14 @@ class Front:
         await self.client.stop()
 
 
-async def start_front(model: str, daemon: bool, env: dict, uri: str, options: dict | None = None) -> Front:
+async def start_front(model: str, daemon: bool, env: dict, uri: str, options: dict | None = None, kv_budget: str | None = None) -> Front:
     client = LanguageClient("daemon-bench", "1")
     shown: list[str] = []
     for method in (t.WINDOW_LOG_MESSAGE, t.PROGRESS):
         client.feature(method)(lambda *a: None)
     client.feature(t.WINDOW_SHOW_MESSAGE)(lambda params: shown.append(params.message))
     cmd = [sys.executable, "-m", "efim_tools.cli", "serve", "--log-level", "warning", "--model", model,
-           "--daemon" if daemon else "--no-daemon"]
+           "--daemon" if daemon else "--no-daemon"] + (["--kv-budget", kv_budget] if kv_budget else [])
     await client.start_io(*cmd, env=env)
     await client.initialize_async(t.InitializeParams(capabilities=t.ClientCapabilities(), initialization_options=options or {}))
     client.initialized(t.InitializedParams())
@@ -151,6 +152,63 @@ async def memory_case(
     if daemon_pid:
         os.kill(daemon_pid, signal.SIGTERM)  # the daemon this case started
     return out
+
+
+LEAVE_MODULES = ("argparse.py", "typing.py", "inspect.py", "pathlib.py", "tarfile.py", "subprocess.py", "ast.py", "enum.py")
+
+
+async def leave_case(model: str, big: str, small: str, text: str, cursor: int) -> dict:
+    """Front A (`--kv-budget small`) and front B (`--kv-budget big`) on one daemon; B fills
+    the KV with windows of several stdlib modules; B closes. The daemon's RSS (and its KV
+    budget) before and after, and A's next keystroke (what it reused after the move)."""
+    env, run = environment("leave")
+    uri = f"file:///bench/{MODULE}"
+    a = await start_front(model, True, env, uri, {"firstWindowTokens": 0}, kv_budget=small)
+    info = await wait_ready(a)
+    daemon_pid = info["engine"].get("daemon", {}).get("pid")
+    a.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
+    await a.ask(position(text, cursor))
+    b = await start_front(model, True, env, uri, {"firstWindowTokens": 0}, kv_budget=big)
+    await wait_ready(b)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in LEAVE_MODULES:  # windows in several places of each: the pool fills up
+        other = (stdlib / name).read_text()
+        other_uri = f"file:///bench/{name}"
+        b.client.text_document_did_open(t.DidOpenTextDocumentParams(t.TextDocumentItem(uri=other_uri, language_id="python", version=0, text=other)))
+        for frac in (0.2, 0.5, 0.8):
+            await b.ask_at(other_uri, position(other, other.index("\n", int(len(other) * frac)) + 1))
+    await asyncio.sleep(2.0)
+    before = memory_mb(daemon_pid)[0]
+    budget_before = await _daemon_budget(a)
+    await b.close()
+    deadline = time.monotonic() + 60
+    budget_after = await _daemon_budget(a)
+    while budget_after == budget_before and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        budget_after = await _daemon_budget(a)
+    await asyncio.sleep(2.0)
+    after = memory_mb(daemon_pid)[0]
+    await a.stats(reset=True)  # A types a key: a request the engine answers after the move
+    at = position(text, cursor)
+    a.client.text_document_did_change(t.DidChangeTextDocumentParams(
+        t.VersionedTextDocumentIdentifier(uri=uri, version=1),
+        [t.TextDocumentContentChangePartial(range=t.Range(at, at), text="i")]))
+    ms, _ = await a.ask(t.Position(at.line, at.character + 1))
+    s = await a.stats()
+    out = {"case": "leave", "big": big, "small": small, "daemon_rss_mb": [round(before), round(after)],
+           "kv_budget": [budget_before, budget_after], "a_after": {"ms": round(ms, 1), "prompt": s["promptTokens"],
+                                                                   "prefilled": s["prefilledTokens"]}}
+    await a.close()
+    if daemon_pid:
+        os.kill(daemon_pid, signal.SIGTERM)
+    return out
+
+
+async def _daemon_budget(front: Front) -> int | None:
+    for _ in range(3):  # the daemon's health is refreshed by each stats call: the second one is current
+        stats = await front.stats()
+        await asyncio.sleep(0.2)
+    return stats.get("engine", {}).get("daemon", {}).get("kvBudget")
 
 
 async def typing_case(model: str, daemon: bool, text: str, cursor: int, keys: list[str]) -> dict:
@@ -377,6 +435,11 @@ async def run(args: argparse.Namespace) -> dict:
             case = await fair_case(args.model, daemon, text, cursor, keys, args.fair)
             print(json.dumps(case), flush=True)
             results.setdefault("fairness", []).append(case)
+    if args.leave:
+        big, small = args.leave.split(":")
+        case = await leave_case(args.model, big, small, text, cursor)
+        print(json.dumps(case), flush=True)
+        results["leave"] = case
     if args.kill:
         case = await kill_case(args.model, args.kill, text, cursor)
         print(json.dumps(case), flush=True)
@@ -395,6 +458,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fair", type=float, default=0, metavar="RATE",
                         help="also: a front types --keys keys alone, then while another front asks RATE times a second")
     parser.add_argument("--kill", type=int, default=0, metavar="N", help="also: N fronts, the daemon SIGKILLed, time until each serves again")
+    parser.add_argument("--leave", default=None, metavar="BIG:SMALL",
+                        help="also: fronts asking --kv-budget SMALL and BIG on one daemon; BIG fills the KV and leaves: "
+                             "the daemon's RSS and budget before and after")
     parser.add_argument("--standby", action="store_true",
                         help="the fronts' daemons keep a standby (EFIM_DAEMON_STANDBY=1); --kill waits for it to be ready")
     parser.add_argument("--hop", type=int, default=0, help="also time N keystroke-shaped requests on the engine alone (no server)")

@@ -356,9 +356,11 @@ class Engine(Protocol):
         `forget_document` drops them). Never blocks."""
 
     def forget_document(self, key: str) -> None:
-        """Drop the document `key`'s pieces (`keep_document_pieces`) and stop computing them (the
-        document was closed). Any thread; never blocks; takes effect before the engine's
-        next step."""
+        """Drop the document `key`'s pieces (`keep_document_pieces`) and stop computing them, and
+        its working KV kept between keystrokes (the document was closed, or the daemon front
+        that had it open left); its cached prefix rows stay, evicted before any open
+        document's latest. Any thread; never blocks; takes effect before the engine's next
+        step."""
 
     # Whether the model's weights live in this process (the local engine) or elsewhere (an
     # inference server, the engine daemon): a server switching models closes an engine whose

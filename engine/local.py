@@ -412,8 +412,9 @@ class LocalEngine:
         )
 
     def forget_document(self, key: str) -> None:
-        """Drop the document's pieces and its pass (in flight included) at the engine's next
-        step. Thread-safe and immediate."""
+        """Drop the document's pieces, its pass (in flight included) and its kept working KV
+        at the engine's next step (`engine.api.Engine.forget_document`). Thread-safe and
+        immediate."""
         if not isinstance(key, str):
             raise TypeError("forget_document(key: str)")
         self.scheduler.forget_document(key)

@@ -12,7 +12,8 @@ socket answering finds the model loaded. It serves any number of fronts (connect
   scheduler shares its time fairly across owners, so one window's burst does not starve
   another's keystrokes (`engine.scheduling.fairness`);
 - a front that goes away (closed, killed) has its running requests cancelled and its
-  documents' pieces forgotten; its retained KV ages out of the LRU like any other;
+  documents forgotten (`Engine.forget_document`: their pieces and kept working KV go,
+  their cached rows lose their place among documents' latest);
 - its KV budget is the largest any front asked for: raised (the pool grows, every row
   stays) when a front asks for more, lowered when the front that asked for the most leaves
   (at the engine's next idle moment: the rows that fit stay, the pool shrinks and its memory
@@ -66,6 +67,7 @@ class Front:
         self.prefix = f"front{number}/"
         self.handles: dict[int, Any] = {}  # request id -> the engine's handle
         self.documents: set[str] = set()  # keys given pieces (`keep_document_pieces`)
+        self.keys: set[str] = set()  # every key its requests used (forgotten when it leaves)
         self.requests = 0
         self.served = 0  # requests that ended with an answer (stop, length, eos, deadline)
         self.cancelled = 0  # ... superseded or cancelled
@@ -296,11 +298,13 @@ class EngineDaemon:
                 log.warning("front %d sent a %s: ignored", front.number, type(message).__name__)
 
     def _release(self, front: Front) -> None:
-        """The front went away: cancel its requests, forget its documents' pieces."""
+        """The front went away: cancel its requests, forget its documents (their pieces, their
+        kept working KV; their cached rows are no longer any document's latest, so they are
+        evicted before the other fronts' — and first when the budget comes down)."""
         self.fronts.discard(front)
         for handle in list(front.handles.values()):
             handle.cancel()
-        for key in front.documents:
+        for key in front.documents | front.keys:
             self.engine.forget_document(front.prefix + key)
         log.info("front %d (pid %d) gone: %d request(s) cancelled; %d front(s) left", front.number, front.pid,
                  len(front.handles), len(self.fronts))
@@ -317,6 +321,7 @@ class EngineDaemon:
         request = msgspec.structs.replace(message.request, key=front.prefix + message.request.key,
                                           owner=front.prefix.rstrip("/"))
         front.requests += 1
+        front.keys.add(message.request.key)
         try:
             handle = self.engine.submit(request)
         except Exception as exc:  # a bad parameter, a failed engine: the request ends at once
@@ -384,6 +389,7 @@ class EngineDaemon:
             return engine.keep_document_pieces(front.prefix + key, text, int(cursor))
         if method == "forget_document":
             front.documents.discard(args[0])
+            front.keys.discard(args[0])
             return engine.forget_document(front.prefix + str(args[0]))
         if method == "health":
             return {**engine.health(), "daemon": self.health(front)}

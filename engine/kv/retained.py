@@ -35,7 +35,7 @@ Contracts:
 from __future__ import annotations
 
 import collections
-from typing import NamedTuple, TYPE_CHECKING
+from typing import Callable, NamedTuple, TYPE_CHECKING
 
 from engine.kv.store import DocumentKey
 
@@ -155,6 +155,17 @@ class RetainedKV:
     def keep(self, key: DocumentKey, seq: RetainedSequence) -> None:
         """`insert`, in the scheduler's words."""
         self.insert(key, seq)
+
+    def compact(self, resize: "Callable[[KV, int], KV]") -> None:
+        """Give every kept KV the capacity `resize(kv, rows)` returns for the rows its entry
+        uses (a budget coming down: a window's KV allocated under the larger one may hold far
+        more rows than it uses). Entries that shared a KV share the new one; the order stays."""
+        new: dict[int, KV] = {}
+        for key, seq in list(self._by_key.items()):
+            rows = max(len(s.ids) for s in self._by_key.values() if s.kv is seq.kv)
+            if id(seq.kv) not in new:
+                new[id(seq.kv)] = resize(seq.kv, rows)
+            self._by_key[key] = seq._replace(kv=new[id(seq.kv)])
 
     def clear(self) -> None:
         """Drop every entry (memory pressure)."""

@@ -71,6 +71,9 @@ SOLO_STEP_FACTOR = 2
 # Document pieces (documentKv) are prefilled in steps of this many tokens when the
 # background step is adaptive.
 PIECE_STEP_TOKENS = 64
+# A kept window's KV compacted for a smaller budget keeps room for this many rows past its
+# own (a keystroke and its suggestion); a longer one grows it again.
+RETAINED_HEADROOM_ROWS = 64
 
 
 class Scheduler:
@@ -298,10 +301,22 @@ class Scheduler:
             return False
         self.blend_store.renumber(remap)
         self.retained.budget_bytes = retained_bytes
+        self.retained.compact(self._compact_kv)  # rows allocated under the larger budget, unused
         while self.retained.nbytes() > retained_bytes and self.retained.evict_oldest():
             pass
         self.documents.max_rows = self._piece_max_rows()
         return True
+
+    def _compact_kv(self, kv, rows: int):
+        """`kv` with room for `rows` and a keystroke's worth more (whole allocations), its rows
+        copied; `kv` itself when that is not smaller."""
+        align = self.share.row_align
+        capacity = min(self.context_length, -(-(rows + RETAINED_HEADROOM_ROWS) // align) * align)
+        if capacity >= kv.capacity:
+            return kv
+        smaller = self.runner.model.new_kv(capacity)
+        smaller.copy_rows(kv, rows)
+        return smaller
 
     def close(self) -> None:
         with self._cond:
@@ -434,6 +449,11 @@ class Scheduler:
                 item = self._plans.popleft()
                 if isinstance(item, str):
                     self.documents.forget(item)
+                    # Its rows stop being a document's latest (evicted before those that are)
+                    # and its working KV kept between keystrokes goes: a closed document, or a
+                    # daemon front's that left, must not outlast the documents still in use.
+                    self.cache.set_latest(item, self.cache.root)
+                    self.retained.take(item)
                 else:
                     self.documents.plan(item)
             # Admit what had arrived when the step began, not what arrives meanwhile: under a

@@ -261,3 +261,32 @@ def test_retained_keeps_one_kv_for_the_same_rows_under_several_keys():
     assert store.evict(1, spare="c") == one  # a and e free nothing (d keeps their KV), then d frees it
     assert [k for k, _ in store.entries()] == ["c"] and store.nbytes() == one
     assert store.evict_oldest() and store.nbytes() == 0 and not store.evict_oldest()
+
+
+def test_retained_compacts_each_kv_to_the_rows_its_entries_use_keeping_order_and_sharing():
+    """A budget coming down (`Scheduler.shrink_budget`): each kept KV gets the capacity the
+    resize gives for the most rows any of its entries uses; entries that shared a KV share
+    the new one; the order (least recently kept first) stays; the rows are the same."""
+    store = RetainedKV(max_entries=4)
+    big = SequenceKV(*_rows(16))
+    store.insert("a", RetainedSequence(big, [1, 2, 3]))
+    store.insert("b", RetainedSequence(SequenceKV(*_rows(16, 1)), [9]))
+    store.insert("c", RetainedSequence(SequenceKV(*_rows(16, 2)), [1, 2, 3, 4, 5]))  # extends a: they share c's KV
+    assert store.peek("a").kv is store.peek("c").kv
+    before = store.nbytes()
+    asked: list[int] = []
+
+    def resize(kv, rows):
+        asked.append(rows)
+        smaller = SequenceKV(*_rows(rows))
+        smaller.copy_rows(kv, rows)
+        return smaller
+
+    old_c = store.peek("c").kv
+    order = [k for k, _ in store.entries()]
+    store.compact(resize)
+    assert sorted(asked) == [1, 5]  # one resize per KV, for its longest entry
+    assert [k for k, _ in store.entries()] == order
+    assert store.peek("a").kv is store.peek("c").kv and store.peek("c").kv.capacity == 5
+    assert torch.equal(store.peek("c").kv.k[:, :, :5], old_c.k[:, :, :5])
+    assert store.nbytes() < before
