@@ -379,6 +379,19 @@ def test_a_pool_that_grows_keeps_every_row_at_its_slot_and_frees_the_new_ones(kv
     pool.check_integrity(tree)
 
 
+def _under_load(eng, sources) -> "Ceiling":
+    """Twelve windows far larger than the budget's room, after a budget change: none fails,
+    the stores check out; the ceiling watched meanwhile is returned."""
+    ceiling = Ceiling(eng)
+    handles = [eng.submit(InfillRequest(key=f"d{i}", prefix=t[len(t) // 3 - 2500:len(t) // 3], suffix=t[len(t) // 3:][:500],
+                                        max_tokens=6)) for i, t in enumerate(sources * 2)]
+    for h in handles:
+        assert h.result(120).finish_reason != "error"
+    eng.wait_idle(60)
+    eng.check_integrity().result(30)
+    return ceiling
+
+
 @pytest.mark.parametrize("kv_dtype", [None, "int8"])
 def test_a_raised_budget_grows_the_pool_while_serving_keeps_the_cache_and_is_the_new_ceiling(tiny_model_factory, kv_dtype):
     sources = stdlib_sources(("textwrap.py", "shlex.py", "bisect.py", "difflib.py"))
@@ -402,13 +415,7 @@ def test_a_raised_budget_grows_the_pool_while_serving_keeps_the_cache_and_is_the
         again = eng.submit(request).result(60)
         assert again.text == first.text and again.stats.prefilled_tokens <= 2  # the cached rows survived the move
         eng.check_integrity().result(30)
-        ceiling = Ceiling(eng)
-        handles = [eng.submit(InfillRequest(key=f"d{i}", prefix=t[len(t) // 3 - 2500:len(t) // 3], suffix=t[len(t) // 3:][:500],
-                                            max_tokens=6)) for i, t in enumerate(sources * 2)]
-        for h in handles:
-            assert h.result(120).finish_reason != "error"
-        eng.wait_idle(60)
-        eng.check_integrity().result(30)
+        ceiling = _under_load(eng, sources)
         ceiling.check(2 * BUDGET)  # the new ceiling holds ...
         assert ceiling.max_used() > BUDGET - pool_before  # ... and its room is used (more than the old pool's rows)
     finally:
@@ -488,13 +495,7 @@ def test_a_lowered_budget_keeps_what_fits_gives_memory_back_and_is_the_new_ceili
         again = eng.submit(blended).result(60)  # the most recent prompt's rows fit and survived the move
         assert again.text == blend_first.text and again.stats.prefilled_tokens <= 3
         assert eng.submit(request).result(60).text == first.text
-        ceiling = Ceiling(eng)
-        handles = [eng.submit(InfillRequest(key=f"d{i}", prefix=t[len(t) // 3 - 2500:len(t) // 3], suffix=t[len(t) // 3:][:500],
-                                            max_tokens=6)) for i, t in enumerate(sources * 2)]
-        for h in handles:
-            assert h.result(120).finish_reason != "error"
-        eng.wait_idle(60)
-        eng.check_integrity().result(30)
+        ceiling = _under_load(eng, sources)
         ceiling.check(2 * BUDGET)  # the lower ceiling holds
     finally:
         eng.close()
