@@ -44,10 +44,10 @@ import msgspec
 
 from engine.api import Completion, RequestStats, StreamEvent
 from engine.daemon.place import peer_uid
-from engine.kv.budget import default_budget_bytes
 from engine.daemon.wire import (
     Call, Cancel, Event, Fault, Hello, ProtocolError, Reply, Submit, decode, decode_hello, frame, read_frame,
 )
+from engine.kv.budget import default_budget_bytes
 
 log = logging.getLogger(__name__)
 
