@@ -89,7 +89,7 @@ class ContextGatherer:
     ) -> None:
         self.chunk_lines = chunk_lines
         self.gate = gate if gate is not None else ForegroundGate()  # disk work waits between files while it is busy
-        self.index = ChunkIndex()
+        self.index = ChunkIndex(read_text=self.current_text)  # disk files' chunk texts read back when picked
         self._count_tokens = count_tokens
         self._token_cache: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._workspaces: dict[Path, ContextFolder] = {}
@@ -282,7 +282,7 @@ class ContextGatherer:
         return selection.chunks
 
     def _fingerprint(self, path: str) -> tuple[str, ...]:
-        return tuple(c.digest for c in self.index.chunks_of(path))
+        return self.index.digests_of(path)
 
     # ---- the "imports" strategy ------------------------------------------------------
 
@@ -434,8 +434,8 @@ class ContextGatherer:
     def _replace(self, key: str, chunks: list[Chunk]) -> None:
         if not chunks:
             self.definitions.forget(key)
-        had = bool(self.index.chunks_of(key))
-        changed = self.index.replace(key, chunks) if chunks else self.index.remove(key)
+        had = bool(self.index.digests_of(key))
+        changed = self.index.replace(key, chunks, keep_text=key in self._open) if chunks else self.index.remove(key)
         if changed and had:  # a file indexed for the first time has no KV anywhere to drop
             with self._lock:
                 listeners = list(self._listeners)

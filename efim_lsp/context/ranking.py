@@ -10,15 +10,17 @@ import heapq
 import math
 import threading
 from array import array
-from collections import Counter  # noqa: F401 - Counter in annotations
-from typing import Iterable, Mapping, NamedTuple
+from collections import Counter, OrderedDict  # noqa: F401 - Counter in annotations
+from typing import Callable, Iterable, Mapping, NamedTuple
 
-from efim_lsp.context.chunking import Chunk
+from efim_lsp.context.chunking import Chunk, chunk_digest
 
 # Okapi BM25 constants (the usual values).
 K1 = 1.2
 B = 0.75
 MAX_QUERY_TERMS = 48
+# Files whose lines `ChunkIndex` keeps after cutting chunk texts out of them.
+TEXTS_KEPT = 32
 
 
 class Scored(NamedTuple):
@@ -45,9 +47,18 @@ class ChunkIndex:
     Contracts: `replace(path, chunks)` makes `chunks` the only chunks of `path`;
     `remove(path)` forgets them; `search` never modifies the index. The chunks it hands
     back carry their words alone (`Chunk.terms` a tuple): the counts live in its postings.
+
+    Text: with `read_text` (path -> the file's current text, or None), `replace(...,
+    keep_text=False)` keeps a file's chunks without their text — a 10,000-file workspace's
+    chunk texts were 174 MB of its index's 363 — and `search` / `chunks_of` cut each one back
+    out of `read_text(path)` when asked, dropping a chunk whose lines no longer hash to its
+    digest (the file changed since: its new chunks come when it is indexed again). The last
+    `TEXTS_KEPT` files read are kept for the next ask.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, read_text: Callable[[str], str | None] | None = None) -> None:
+        self._read_text = read_text
+        self._texts: OrderedDict[str, list[str] | None] = OrderedDict()  # path -> its lines as last read
         self._by_path: dict[str, list[Chunk]] = {}
         self._by_digest: dict[str, Chunk] = {}
         self._id_of: dict[str, int] = {}  # digest -> id in the postings
@@ -67,29 +78,65 @@ class ChunkIndex:
             return list(self._by_path)
 
     def chunks_of(self, path: str) -> list[Chunk]:
+        """`path`'s chunks with their text (those whose text cannot be cut back out are left out)."""
         with self._lock:
-            return list(self._by_path.get(path, ()))
+            chunks = list(self._by_path.get(path, ()))
+        return [c for c in map(self._with_text, chunks) if c is not None]
+
+    def digests_of(self, path: str) -> tuple[str, ...]:
+        """`path`'s chunks' digests, in order (no text read)."""
+        with self._lock:
+            return tuple(c.digest for c in self._by_path.get(path, ()))
+
+    def _with_text(self, chunk: Chunk) -> Chunk | None:
+        """`chunk` with its text: as kept, or cut out of its file's current text (None when
+        those lines no longer hash to its digest, or the file cannot be read)."""
+        if chunk.text or self._read_text is None:
+            return chunk
+        with self._lock:
+            lines = self._texts.get(chunk.path)
+            known = chunk.path in self._texts
+            if known:
+                self._texts.move_to_end(chunk.path)
+        if not known:
+            text = self._read_text(chunk.path)
+            lines = text.splitlines(keepends=True) if text is not None else None
+            with self._lock:
+                self._texts[chunk.path] = lines
+                while len(self._texts) > TEXTS_KEPT:
+                    self._texts.popitem(last=False)
+        if lines is None:
+            return None
+        body = "".join(lines[chunk.start_line : chunk.end_line])
+        if chunk_digest(chunk.path, body) != chunk.digest:
+            return None
+        return chunk._replace(text=body)
 
     def __contains__(self, digest: str) -> bool:
         with self._lock:
             return digest in self._by_digest
 
-    def replace(self, path: str, chunks: Iterable[Chunk]) -> bool:
-        """Make `chunks` the chunks of `path`; True if anything changed."""
+    def replace(self, path: str, chunks: Iterable[Chunk], *, keep_text: bool = True) -> bool:
+        """Make `chunks` the chunks of `path`; True if anything changed. `keep_text=False`
+        (with `read_text`): their text is not kept but read back when asked."""
         chunks = list(chunks)
         with self._lock:
+            self._texts.pop(path, None)
             old = self._by_path.get(path, [])
             if [c.digest for c in old] == [c.digest for c in chunks]:
+                if old and not keep_text and old[0].text:  # the same chunks, from disk now: drop their text
+                    self._by_path[path] = [c._replace(text="") for c in old]
                 return False
             self._drop(path)
             self.version += 1
             if chunks:
-                self._by_path[path] = [self._add(chunk) for chunk in chunks]
+                drop_text = not keep_text and self._read_text is not None
+                self._by_path[path] = [self._add(chunk, drop_text) for chunk in chunks]
             return True
 
-    def _add(self, chunk: Chunk) -> Chunk:
+    def _add(self, chunk: Chunk, drop_text: bool = False) -> Chunk:
         counts = chunk.terms if isinstance(chunk.terms, Mapping) else dict.fromkeys(chunk.terms, 1)
-        slim = chunk._replace(terms=tuple(counts))
+        slim = chunk._replace(terms=tuple(counts), text="" if drop_text else chunk.text)
         if chunk.digest in self._id_of:
             return slim  # the same (path, text) twice in one file: indexed once
         cid = self._next_id
@@ -108,6 +155,7 @@ class ChunkIndex:
 
     def remove(self, path: str) -> bool:
         with self._lock:
+            self._texts.pop(path, None)
             if path not in self._by_path:
                 return False
             self._drop(path)
@@ -171,7 +219,14 @@ class ChunkIndex:
             top = heapq.nlargest(limit + 16, scores.items(), key=lambda item: item[1])
             ranked = [Scored(score, by_id[cid]) for cid, score in top]
         ranked.sort(key=lambda s: (-s.score, s.chunk.path, s.chunk.start_line))
-        return ranked[:limit]
+        out = []
+        for scored in ranked:  # texts read outside the lock, for the chunks handed back only
+            chunk = self._with_text(scored.chunk)
+            if chunk is not None:
+                out.append(Scored(scored.score, chunk))
+                if len(out) == limit:
+                    break
+        return out
 
 
 def jaccard(a: Iterable[str], b: Iterable[str]) -> float:

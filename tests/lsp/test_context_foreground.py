@@ -149,3 +149,38 @@ def test_planning_the_popular_chunks_offers_pauses(tmp_path):
         assert pauses
     finally:
         g.close()
+
+
+def test_disk_files_chunks_are_kept_without_text_and_cut_back_out_when_asked():
+    from efim_lsp.context.ranking import ChunkIndex
+
+    files = {"/ws/rates.py": "def exchange_rate(currency):\n    return RATES[currency]\n" * 3}
+    reads: list[str] = []
+
+    def read_text(path: str):
+        reads.append(path)
+        return files.get(path)
+
+    index = ChunkIndex(read_text=read_text)
+    chunks = split_chunks("/ws/rates.py", files["/ws/rates.py"], 2)
+    index.replace("/ws/rates.py", chunks, keep_text=False)
+    assert all(c.text == "" for c in index._by_path["/ws/rates.py"])  # noqa: SLF001 — nothing of the text kept
+    assert index.digests_of("/ws/rates.py") == tuple(c.digest for c in chunks) and not reads
+    found = index.search(["exchange_rate", "currency"], limit=4)
+    assert [s.chunk.text for s in found] and all(s.chunk.text in files["/ws/rates.py"] for s in found)
+    assert {s.chunk.digest for s in found} <= {c.digest for c in chunks}
+    assert reads == ["/ws/rates.py"]  # one read for every chunk of the file
+    assert [c.text for c in index.chunks_of("/ws/rates.py")] == [c.text for c in chunks]
+    # The file changes on disk before the index hears of it: its old chunks are not passed off
+    # with the new text (and the lines read are forgotten when the file is indexed again).
+    files["/ws/rates.py"] = "def other(x):\n    return x\n" * 3
+    index.replace("/ws/other.py", split_chunks("/ws/other.py", "x = 1\n"), keep_text=False)
+    index._texts.clear()  # noqa: SLF001 — as if evicted
+    assert index.search(["exchange_rate"], limit=4) == []
+    assert index.chunks_of("/ws/rates.py") == []
+    index.replace("/ws/rates.py", split_chunks("/ws/rates.py", files["/ws/rates.py"], 2), keep_text=False)
+    assert index.search(["other"], limit=4)[0].chunk.text.startswith("def other")
+    # Kept text (an open document's) is handed back as kept, never read.
+    reads.clear()
+    index.replace("/ws/open.py", split_chunks("/ws/open.py", "def opened_here():\n    pass\n"))
+    assert index.search(["opened_here"], limit=1)[0].chunk.text.startswith("def opened_here") and not reads
