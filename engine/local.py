@@ -200,8 +200,16 @@ class LocalEngine:
                 return self.kv_budget_bytes
             pool, working, retained = self._budget_parts(want)
             scheduler = self.scheduler
+            future = scheduler.run_between_steps(lambda: scheduler.grow_budget(pool, working, retained))
             try:
-                scheduler.run_between_steps(lambda: scheduler.grow_budget(pool, working, retained)).result(timeout)
+                try:
+                    future.result(timeout)
+                except concurrent.futures.TimeoutError:
+                    if future.cancel():  # skipped: nothing changed, and it never will behind our back
+                        raise EngineError(f"could not raise the KV budget to {want} bytes: the engine took no step within {timeout} s") from None
+                    future.result()  # it began meanwhile: the pool is taking the new size
+            except EngineError:
+                raise
             except Exception as exc:  # closed, crashed meanwhile, or the pool could not be allocated
                 raise EngineError(f"could not raise the KV budget to {want} bytes: {exc}") from exc
             self._pool_budget = pool

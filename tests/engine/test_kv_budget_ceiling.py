@@ -499,3 +499,20 @@ def test_a_lowered_budget_keeps_what_fits_gives_memory_back_and_is_the_new_ceili
         ceiling.check(2 * BUDGET)  # the lower ceiling holds
     finally:
         eng.close()
+
+
+def test_a_budget_change_that_times_out_is_dropped_not_done_later_behind_the_callers_back(tiny_model_factory):
+    sources = stdlib_sources(("textwrap.py", "shlex.py"))
+    eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=4 * BUDGET, idle_grace=0.0, step_tokens=16)
+    try:
+        slots = eng.cache.n_slots
+        busy = eng.submit(InfillRequest(key="b", prefix=sources[1][:3000], max_tokens=200, temperature=1.0, seed=3))
+        # Not idle within 1 ms: the lowering is dropped and the budget stays as it was.
+        assert eng.lower_kv_budget(2 * BUDGET, timeout=0.001) == 4 * BUDGET
+        assert busy.result(60).finish_reason != "error"
+        eng.wait_idle(60)
+        time.sleep(0.2)  # an idle moment came: the dropped lowering must not run now
+        assert eng.kv_budget_bytes == eng.stats().cache_bytes_total == 4 * BUDGET and eng.cache.n_slots == slots
+        eng.check_integrity().result(30)
+    finally:
+        eng.close()
