@@ -124,8 +124,8 @@ class ChunkIndex:
             self._texts.pop(path, None)
             old = self._by_path.get(path, [])
             if [c.digest for c in old] == [c.digest for c in chunks]:
-                if old and not keep_text and old[0].text:  # the same chunks, from disk now: drop their text
-                    self._by_path[path] = [c._replace(text="") for c in old]
+                if old and not keep_text and self._read_text is not None and old[0].text:
+                    self._drop_texts(path)  # the same chunks, from disk now: their text goes
                 return False
             self._drop(path)
             self.version += 1
@@ -133,6 +133,15 @@ class ChunkIndex:
                 drop_text = not keep_text and self._read_text is not None
                 self._by_path[path] = [self._add(chunk, drop_text) for chunk in chunks]
             return True
+
+    def _drop_texts(self, path: str) -> None:
+        """`path`'s chunks, kept with their text so far, keep it no longer (in every map)."""
+        slim = [c._replace(text="") for c in self._by_path[path]]
+        self._by_path[path] = slim
+        for chunk in slim:
+            cid = self._id_of.get(chunk.digest)
+            if cid is not None:
+                self._by_id[cid] = self._by_digest[chunk.digest] = chunk
 
     def _add(self, chunk: Chunk, drop_text: bool = False) -> Chunk:
         counts = chunk.terms if isinstance(chunk.terms, Mapping) else dict.fromkeys(chunk.terms, 1)

@@ -184,3 +184,16 @@ def test_disk_files_chunks_are_kept_without_text_and_cut_back_out_when_asked():
     reads.clear()
     index.replace("/ws/open.py", split_chunks("/ws/open.py", "def opened_here():\n    pass\n"))
     assert index.search(["opened_here"], limit=1)[0].chunk.text.startswith("def opened_here") and not reads
+
+
+def test_an_open_documents_chunks_let_go_of_their_text_once_it_is_read_from_disk_again():
+    from efim_lsp.context.ranking import ChunkIndex
+
+    text = "def exchange_rate(currency):\n    return RATES[currency]\n"
+    index = ChunkIndex(read_text=lambda path: text)
+    index.replace("/ws/rates.py", split_chunks("/ws/rates.py", text))  # the editor's text: kept
+    assert index._by_digest and all(c.text for c in index._by_digest.values())  # noqa: SLF001
+    assert not index.replace("/ws/rates.py", split_chunks("/ws/rates.py", text), keep_text=False)  # same chunks, from disk
+    assert all(c.text == "" for c in index._by_digest.values())  # noqa: SLF001 — in every map
+    assert all(c.text == "" for c in index._by_id.values())  # noqa: SLF001
+    assert index.search(["exchange_rate"], limit=1)[0].chunk.text == text  # read back when asked
