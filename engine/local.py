@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_SKIPPED = object()  # a budget change that timed out and was cancelled before it began
+
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 
 # glibc's malloc raises its mmap threshold to the size of each large block freed, up to
@@ -193,7 +195,7 @@ class LocalEngine:
         next step the pool takes the larger size — every cached row stays where it is —
         and the working and retained shares grow with it. For the engine daemon, whose
         budget is the largest any front asked for. Returns the budget in force; raises
-        EngineError when the engine cannot take it (closed, failed)."""
+        EngineError when the engine cannot take it (closed, failed, no step within `timeout`)."""
         want = parse_bytes(budget)
         with self._grow_lock:  # not self._lock: the engine thread takes that one as requests finish
             if want <= self.kv_budget_bytes:
@@ -201,22 +203,9 @@ class LocalEngine:
             pool, working, retained = self._budget_parts(want)
             scheduler = self.scheduler
             future = scheduler.run_between_steps(lambda: scheduler.grow_budget(pool, working, retained))
-            try:
-                try:
-                    future.result(timeout)
-                except concurrent.futures.TimeoutError:
-                    if future.cancel():  # skipped: nothing changed, and it never will behind our back
-                        raise EngineError(f"could not raise the KV budget to {want} bytes: the engine took no step within {timeout} s") from None
-                    future.result()  # it began meanwhile: the pool is taking the new size
-            except EngineError:
-                raise
-            except Exception as exc:  # closed, crashed meanwhile, or the pool could not be allocated
-                raise EngineError(f"could not raise the KV budget to {want} bytes: {exc}") from exc
-            self._pool_budget = pool
-            self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
-            self.kv_budget_bytes = want
-            log.info("KV budget raised to %d bytes (pool %d slots)", want, self.cache.n_slots)
-            return want
+            if self._budget_step(future, timeout, want, "raise") is _SKIPPED:
+                raise EngineError(f"could not raise the KV budget to {want} bytes: the engine took no step within {timeout} s")
+            return self._take_budget(want, "raised")
 
     def lower_kv_budget(self, budget: int | str, timeout: float | None = 60.0) -> int:
         """Lower the KV ceiling to `budget` while serving (never raises it): once the engine
@@ -224,7 +213,8 @@ class LocalEngine:
         first), the rest move into a smaller pool and the old one's memory goes back; the
         working and retained shares shrink with it. For the engine daemon when the front that
         asked for the largest budget leaves. Returns the budget in force (unchanged when the
-        rows in use do not fit); raises EngineError when the engine cannot take it."""
+        rows in use do not fit, or the engine was not idle within `timeout`); raises
+        EngineError when the engine cannot take it."""
         want = parse_bytes(budget)
         with self._grow_lock:
             if want >= self.kv_budget_bytes:
@@ -232,24 +222,38 @@ class LocalEngine:
             pool, working, retained = self._budget_parts(want)
             scheduler = self.scheduler
             future = scheduler.run_when_idle(lambda: scheduler.shrink_budget(pool, working, retained))
-            try:
-                try:
-                    done = future.result(timeout)
-                except concurrent.futures.TimeoutError:
-                    if future.cancel():  # never idle in time: skipped, the budget stays
-                        log.info("KV budget kept at %d bytes: the engine was not idle within %s s", self.kv_budget_bytes, timeout)
-                        return self.kv_budget_bytes
-                    done = future.result()  # it began meanwhile: its outcome is the budget's
-            except Exception as exc:  # closed, crashed meanwhile, or too small to hold a sequence
-                raise EngineError(f"could not lower the KV budget to {want} bytes: {exc}") from exc
+            done = self._budget_step(future, timeout, want, "lower")
+            if done is _SKIPPED:
+                log.info("KV budget kept at %d bytes: the engine was not idle within %s s", self.kv_budget_bytes, timeout)
+                return self.kv_budget_bytes
             if not done:
                 log.info("KV budget kept at %d bytes: the rows in use do not fit %d", self.kv_budget_bytes, want)
                 return self.kv_budget_bytes
-            self._pool_budget = pool
-            self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
-            self.kv_budget_bytes = want
-            log.info("KV budget lowered to %d bytes (pool %d slots)", want, self.cache.n_slots)
-            return want
+            return self._take_budget(want, "lowered")
+
+    def _budget_step(self, future: Future, timeout: float | None, want: int, verb: str) -> object:
+        """The outcome of a budget change queued on the engine thread: its result; `_SKIPPED`
+        when `timeout` passed and it was cancelled before it began (nothing changed, and it
+        never will behind the caller's back); EngineError when it failed (closed, crashed
+        meanwhile, the pool could not be allocated, a share too small for a sequence)."""
+        try:
+            try:
+                return future.result(timeout)
+            except concurrent.futures.TimeoutError:
+                if future.cancel():
+                    return _SKIPPED
+                return future.result()  # it began meanwhile: its outcome is the budget's
+        except Exception as exc:
+            raise EngineError(f"could not {verb} the KV budget to {want} bytes: {exc}") from exc
+
+    def _take_budget(self, want: int, verb: str) -> int:
+        """The engine thread changed the pool and shares for `want`: it is the budget now."""
+        pool, working, retained = self._budget_parts(want)
+        self._pool_budget = pool
+        self._scheduler_options.update(working_budget_bytes=working, retained_budget_bytes=retained)
+        self.kv_budget_bytes = want
+        log.info("KV budget %s to %d bytes (pool %d slots)", verb, want, self.cache.n_slots)
+        return want
 
     def _new_scheduler(self) -> tuple[RadixCache, Scheduler]:
         cfg = self.model.config

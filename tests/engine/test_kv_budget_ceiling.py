@@ -379,6 +379,13 @@ def test_a_pool_that_grows_keeps_every_row_at_its_slot_and_frees_the_new_ones(kv
     pool.check_integrity(tree)
 
 
+def _window_answered(eng, text: str):
+    """A window in the middle of `text`, answered: (its request, its completion)."""
+    at = len(text) // 2
+    request = InfillRequest(key="a", prefix=text[max(0, at - 1500):at], suffix=text[at:at + 400], max_tokens=4)
+    return request, eng.submit(request).result(60)
+
+
 def _under_load(eng, sources) -> "Ceiling":
     """Twelve windows far larger than the budget's room, after a budget change: none fails,
     the stores check out; the ceiling watched meanwhile is returned."""
@@ -398,10 +405,7 @@ def test_a_raised_budget_grows_the_pool_while_serving_keeps_the_cache_and_is_the
     eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=BUDGET, kv_dtype=kv_dtype, idle_grace=0.0,
                       step_tokens=64)
     try:
-        text = sources[0]
-        at = len(text) // 2
-        request = InfillRequest(key="a", prefix=text[max(0, at - 1500):at], suffix=text[at:at + 400], max_tokens=4)
-        first = eng.submit(request).result(60)
+        request, first = _window_answered(eng, sources[0])
         slots, pool_before = eng.cache.n_slots, pool_bytes(eng.cache)
         # Raised while a long request of another document runs: it takes effect between steps.
         busy = eng.submit(InfillRequest(key="b", prefix=sources[1][:400], max_tokens=40, temperature=1.0, seed=3))
@@ -468,10 +472,7 @@ def test_a_lowered_budget_keeps_what_fits_gives_memory_back_and_is_the_new_ceili
     eng = load_engine(str(tiny_model_factory("llama")), dtype="fp32", kv_budget=8 * BUDGET, kv_dtype=kv_dtype, idle_grace=0.0,
                       step_tokens=64)
     try:
-        text = sources[0]
-        at = len(text) // 2
-        request = InfillRequest(key="a", prefix=text[max(0, at - 1500):at], suffix=text[at:at + 400], max_tokens=4)
-        first = eng.submit(request).result(60)
+        request, first = _window_answered(eng, sources[0])
         chunks = tuple(ContextChunk(f"ctx{i}.py", s[len(s) // 2:len(s) // 2 + 600]) for i, s in enumerate(sources[1:]))
         for chunk in chunks:  # each chunk's KV computed alone, as the server's chunk prefetch does
             eng.submit(InfillRequest(key="ahead", prefix="", chunks=(chunk,), context="blend", max_tokens=1, background=True)).result(60)
