@@ -54,11 +54,13 @@ def uri_to_path(uri: str) -> str:
 
 
 class ContextEngine(Protocol):
-    """The two engine calls the context source makes (a subset of `engine.api.Engine`)."""
+    """The engine calls the context source makes (a subset of `engine.api.Engine`)."""
 
     def count_tokens(self, text: str) -> int: ...
 
     def forget_context(self, path: str) -> None: ...
+
+    def computing(self) -> bool: ...
 
 
 class WorkspaceContext:
@@ -124,7 +126,7 @@ class WorkspaceContext:
                 return
             self._engine = engine
         self.gatherer.set_token_counter(engine.count_tokens if engine is not None else None)
-        self.gatherer.gate.watch_engine(getattr(engine, "computing", None))  # indexing waits while it computes
+        self.gatherer.gate.watch_engine(engine.computing if engine is not None else None)  # indexing waits while it computes
         self.prefetch.configure(engine, self._settings)  # type: ignore[arg-type]
 
     def on_watch_problem(self, report: Callable[[str], None] | None) -> None:

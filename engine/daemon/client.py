@@ -326,6 +326,10 @@ class DaemonEngine(FaultReporting):
     def forget_context(self, path: str) -> None:
         self._tell("forget_context", path)
 
+    def computing(self) -> bool:
+        """False: the model computes in the daemon's process, whose GIL nothing here holds."""
+        return False
+
     def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         if not isinstance(text, str) or not isinstance(key, str):
             raise TypeError("keep_document_pieces(key: str, text: str, cursor: int)")

@@ -331,6 +331,10 @@ class RemoteEngine(FaultReporting):
     def forget_context(self, path: str) -> None:
         """Nothing: the server's prefix cache drops a changed chunk's KV by itself (its tokens differ)."""
 
+    def computing(self) -> bool:
+        """False: the model computes in the inference server's process."""
+        return False
+
     def keep_document_pieces(self, key: str, text: str, cursor: int) -> None:
         """Nothing: document pieces assembled by CacheBlend need the engine's own KV."""
 

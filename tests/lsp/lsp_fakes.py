@@ -184,6 +184,9 @@ class FakeEngine:
     def forget_context(self, path: str) -> None:
         self.forgotten.append(path)
 
+    def computing(self) -> bool:
+        return False
+
     def check_integrity(self) -> Future[None]:
         done: Future[None] = Future()
         done.set_result(None)  # nothing to check: the fake holds no KV

@@ -18,6 +18,9 @@ class FakeEngine:
     def forget_context(self, path: str) -> None:
         self.forgotten.append(path)
 
+    def computing(self) -> bool:
+        return False
+
 
 def eventually(predicate, timeout=10.0):
     end = time.monotonic() + timeout
