@@ -71,6 +71,10 @@ class ContextSource(Protocol):
         """Held while a request is answered: background indexing waits meanwhile."""
 
 
+# The most one next-edit probe may take before it ends with what it has.
+PROBE_DEADLINE_S = 1.0
+
+
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
     if info is not None and not info.supports_fim:
         return "prefix"  # a model without FIM sentinels sees P + inc alone
@@ -407,6 +411,47 @@ class Completer:
             speculate=settings.speculate,
         )
         return request, segments
+
+    # -- next-edit probes (efim_lsp.next_edit.probe) ---------------------------
+    def completion_waiting(self) -> bool:
+        """A client's completion request is in flight on some document (next-edit work waits
+        for none); an answer computed ahead is not one (`efim_lsp.answer_ahead`)."""
+        return any(state.pending is not None and not state.pending.ahead for state in self._states.values())
+
+    def probes_answered(self) -> bool:
+        """The loaded model answers next-edit probes (an adapter trained on them)."""
+        info = self.holder.info
+        return self.holder.ready and info is not None and info.probes
+
+    async def ask_probe(self, uri: str, cursor: int, probe: str, max_tokens: int) -> str | None:
+        """The model's answer to a next-edit `probe` asked after the document's prompt at
+        `cursor` (the prompt a completion there sends, whose KV the engine holds: only the
+        probe is prefilled), or None when it cannot be asked now. Cancelling the caller
+        cancels the engine's work."""
+        doc, state = self.documents.get(uri), self._states.get(uri)
+        if doc is None or state is None or not self.probes_answered() or self.completion_waiting():
+            return None
+        engine, info = self.holder.engine, self.holder.info
+        request, _ = self._request_at(uri, doc, state, cursor, self.settings(), info)
+        request = msgspec.structs.replace(
+            request, key=f"{uri}#next-edit", probe=probe, max_tokens=max_tokens, heal=False, stop=("\n",),
+            speculate=0, n=1, temperature=0.0, deadline=time.monotonic() + PROBE_DEADLINE_S,
+        )
+        try:
+            handle = engine.submit(request)
+        except Exception as exc:  # a closed engine (reload in progress), a request it refuses
+            log.warning("%s: the engine refused a next-edit probe: %s", uri, exc)
+            return None
+        try:
+            done = await handle.wait()
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+        if done.finish_reason in ("error", "cancelled"):
+            if done.finish_reason == "error":
+                log.warning("%s: next-edit probe failed: %s", uri, done.error)
+            return None
+        return done.text
 
     # -- cursor signals (efim_lsp.warm_ahead) --------------------------------
     def cursor_moved(self, uri: str, cursor: int) -> None:

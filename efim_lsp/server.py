@@ -74,7 +74,8 @@ class EfimServer(LanguageServer):
             context_source.on_watch_problem(self.show_from_thread)  # a lost workspace folder, once
         self.completer = Completer(self.documents, self.holder, self.stats, lambda: self.settings, context_source=context_source)
         self.next_edits = NextEdits(
-            self.documents, self.stats, enabled=lambda: self.settings.next_edit != "off", folders=self._folder_uris
+            self.documents, self.stats, enabled=lambda: self.settings.next_edit != "off", folders=self._folder_uris,
+            use_model=lambda: self.settings.next_edit == "model",
         )
         self.protocol.message_observer = message_observer
         self.protocol.version_of = self._version_of

@@ -107,8 +107,8 @@ class Settings(msgspec.Struct, frozen=True, rename="camel", kw_only=True):
     document_kv: bool = False
     """Navigation: keep each open document's KV in stable pieces (computed in the background, nearest the cursor first) and assemble a new window after a jump from them with CacheBlend (`blendRatio`). Off by default: 3.3x faster than a prefill after a jump, but with the embedded 135M model the assembled window changes the suggested line in 2 of 3 held-out lines (docs/navigation.md)."""
 
-    next_edit: Literal["off", "baseline"] = "baseline"
-    """Next edits (`textDocument/copilotInlineEdit`): "baseline" proposes a rename's next occurrence in the enclosing function (no model; docs/design.md, "Next edits"); "off" answers every request with no edit."""
+    next_edit: Literal["off", "baseline", "model"] = "baseline"
+    """Next edits (`textDocument/copilotInlineEdit`): "baseline" proposes without a model (a rename's next occurrence in the enclosing function, the next call site after a signature change, the next parallel line; docs/design.md, "Next edits"); "model" also asks the model about the places a renamed name, a changed number or word occurs, where those are silent (needs an adapter trained on next-edit probes: `efim train --next-edit`); "off" answers every request with no edit."""
 
     kv_disk: bool = True
     """Disk tier: keep each document's last KV in the user cache directory (efim-lsp/kv), so a restarted server starts with it; `efim cache ls|clear` shows and removes it."""

@@ -57,7 +57,7 @@ _WARM_COUNTS = ("warm_submitted", "warm_completed", "warm_cancelled", "warm_pref
                 "warm_left", "warm_after_deadline_cuts", "warm_answers", "warm_answer_hits", "warm_answer_tokens")  # under "warmup"
 _NEXT_EDIT_COUNTS = (
     "next_edit_requests", "next_edit_offered", "next_edit_empty", "next_edit_shown", "next_edit_accepted",
-    "next_edit_stale_accepts",
+    "next_edit_stale_accepts", "next_edit_probes", "next_edit_model_offers",
 )  # under "nextEdit"
 _DISK_COUNTS = ("kv_disk_loaded_tokens", "kv_disk_saved_files")  # `EngineStats`', under "kvDisk"
 _SPECULATION_COUNTS = ("decode_steps", "verify_steps", "draft_tokens", "accepted_tokens")  # `EngineStats`'
@@ -96,6 +96,9 @@ class ServerStats:
     next_edit_shown: int = 0
     next_edit_accepted: int = 0
     next_edit_stale_accepts: int = 0
+    # The model's next edits (nextEdit "model"): probes asked, offers they made.
+    next_edit_probes: int = 0
+    next_edit_model_offers: int = 0
     # Background warm-ups (navigation): what they cost, apart from the requests above.
     warm_submitted: int = 0
     warm_completed: int = 0

@@ -156,6 +156,13 @@ class InfillRequest(msgspec.Struct, frozen=True, kw_only=True):
     # first (engine.scheduling.fairness). "" is an owner like any other (all requests, when
     # nobody names one). It does not scope `key`: callers keep their keys apart.
     owner: str = ""
+    # A question asked after the prompt (next-edit checks, `efim_lsp.next_edit.probe`): the
+    # template's probe sentinel, then this text tokenized on its own, after the increment. The
+    # prompt before it is the document's usual one token for token, so its resident KV is
+    # reused and only the probe is prefilled. Only for templates with a probe sentinel (this
+    # project's suffix-first adapter); others refuse it. Set `heal=False`: the answer
+    # continues the probe's own tokens.
+    probe: str = ""
 
 
 # Most continuations one request may ask for (`InfillRequest.n`).
@@ -240,6 +247,9 @@ class EngineInfo(msgspec.Struct, frozen=True, kw_only=True):
     # another slot and evict a document's KV. False: keys are cheap (the local engine's radix
     # cache and retained KV, a server with automatic prefix caching).
     pins_slots: bool = False
+    # The template takes a `InfillRequest.probe` (the model was trained on next-edit probes'
+    # layout, `efim_lsp.next_edit.probe`); False: probes are refused.
+    probes: bool = False
 
 
 class EngineStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -112,6 +112,10 @@ class LocalEngine:
         self.model = loaded.model
         cfg = self.model.config
         self.template: FimTemplate = detect_template(loaded.tokenizer)
+        from engine.adapters import adapter_probes  # noqa: PLC0415
+
+        # Next-edit probes are answered only by a model trained on their layout.
+        self.probes = self.template.probe_id is not None and adapter_probes(adapter_path)
         self.tokenizer = SegmentTokenizer(loaded.tokenizer)
         self.fragment_trained = fragment_trained
         self.prompts = PromptBuilder(self.template, self.tokenizer, fragment_trained=fragment_trained)
@@ -361,6 +365,7 @@ class LocalEngine:
             quant=self.quant,
             kv_dtype=self.kv_dtype,
             suffix_first=self.template.suffix_first,
+            probes=self.probes,
             head=head_form(self.model.lm_head),
             c_kernels=self.model.c_kernels(),
             prefill=None if self.quant != "mixed" else ("int8" if int8_prefill.in_use(self.model) else "bf16"),

@@ -10,7 +10,9 @@ already consume (the copilot-lsp Neovim plugin's NES module, VS Code's inline ed
 - `workspace/executeCommand` `efim.acceptInlineEdit` `[id]`: counted as accepted (a stale or
   unknown id as a stale accept; it changes nothing either way — the client applies the edit).
 
-The proposals come from `efim_lsp.next_edit` (the server's `next_edits`).
+The proposals come from `efim_lsp.next_edit` (the server's `next_edits`); with `nextEdit:
+"model" the model is asked too (`NextEdits.propose_with_model`, its probes run by the
+completer), and a newer request or a change to the document ends that asking with no edit.
 """
 
 from __future__ import annotations
@@ -36,17 +38,21 @@ def register(server: EfimServer) -> None:
     server.command(ACCEPT_INLINE_EDIT)(accept_inline_edit)
 
 
-def inline_edit(ls: EfimServer, params: Any) -> dict[str, Any]:
+async def inline_edit(ls: EfimServer, params: Any) -> dict[str, Any]:
     info = mapping(params)
     document = mapping(info.get("textDocument"))
     uri, version = document.get("uri"), document.get("version")
     if not isinstance(uri, str) or (version is not None and (not isinstance(version, int) or isinstance(version, bool))):
         ls.next_edits.refused()
         return {"edits": []}
-    doc = ls.documents.get(uri)
     at = cursor_of(ls.documents, params)  # None for a position past the end: no cursor to keep clear of
-    offer = ls.next_edits.propose(uri, version, at[1] if at is not None else None)
-    if offer is None or doc is None:
+    cursor = at[1] if at is not None else None
+    if ls.settings.next_edit == "model":  # the model asked where the proposers without one are silent
+        offer = await ls.next_edits.propose_with_model(uri, version, cursor, ls.completer)
+    else:
+        offer = ls.next_edits.propose(uri, version, cursor)
+    doc = ls.documents.get(uri)
+    if offer is None or doc is None or doc.version != offer.version:
         return {"edits": []}
     encoding = ls.documents.encoding
     start, end = doc.index.position(offer.edit.start, encoding), doc.index.position(offer.edit.end, encoding)

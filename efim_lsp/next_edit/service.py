@@ -17,10 +17,10 @@ import collections
 import itertools
 import logging
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from efim_lsp.documents import ChangeOutcome, DocumentStore
-from efim_lsp.next_edit import other_files
+from efim_lsp.next_edit import other_files, probe
 from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
 from efim_lsp.next_edit.proposer import NextEdit
@@ -39,6 +39,14 @@ class Offer(NamedTuple):
     edit: NextEdit
 
 
+class ProbeAsker(Protocol):
+    """Who runs the model's probes (the completer, which knows the engine and the prompt)."""
+
+    def probes_answered(self) -> bool: ...
+
+    async def ask_probe(self, uri: str, cursor: int, probe: str, max_tokens: int) -> str | None: ...
+
+
 class NextEdits:
     def __init__(
         self,
@@ -46,11 +54,14 @@ class NextEdits:
         stats: ServerStats,
         enabled: Callable[[], bool] = lambda: True,
         folders: Callable[[], Iterable[str]] = lambda: (),
+        use_model: Callable[[], bool] = lambda: False,
     ):
         self.documents = documents
         self.stats = stats
         self.enabled = enabled  # the `nextEdit` setting is not "off"
         self.folders = folders  # the workspace folders' URIs (module names of other files)
+        self.use_model = use_model  # the `nextEdit` setting is "model"
+        self._asking: dict[str, int] = {}  # uri -> the newest model request's number
         self.renames: list[other_files.RecentRename] = []  # module-level renames, most recent last
         self._histories: dict[str, EditHistory] = {}
         self._offered: collections.OrderedDict[int, Offer] = collections.OrderedDict()
@@ -83,11 +94,67 @@ class NextEdits:
     def propose(self, uri: str, version: int | None, cursor: int | None) -> Offer | None:
         """The next edit for `uri` at `version` (None: the current one), or None."""
         self.stats.next_edit_requests += 1
-        doc, history = self.documents.get(uri), self._histories.get(uri)
-        if not self.enabled() or doc is None or history is None or not doc.in_sync or doc.unsupported:
+        doc = self._current(uri, version)
+        if doc is None:
             return self._none()
+        return self._offer(uri, doc, self._rules(uri, doc), cursor)
+
+    async def propose_with_model(self, uri: str, version: int | None, cursor: int | None, asker: ProbeAsker) -> Offer | None:
+        """`propose`, and where the proposers without a model are silent, the model asked about
+        the latest change's candidate places (`probe`), nearest first; the first it carries
+        the edit to is offered. A newer request for the document, a change to it, or a
+        completion request in flight ends the asking with no edit."""
+        self.stats.next_edit_requests += 1
+        doc = self._current(uri, version)
+        if doc is None:
+            return self._none()
+        edit = self._rules(uri, doc)
+        if edit is None and self.use_model() and asker.probes_answered():
+            number = self._asking[uri] = self._asking.get(uri, 0) + 1
+            try:
+                edit = await self._ask_model(uri, doc, cursor, asker, number)
+            except Exception:  # a probe's failure costs this answer, never the request
+                log.exception("next-edit model failed on %s", uri)
+                edit = None
+            finally:
+                if self._asking.get(uri) == number:
+                    del self._asking[uri]
+            if edit is not None and self._current(uri, doc.version) is not doc:
+                edit = None  # the document changed while the model was asked
+            if edit is not None:
+                self.stats.next_edit_model_offers += 1
+        return self._offer(uri, doc, edit, cursor)
+
+    async def _ask_model(self, uri: str, doc, cursor: int | None, asker: ProbeAsker, number: int):
+        history = self._histories.get(uri)
+        change = probe.token_change(doc.text, history.last if history is not None else None)
+        if change is None:
+            return None
+        version = doc.version
+        budget = min(24, 2 * max(len(change.old), len(change.new)) + 2)
+        for cand in probe.candidates(doc.text, change):
+            if self._asking.get(uri) != number or self.documents.get(uri) is not doc or doc.version != version:
+                return None  # superseded by a newer request or a change
+            answer = await asker.ask_probe(uri, cursor if cursor is not None else change.end, cand.probe, budget)
+            if answer is None:
+                return None
+            self.stats.next_edit_probes += 1
+            if probe.accepts(answer, change):
+                return probe.as_edit(cand, change)
+        return None
+
+    def _current(self, uri: str, version: int | None):
+        """The document when a proposal can be made for `version` (None: the current one)."""
+        doc = self.documents.get(uri)
+        if not self.enabled() or doc is None or uri not in self._histories or not doc.in_sync or doc.unsupported:
+            return None
         if version is not None and version != doc.version:
-            return self._none()
+            return None
+        return doc
+
+    def _rules(self, uri: str, doc):
+        """The proposers without a model: this document's, then other files' renames."""
+        history = self._histories[uri]
         try:
             edit = propose(doc.text, history.last, history.changes[:-1])
             if edit is None and self.renames:
@@ -95,6 +162,10 @@ class NextEdits:
         except Exception:  # a proposer's bug costs this answer, never the request
             log.exception("next-edit proposer failed on %s", uri)
             edit = None
+        return edit
+
+    def _offer(self, uri: str, doc, edit, cursor: int | None) -> Offer | None:
+        """`edit` offered, if its range is valid in the current text and clear of the cursor."""
         if edit is None or not (0 <= edit.start <= edit.end <= len(doc.text)):
             return self._none()
         if doc.text[edit.start : edit.end] == edit.new_text:
@@ -142,4 +213,4 @@ class NextEdits:
         return None
 
 
-__all__ = ["NextEdits", "Offer"]
+__all__ = ["NextEdits", "Offer", "ProbeAsker"]

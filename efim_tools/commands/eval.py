@@ -75,7 +75,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(default: email,logging,json,urllib,importlib; '' for none)")
     ne.add_argument("--per-category", type=int, default=100, help="samples per category (a seeded subset)")
     ne.add_argument("--seed", type=int, default=0)
-    ne.add_argument("--proposer", choices=("baseline",), default="baseline", help="baseline: the server's proposers (rename, call sites, parallel lines), no model")
+    ne.add_argument("--proposer", choices=("baseline", "textual", "model", "rules+model"), default="baseline",
+                    help="baseline: the server's proposers (rename, call sites, parallel lines), no model; textual: the last edit "
+                    "again at the next textual occurrence (the naive non-model baseline); model: the model asked about each "
+                    "candidate place (efim_lsp.next_edit.probe) through the product engine; rules+model: the model where the "
+                    "server's proposers are silent")
+    ne.add_argument("--model", default="default", help="with a model proposer: the model (as `efim serve --model`)")
+    ne.add_argument("--adapter", default="auto", help="with a model proposer: 'auto' (the shipped adapter) or an adapter folder "
+                    "(a run's `adapter/`)")
+    ne.add_argument("--quant", choices=("none", "int8", "int4", "auto", "mixed"), default="auto", help="with a model proposer: the weight form")
     ne.add_argument("--json", action="store_true", help="print one JSON object")
     ne.set_defaults(func=run_next_edit)
     sh = targets.add_parser("shape", help="suggestions accepted at emptied statement lines of held-out modules: unparseable files, duplicated next lines")
@@ -225,17 +233,41 @@ def run_next_edit(args: argparse.Namespace) -> int:
         cases = samples(files, seed=args.seed, per_category=args.per_category, packages=packages)
     except FileNotFoundError as exc:
         raise SystemExit(f"efim eval next-edit: {exc}") from None
-    scores, seconds = evaluate(cases, args.proposer)
+    model = None
+    if args.proposer in ("model", "rules+model"):
+        from efim_tools.evaluation.infill import EngineInfiller  # noqa: PLC0415
+        from efim_tools.evaluation.next_edit_model import ModelProposer  # noqa: PLC0415
+
+        try:
+            infiller = EngineInfiller.as_served(args.model, args.adapter, args.quant)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"efim eval next-edit: {exc}") from None
+        model = ModelProposer(infiller.engine)
+    try:
+        scores, seconds = evaluate(cases, args.proposer, model)
+    finally:
+        if model is not None:
+            infiller.close()
+    latency = {}
+    if model is not None and model.latencies_ms:
+        ms = sorted(model.latencies_ms)
+        latency = {"answers": len(ms), "probes": model.probes, "p50_ms": round(ms[len(ms) // 2], 1),
+                   "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 1)}
     if args.json:
         print(json.dumps({"task": "next-edit", "proposer": args.proposer, "files": files, "packages": packages, "seed": args.seed,
+                          "adapter": args.adapter if model is not None else None,
                           "categories": {k: v._asdict() for k, v in scores.items()},
-                          "ms_per_sample": round(1000 * seconds / max(1, len(cases)), 3)}))
+                          "ms_per_sample": round(1000 * seconds / max(1, len(cases)), 3), "model_latency": latency}))
         return 0
-    print(f"next-edit, proposer {args.proposer}, files {', '.join(files)}, packages {', '.join(packages) or '-'}, seed {args.seed}")
+    print(f"next-edit, proposer {args.proposer}, files {', '.join(files)}, packages {', '.join(packages) or '-'}, seed {args.seed}"
+          + (f", adapter {args.adapter}" if model is not None else ""))
     print(f"{'category':<14}{'n':>5}{'exact':>8}{'location':>10}{'edit sim':>10}{'silent':>8}")
     for category, s in scores.items():
         print(f"{category:<14}{s.n:>5}{s.exact:>8.3f}{s.location:>10.3f}{s.similarity:>10.3f}{s.silent:>8.3f}")
-    print(f"{1000 * seconds / max(1, len(cases)):.2f} ms per sample (the proposer alone)")
+    print(f"{1000 * seconds / max(1, len(cases)):.2f} ms per sample" + (" (the proposer alone)" if model is None else ""))
+    if latency:
+        print(f"model answers: {latency['answers']} ({latency['probes']} probes), p50 {latency['p50_ms']} ms, p99 {latency['p99_ms']} ms "
+              "(first probe to decision; the document's prompt resident)")
     return 0
 
 

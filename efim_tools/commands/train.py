@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--crossfile", type=float, default=0.0, metavar="P", help="share of FIM/EFIM samples placed where a line needs a name another module of its package defines, with the context chunks the server's gatherer picks in front (issue #33; packages read where installed)")
     p.add_argument("--crossfile-packages", default="", metavar="A,B", help="packages for --crossfile (default: efim_tools.training.crossfile.TRAINING_PACKAGES; the eval's held-out packages are refused)")
     p.add_argument("--context-tokens", type=int, default=1024, help="the most chunk tokens a cross-file sample carries")
+    p.add_argument("--next-edit", type=float, default=0.0, metavar="P", help="share of samples that are next-edit probes: a change synthesised in a training file and one place the server would ask about, answered with the token that belongs there (efim_tools.training.next_edit; --layout spm only)")
     p.set_defaults(func=run)
 
 
@@ -80,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--healed must be in [0, 1]")
     if not 0 <= args.crossfile <= 1:
         raise ValueError("--crossfile must be in [0, 1]")
+    if not 0 <= args.next_edit <= 1:
+        raise ValueError("--next-edit must be in [0, 1]")
+    if args.next_edit > 0 and args.layout != "spm":
+        raise ValueError("--next-edit needs --layout spm (only the suffix-first layout has a probe sentinel)")
     if args.context_tokens < 64:
         raise ValueError("--context-tokens must be at least 64")
     if args.init_from == "shipped":
@@ -123,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         crossfile_prob=args.crossfile,
         crossfile_packages=tuple(p for p in args.crossfile_packages.split(",") if p),
         context_tokens=args.context_tokens,
+        next_edit_prob=args.next_edit,
     )
     result = train(config)
     print(json.dumps({"adapter": str(result.adapter_dir), "finished": result.finished, **result.state._asdict()}), file=sys.stdout)

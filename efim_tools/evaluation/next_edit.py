@@ -23,8 +23,9 @@ Scores per category: exact (the proposal leaves the text the expected edit leave
 (the proposal is on the expected line), edit similarity of the line after the proposal
 against the line after the expected edit, and for noise the share answered with no edit.
 The proposer is the language server's (`efim_lsp.next_edit.dispatch`: rename, call sites,
-parallel lines) fed the edit through the same history the server keeps; `--proposer
-baseline` is the only one so far (no model). How the call-site and parallel samples are
+parallel lines) fed the edit through the same history the server keeps (`--proposer
+baseline`); `textual` is the issue's non-model baseline, `model` and `rules+model` ask the
+model (`next_edit_model`). How the call-site and parallel samples are
 made: `efim_tools.evaluation.next_edit_synth`.
 """
 
@@ -41,6 +42,7 @@ from typing import NamedTuple
 from efim_lsp.next_edit import other_files
 from efim_lsp.next_edit.dispatch import propose
 from efim_lsp.next_edit.history import EditHistory
+from efim_tools.evaluation.next_edit_model import textual
 from efim_tools.evaluation.next_edit_other import package_cases
 from efim_tools.evaluation.next_edit_synth import call_site_samples, parallel_samples
 from efim_tools.training.data import stdlib_root
@@ -199,21 +201,39 @@ def _line_after(text: str, start: int, end: int, new: str, line_start: int) -> s
     return edited[line_start : line_end if line_end >= 0 else len(edited)]
 
 
-def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str, CategoryScore], float]:
-    if proposer != "baseline":
-        raise ValueError(f"unknown proposer {proposer!r} (only 'baseline' so far)")
+PROPOSERS = ("baseline", "textual", "model", "rules+model")
+
+
+def evaluate(cases: list[Sample], proposer: str = "baseline", model=None) -> tuple[dict[str, CategoryScore], float]:
+    """Scores per category and the seconds taken. `proposer`: `baseline` (the server's
+    proposers, no model), `textual` (the issue's non-model baseline: the last edit again at the
+    next textual occurrence), `model` (the model over the probe candidates; `model` is a
+    `next_edit_model.ModelProposer`), `rules+model` (the model where the server's proposers are
+    silent). Only `baseline` looks at other files (the others leave other-file silent)."""
+    if proposer not in PROPOSERS:
+        raise ValueError(f"unknown proposer {proposer!r} (one of {', '.join(PROPOSERS)})")
+    if proposer in ("model", "rules+model") and model is None:
+        raise ValueError(f"proposer {proposer!r} needs a model (next_edit_model.ModelProposer)")
     hits: dict[str, list[tuple[bool, bool, float, bool]]] = defaultdict(list)
     t0 = time.perf_counter()
     for case in cases:
         text, history = _apply_as_keys(case.before, case.edit)
         if case.other is not None:  # other-file: the renamed module's change, the importer asked
-            rename = other_files.top_level_rename(text, history.last)
-            a_uri, b_uri, root_uri = case.uris
-            names = other_files.module_names(a_uri, [root_uri]) | other_files.relative_names(a_uri, b_uri)
+            got = None
+            if proposer == "baseline":
+                rename = other_files.top_level_rename(text, history.last)
+                a_uri, b_uri, root_uri = case.uris
+                names = other_files.module_names(a_uri, [root_uri]) | other_files.relative_names(a_uri, b_uri)
+                got = other_files.propose(case.other, [(rename, names)]) if rename is not None else None
             text = case.other
-            got = other_files.propose(text, [(rename, names)]) if rename is not None else None
+        elif proposer == "textual":
+            got = textual(text, history.last)
+        elif proposer == "model":
+            got = model.propose(text, history.last)
         else:
             got = propose(text, history.last)
+            if got is None and proposer == "rules+model":
+                got = model.propose(text, history.last)
         if case.expected is None:
             hits[case.category].append((got is None, got is None, 1.0 if got is None else 0.0, got is None))
             continue
@@ -245,4 +265,4 @@ def evaluate(cases: list[Sample], proposer: str = "baseline") -> tuple[dict[str,
     return scores, seconds
 
 
-__all__ = ["CATEGORIES", "DEFAULT_FILES", "DEFAULT_PACKAGES", "Sample", "evaluate", "samples"]
+__all__ = ["CATEGORIES", "DEFAULT_FILES", "DEFAULT_PACKAGES", "PROPOSERS", "Sample", "evaluate", "samples"]

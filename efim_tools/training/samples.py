@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from efim_tools.training.crossfile import CrossFileSource
     from efim_tools.training.data import Corpus
 
-SampleKind = Literal["fim", "efim", "plain"]
+SampleKind = Literal["fim", "efim", "plain", "next-edit"]
 Layout = Literal["psm", "spm"]
 SegmentRole = Literal["prefix", "suffix", "increment", "middle", "text", "chunk"]
 
@@ -128,7 +128,8 @@ class Sample(NamedTuple):
     kind: SampleKind
     ids: list[int]
     targets: list[bool]  # targets[i]: token i is predicted (loss at position i - 1)
-    # Text segments in document order (prefix, increment, middle, suffix) — not prompt order.
+    # Text segments in document order (prefix, increment, middle, suffix) — not prompt order;
+    # a next-edit sample's are (prefix, [increment], suffix, probe, answer).
     segments: tuple[TextSegment, ...]
     fragmented: bool
     # The text serving's token healing dropped from the prompt's end, now the target's
@@ -175,15 +176,20 @@ class SampleConfig(NamedTuple):
     # a place needing a sibling module's name, with the chunks the server's gatherer picks.
     # 0 draws nothing extra: earlier runs keep their stream.
     crossfile_prob: float = 0.0
+    # Share of samples that are next-edit probes (`efim_tools.training.next_edit`; suffix-first
+    # layout only). 0 draws nothing extra: earlier runs keep their stream.
+    next_edit_prob: float = 0.0
 
     def validate(self) -> SampleConfig:
         if not (0 <= self.fim_rate and 0 <= self.efim_rate and self.fim_rate + self.efim_rate <= 1):
             raise ValueError("fim_rate and efim_rate must be >= 0 and sum to at most 1")
-        for name in ("fragment_prob", "line_start_prob", "suffix_informed_prob", "blank_middle_keep", "healed_prob", "crossfile_prob"):
+        for name in ("fragment_prob", "line_start_prob", "suffix_informed_prob", "blank_middle_keep", "healed_prob", "crossfile_prob", "next_edit_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.layout not in SENTINELS:
             raise ValueError(f"layout must be one of {sorted(SENTINELS)}, got {self.layout!r}")
+        if self.next_edit_prob > 0 and self.layout != "spm":
+            raise ValueError("next-edit samples need the suffix-first layout (layout='spm'): only it has a probe sentinel")
         if not 8 <= self.min_window_tokens <= self.max_window_tokens:
             raise ValueError("need 8 <= min_window_tokens <= max_window_tokens")
         return self
@@ -324,6 +330,8 @@ class SampleBuilder:
         cfg = self.config
         file = self.corpus.draw(rng)
         n_tokens = rng.randint(cfg.min_window_tokens, cfg.max_window_tokens)
+        if cfg.next_edit_prob > 0 and rng.random() < cfg.next_edit_prob:
+            return self.next_edit_sample(file, rng, n_tokens)
         window = draw_window(self.tokenizer, file.text, rng, n_tokens)
         r = rng.random()
         kind: SampleKind = "fim" if r < cfg.fim_rate else "efim" if r < cfg.fim_rate + cfg.efim_rate else "plain"
@@ -332,6 +340,18 @@ class SampleBuilder:
         if kind != "plain" and cfg.crossfile_prob > 0 and rng.random() < cfg.crossfile_prob:
             return self.crossfile_sample(kind, rng)
         return build_sample(self.segments, self.fim, window, kind, rng, cfg)
+
+    def next_edit_sample(self, file, rng: random.Random, n_tokens: int) -> Sample:
+        """A next-edit probe sample (`efim_tools.training.next_edit`); files without a change
+        that has a candidate are passed over for others."""
+        from efim_tools.training.next_edit import draw_question  # noqa: PLC0415
+
+        for _ in range(64):
+            question = draw_question(file.text, rng)
+            if question is not None:
+                return next_edit_sample(self.segments, self.fim, question, rng, self.config, n_tokens)
+            file = self.corpus.draw(rng)
+        raise RuntimeError("no next-edit sample found in 64 files")
 
     def crossfile_sample(self, kind: SampleKind, rng: random.Random) -> Sample:
         """A FIM/EFIM sample at a cross-file spot (`CrossFileSource.draw`), its chunks in front."""
@@ -404,6 +424,46 @@ def build_sample(tokenizer: SegmentTokenizer, fim: FimIds, window: str, kind: Sa
     return Sample(kind, ids, targets, (prefix, *middle_segs, suffix), fragmented, healed, chunks)
 
 
+# Characters per token assumed when a next-edit sample's window is cut from its file.
+CHARS_PER_TOKEN = 3.2
+
+
+def next_edit_sample(tokenizer: SegmentTokenizer, fim: FimIds, question, rng: random.Random, cfg: SampleConfig,
+                     n_tokens: int) -> Sample:
+    """A next-edit sample of `question` (`efim_tools.training.next_edit.Question`):
+
+        SUF suffix PRE prefix [increment] PROBE probe → answer EOT
+
+    The window is about `n_tokens` of whole lines around the cursor (right after the changed
+    token, which is the session's increment half the time, as an edit session holds what was
+    typed). Loss on the answer and EOT only."""
+    if fim.template is None or fim.template.probe_id is None:
+        raise ValueError("next-edit samples need a layout with a probe sentinel (layout='spm')")
+    changed, cursor = question.text, question.cursor
+    budget = int(n_tokens * CHARS_PER_TOKEN)
+    before = int(budget * rng.uniform(0.55, 0.8))
+    lo = changed.rfind("\n", 0, max(0, cursor - before)) + 1 if cursor > before else 0
+    hi_nl = changed.find("\n", min(len(changed), cursor + budget - before))
+    hi = len(changed) if hi_nl < 0 else hi_nl + 1
+    frag_rng = random.Random(rng.getrandbits(64))
+    fragmented = cfg.fragment and rng.random() < cfg.fragment_prob
+
+    def seg(role: SegmentRole, value: str) -> TextSegment:
+        ids = fragment_encode(tokenizer, value, frag_rng, cfg.fragment_mean_chars) if fragmented else encode_text(tokenizer, value)
+        return TextSegment(role, value, tuple(ids))
+
+    typed = rng.random() < 0.5
+    split = question.token_start if typed else cursor
+    prefix, suffix = seg("prefix", changed[lo:split]), seg("suffix", changed[cursor:hi])
+    increment = seg("increment", changed[split:cursor]) if typed else None
+    asked = TextSegment("middle", question.probe, tuple(encode_text(tokenizer, question.probe)))
+    target = TextSegment("middle", question.answer, tuple(encode_text(tokenizer, question.answer)))
+    head = fim.head(prefix, suffix) + (list(increment.ids) if increment else []) + [fim.template.probe_id] + list(asked.ids)
+    tail = [*target.ids, fim.eot]
+    segments = (prefix, *((increment,) if increment else ()), suffix, asked, target)
+    return Sample("next-edit", head + tail, [False] * len(head) + [True] * len(tail), segments, fragmented)
+
+
 def heal_split(tokenizer: SegmentTokenizer, seg: TextSegment, before: str, after: str) -> tuple[TextSegment, str] | None:
     """`seg` (the prompt's last text segment; `before` is the text up to its end, `after`
     the suffix) without the tokens serving's healing drops (`SegmentTokenizer.heal_split`,
@@ -434,4 +494,4 @@ def heal_allows(tokenizer: SegmentTokenizer, removed: str, ids: tuple[int, ...])
     return progress is None
 
 
-__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "heal_split", "heal_allows", "draw_window", "choose_middle", "suffix_informed_lines"]
+__all__ = ["FIM_SENTINELS", "SPM_SENTINELS", "SENTINELS", "LAYOUT_FAMILY", "EOT_TOKEN", "FimIds", "TextSegment", "Sample", "SampleConfig", "SampleBuilder", "build_sample", "next_edit_sample", "heal_split", "heal_allows", "draw_window", "choose_middle", "suffix_informed_lines"]

@@ -71,6 +71,7 @@ class TrainConfig(NamedTuple):
     crossfile_prob: float = 0.0  # FIM/EFIM samples at cross-file spots with context chunks (issue #33)
     crossfile_packages: tuple[str, ...] = ()  # their packages (default: crossfile.TRAINING_PACKAGES)
     context_tokens: int = 1024  # the most chunk tokens a cross-file sample carries
+    next_edit_prob: float = 0.0  # next-edit probe samples (efim_tools.training.next_edit; spm only)
 
 
 class TrainState(NamedTuple):
@@ -265,6 +266,7 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
         healed_prob=config.healed_prob,
         layout=config.layout,
         crossfile_prob=config.crossfile_prob,
+        next_edit_prob=config.next_edit_prob,
     )
     corpus = Corpus(training_files())
     crossfile = None
@@ -291,7 +293,9 @@ def _train(group: Group, config: TrainConfig, resume: bool) -> RunResult:
     started = time.monotonic()
     # Fragmenting adds tokens; longer samples are skipped. Cross-file samples carry chunks
     # (up to `context_tokens`) and a local window of up to ~650 tokens.
+    # A next-edit sample adds its probe (two lines and a line's head) and the answer.
     max_len = max(config.max_window, 640 + config.context_tokens if config.crossfile_prob > 0 else 0) + 96
+    max_len += 160 if config.next_edit_prob > 0 else 0
     params = lora_mod.trainable_parameters(model)
     log_file = (out / "train_log.jsonl").open("a") if group.is_main else None
     try:
@@ -355,6 +359,8 @@ def _export(model, out: Path, lcfg, added, base_vocab, state: TrainState, config
     healing = _serving_healing(config)
     if healing is not None:
         extra["healing"] = healing
+    if config.next_edit_prob > 0 or _seed_config(config).get("next_edit") == "probe":
+        extra["next_edit"] = "probe"  # trained on next-edit probes (engine.adapters.adapter_probes)
     return lora_mod.save_adapter(model, out / "adapter", lcfg, added, base_vocab, extra=extra)
 
 
@@ -365,13 +371,18 @@ def _serving_healing(config: TrainConfig) -> str | None:
     to serving's default (off for a fragment-trained adapter) until a card measures it."""
     if config.healed_prob > 0:
         return "on"
+    healing = _seed_config(config).get("healing")
+    return healing if healing in ("on", "off") else None
+
+
+def _seed_config(config: TrainConfig) -> dict[str, Any]:
+    """The adapter config of the adapter this run was warm-started from ({} when none)."""
     if config.init_from:
         for folder in (Path(config.init_from), Path(config.init_from) / "adapter"):
             path = folder / lora_mod.CONFIG_FILE
             if path.is_file():
-                healing = json.loads(path.read_text(encoding="utf-8")).get("healing")
-                return healing if healing in ("on", "off") else None
-    return None
+                return json.loads(path.read_text(encoding="utf-8"))
+    return {}
 
 
 def _earlier_rounds(config: TrainConfig) -> list[dict[str, Any]]:

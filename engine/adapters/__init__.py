@@ -49,6 +49,22 @@ def adapter_heals(adapter: Path) -> bool:
     return not config.get("fragment_trained", False)
 
 
+def adapter_probes(adapter: Path | None) -> bool:
+    """Whether this adapter was trained on next-edit probes (`efim train --next-edit`): its
+    config says `"next_edit": "probe"`, or its training record has a next-edit share."""
+    if adapter is None:
+        return False
+    config = _adapter_config(adapter if adapter.is_dir() else adapter.parent)
+    if config is None:
+        return False
+    if config.get("next_edit") == "probe":
+        return True
+    training = config.get("training")
+    run = training.get("config") if isinstance(training, dict) else None
+    share = run.get("next_edit_prob") if isinstance(run, dict) else None
+    return isinstance(share, (int, float)) and share > 0
+
+
 def resolve_adapter(model: str | Path, adapter: str | Path | None) -> Path | None:
     """The adapter folder/file to merge for `model`, or None.
 
@@ -69,4 +85,4 @@ def resolve_adapter(model: str | Path, adapter: str | Path | None) -> Path | Non
     return path
 
 
-__all__ = ["SHIPPED_ADAPTER", "adapter_heals", "resolve_adapter", "shipped_adapter_ready"]
+__all__ = ["SHIPPED_ADAPTER", "adapter_heals", "adapter_probes", "resolve_adapter", "shipped_adapter_ready"]

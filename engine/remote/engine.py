@@ -290,6 +290,8 @@ class RemoteEngine(FaultReporting):
             raise ValueError(f"n must be in 1..{MAX_ALTERNATIVES}; got {request.n}")
         if not (request.temperature >= 0 and 0 < request.top_p <= 1):
             raise ValueError(f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature}, {request.top_p}")
+        if request.probe:
+            raise ValueError("a remote backend takes no probe (next-edit checks need the local engine's adapter)")
         handle: RequestHandle[_Call] = RequestHandle(next(self._ids), self._canceller)
         call = _Call(request, handle)
         handle.work = call

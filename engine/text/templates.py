@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from engine.api import ContextChunk, InfillRequest, PromptFormat
 
-SegmentRole = Literal["bos", "sentinel", "chunk", "prefix", "suffix", "increment"]
+SegmentRole = Literal["bos", "sentinel", "chunk", "prefix", "suffix", "increment", "probe"]
 
 
 class Segment(NamedTuple):
@@ -60,6 +60,9 @@ class FimTemplate:
     # template places them once, at the very start.
     bos_ids: tuple[int, ...] = ()
     prefix_dummy_space: bool = False
+    # The sentinel in front of a request's `probe` (a next-edit question after the prompt);
+    # None: the template takes no probes.
+    probe_id: int | None = None
 
     @property
     def supports_fim(self) -> bool:
@@ -88,6 +91,10 @@ class FimTemplate:
             segs += [Segment(self.suffix_id, "sentinel"), Segment(S, "suffix"), Segment(self.middle_id, "sentinel")]
             if fmt == "efim":
                 segs.append(Segment(I, "increment"))
+        if request.probe:
+            if self.probe_id is None:
+                raise ValueError(f"the {self.name} template takes no probe (next-edit checks need the efim-spm adapter)")
+            segs += [Segment(self.probe_id, "sentinel"), Segment(request.probe, "probe")]
         return tuple(s for s in segs if not (isinstance(s.value, str) and s.value == ""))
 
     def render_chunks(self, chunks: tuple[ContextChunk, ...]) -> list[Segment]:
@@ -137,6 +144,8 @@ class _Family(NamedTuple):
     prefix_dummy_space: bool = False
     # Tokens that must be present too (tells apart families sharing sentinel spellings).
     requires: tuple[str, ...] = ()
+    # The sentinel a probe (a next-edit question) follows; only a layout trained with it.
+    probe: str | None = None
 
 
 # Order matters: CodeGemma shares Qwen's `<|fim_prefix|>` spellings and is recognised by its
@@ -154,7 +163,8 @@ FAMILIES: tuple[_Family, ...] = (
     _Family("codellama", "<PRE>", "<SUF>", "<MID>", None, ("<EOT>", "</s>"), prefix_dummy_space=True),
     _Family("codestral", "[PREFIX]", "[SUFFIX]", None, None, ("</s>", "[MIDDLE]"), suffix_first=True),
     # This project's suffix-first adapter layout (efim_tools.training.samples.SPM_SENTINELS).
-    _Family("efim-spm", "<spm_prefix>", "<spm_suffix>", None, None, ("<|endoftext|>", "<spm_middle>", "<spm_pad>"), suffix_first=True),
+    _Family("efim-spm", "<spm_prefix>", "<spm_suffix>", None, None, ("<|endoftext|>", "<spm_middle>", "<spm_pad>"), suffix_first=True,
+            probe="<spm_middle>"),
 )
 
 PREFIX_ONLY = "prefix-only"
@@ -190,6 +200,7 @@ def detect_template(tokenizer: Tokenizer, family: str | None = None) -> FimTempl
             stop_ids=frozenset(stops),
             bos_ids=bos_ids,
             prefix_dummy_space=fam.prefix_dummy_space,
+            probe_id=tid(fam.probe) if fam.probe else None,
         )
     return FimTemplate(name=PREFIX_ONLY, bos_ids=bos_ids)
 

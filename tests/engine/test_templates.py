@@ -85,6 +85,24 @@ def test_suffix_first_adapter_layout_matches_training():
     assert tok.token_to_id("<|endoftext|>") in tpl.stop_ids
 
 
+def test_probe_follows_the_prompt_only_where_the_template_has_a_probe_sentinel():
+    """A next-edit probe goes after the increment, behind <spm_middle>: the document's prompt
+    before it is unchanged, so its KV is reused. Other families refuse a probe."""
+    tok = _tok_with(FAMILY_TOKENS["efim-spm"])
+    tpl = detect_template(tok)
+    pre, mid, suf = _ids(tok, "<spm_prefix>", "<spm_middle>", "<spm_suffix>")
+    assert tpl.probe_id == mid
+    plain = InfillRequest(key="k", prefix="P", suffix="S", increment="I")
+    probed = InfillRequest(key="k", prefix="P", suffix="S", increment="I", probe="-a\n+b\n@")
+    assert [s.value for s in tpl.render(probed)] == [*[s.value for s in tpl.render(plain)], mid, "-a\n+b\n@"]
+    assert [s.role for s in tpl.render(probed)][-2:] == ["sentinel", "probe"]
+    for family in ("starcoder", "codestral"):
+        other = detect_template(_tok_with(FAMILY_TOKENS[family]))
+        assert other.probe_id is None
+        with pytest.raises(ValueError, match="takes no probe"):
+            other.render(probed)
+
+
 def test_codellama_prefix_keeps_word_boundary_space_only_on_prefix():
     tpl = detect_template(_tok_with(FAMILY_TOKENS["codellama"]))
     segs = tpl.render(InfillRequest(key="k", prefix="P", suffix="S", increment="I"), "efim")

@@ -57,9 +57,75 @@ def test_call_site_and_parallel_samples_are_real_edits_answered_at_the_expected_
     assert scores["call-site"].exact >= 0.9 and scores["parallel"].location >= 0.7
 
 
-def test_an_unknown_proposer_is_refused():
+def test_an_unknown_proposer_is_refused_and_a_model_proposer_needs_a_model():
     with pytest.raises(ValueError, match="unknown proposer"):
+        evaluate([], "oracle")
+    with pytest.raises(ValueError, match="needs a model"):
         evaluate([], "model")
+
+
+def test_the_textual_baseline_finds_renames_but_answers_noise_where_the_rules_stay_silent():
+    cases = samples(["textwrap", "shlex"], seed=3, per_category=40)
+    rules, _ = evaluate(cases)
+    naive, _ = evaluate(cases, "textual")
+    assert naive["rename-below"].location >= 0.5  # the next occurrence is often the next use
+    assert naive["noise"].silent < rules["noise"].silent  # a number changed: the naive one repeats it
+    assert naive["call-site"].exact < rules["call-site"].exact
+
+
+class _Done:
+    def __init__(self, text):
+        self.text, self.finish_reason, self.error = text, "stop", None
+
+
+class _Handle:
+    def __init__(self, text):
+        self._done = _Done(text)
+
+    def result(self, timeout=None):
+        return self._done
+
+
+class _ProbeEngine:
+    """Answers a probe with the new name only at lines that start with `yes_at`."""
+
+    def __init__(self, yes_at: str, new: str):
+        self.yes_at, self.new = yes_at, new
+        self.requests, self.forgotten = [], []
+
+    def submit(self, request):
+        self.requests.append(request)
+        if not request.probe:
+            return _Handle("x")
+        head = request.probe.rsplit("\n@", 1)[1]
+        return _Handle(self.new if head.lstrip().startswith(self.yes_at) else "old")
+
+    def count_tokens(self, text):
+        return len(text)
+
+    def forget_document(self, key):
+        self.forgotten.append(key)
+
+
+def test_the_model_proposer_asks_after_the_document_prompt_and_takes_the_first_yes():
+    from efim_lsp.next_edit.history import EditHistory
+    from efim_tools.evaluation.next_edit_model import ModelProposer
+
+    text = "def f(n):\n    a = n + 1\n    b = n * 2\n    return n\n"
+    at = text.index("n + 1")
+    history = EditHistory()
+    history.observe(at, at + 1, "n", "count")
+    text = text[:at] + "count" + text[at + 1:]
+    engine = _ProbeEngine("return", "count")
+    got = ModelProposer(engine).propose(text, history.last)
+    assert got is not None and text[got.start:got.end] == "n" and text[:got.start].endswith("return ")
+    doc, *probes = engine.requests
+    assert not doc.probe and [p.probe.rsplit("@", 1)[1] for p in probes] == ["    b = ", "    return "]
+    for p in probes:  # the document's prompt, the probe after it
+        assert (p.prefix, p.increment, p.suffix, p.heal) == (doc.prefix, doc.increment, doc.suffix, False)
+    assert doc.increment == "count" and engine.forgotten
+    silent = _ProbeEngine("nowhere", "count")
+    assert ModelProposer(silent).propose(text, history.last) is None
 
 
 def test_other_file_samples_come_from_a_package_and_are_answered_in_the_importer():
