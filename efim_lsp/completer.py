@@ -71,8 +71,11 @@ class ContextSource(Protocol):
         """Held while a request is answered: background indexing waits meanwhile."""
 
 
-# The most one next-edit probe may take before it ends with what it has.
+# The most one next-edit probe may take before it ends with what it has; how long it waits
+# for a client's completion request in flight, and how often it looks.
 PROBE_DEADLINE_S = 1.0
+PROBE_WAIT_S = 2.0
+PROBE_POLL_S = 0.005
 
 
 def prompt_format(settings: Settings, info: EngineInfo | None) -> Literal["efim", "fim", "prefix"]:
@@ -426,10 +429,16 @@ class Completer:
     async def ask_probe(self, uri: str, cursor: int, probe: str, max_tokens: int) -> str | None:
         """The model's answer to a next-edit `probe` asked after the document's prompt at
         `cursor` (the prompt a completion there sends, whose KV the engine holds: only the
-        probe is prefilled), or None when it cannot be asked now. Cancelling the caller
-        cancels the engine's work."""
+        probe is prefilled), or None when it cannot be asked now. A client's completion request
+        in flight goes first: the probe waits for it (up to `PROBE_WAIT_S`), and then finds the
+        prompt that completion computed. Cancelling the caller cancels the engine's work."""
+        give_up = time.monotonic() + PROBE_WAIT_S
+        while self.completion_waiting():
+            if time.monotonic() >= give_up:
+                return None
+            await asyncio.sleep(PROBE_POLL_S)
         doc, state = self.documents.get(uri), self._states.get(uri)
-        if doc is None or state is None or not self.probes_answered() or self.completion_waiting():
+        if doc is None or state is None or not self.probes_answered():
             return None
         engine, info = self.holder.engine, self.holder.info
         request, _ = self._request_at(uri, doc, state, cursor, self.settings(), info)

@@ -102,8 +102,9 @@ class NextEdits:
     async def propose_with_model(self, uri: str, version: int | None, cursor: int | None, asker: ProbeAsker) -> Offer | None:
         """`propose`, and where the proposers without a model are silent, the model asked about
         the latest change's candidate places (`probe`), nearest first; the first it carries
-        the edit to is offered. A newer request for the document, a change to it, or a
-        completion request in flight ends the asking with no edit."""
+        the edit to is offered. A client's completion request in flight goes first (the probes
+        wait for it); a newer request for the document or a change to it ends the asking with
+        no edit."""
         self.stats.next_edit_requests += 1
         doc = self._current(uri, version)
         if doc is None:

@@ -1,7 +1,8 @@
 """`nextEdit: "model"`: where the proposers without a model are silent, the model is asked
 about the latest change's candidate places with probes after the document's own prompt; the
-first place it carries the edit to is offered. A newer request, a change, a completion in
-flight, or a model without probe training: no edit and no harm."""
+first place it carries the edit to is offered. A completion request in
+flight goes first; a newer request, a change, or a model without probe training: no edit and no
+harm."""
 
 from __future__ import annotations
 
@@ -102,14 +103,16 @@ async def test_a_newer_request_or_a_change_ends_the_asking_with_no_edit():
     assert await third is None
 
 
-async def test_no_probe_runs_while_a_completion_request_waits():
-    rig, edits = await _rig(_answer_by_line("return", "15"), token_delay=0.05)
+async def test_the_probes_wait_for_a_completion_request_in_flight():
+    rig, edits = await _rig(_answer_by_line("return", "15"), prefill_delay=0.3)
     at = TEXT.index("8")
     await _typed(rig, edits, at, at + 1, "15")
     completion = asyncio.create_task(rig.complete(at + 2))
     await asyncio.sleep(0.01)
     assert rig.completer.completion_waiting()
-    assert await edits.propose_with_model(URI, rig.version, at + 2, rig.completer) is None
-    assert not [r for r in rig.engine.requests if r.probe]
+    asking = asyncio.create_task(edits.propose_with_model(URI, rig.version, at + 2, rig.completer))
+    await asyncio.sleep(0.05)
+    assert not completion.done() and not [r for r in rig.engine.requests if r.probe]  # nothing asked while it runs
     await completion
-    assert (await edits.propose_with_model(URI, rig.version, at + 2, rig.completer)) is not None
+    offer = await asking
+    assert offer is not None and offer.edit.new_text == "15"
