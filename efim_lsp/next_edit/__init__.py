@@ -13,7 +13,10 @@
                  kept server-wide (the last 8)
     textDocument/copilotInlineEdit ─▶ NextEdits (version and range checks, ids, counts);
                  where dispatch is silent, other_files.propose(): the same rename where this
-                 document imports the renamed module (`from a import foo`, `a.foo`, `m.foo`)
+                 document imports the renamed module (`from a import foo`, `a.foo`, `m.foo`);
+                 with nextEdit "model", where those are silent too, probe: the changed
+                 token's candidate places, each asked of the model after the document's
+                 prompt (the completer runs the probes)
 
 No LSP types and no engine here: offsets are code points of the document's text, as in
 the completer. The protocol lives in `efim_lsp.handlers.next_edit`. docs/design.md, "Next

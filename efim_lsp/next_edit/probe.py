@@ -7,9 +7,13 @@ where it is an attribute; a number outside strings and comments), the nearest be
 the nearest above, at most `MAX_CANDIDATES`. The model is asked about each in turn, after the
 document's own prompt (the KV it already holds for inline completion), with a *probe*:
 
+    <the header line of the def/class around the change; empty at the top level>
     -<the changed line as it was>
     +<the changed line as it is>
+    <the header line of the def/class around the candidate>
     @<the candidate's line up to the candidate>
+
+(the headers say whether both are in one function: a renamed local is carried only there)
 
 and answers the token that belongs there: the new one (carry the edit there) or the old one
 (leave it). The first candidate answered with the new token is the proposal; none is silence.
@@ -25,7 +29,7 @@ import re
 from typing import Literal, NamedTuple
 
 from efim_lsp.next_edit.history import Change
-from efim_lsp.next_edit.proposer import NextEdit, literal_spans
+from efim_lsp.next_edit.proposer import NextEdit, enclosing_block, literal_spans
 
 ChangeKind = Literal["name", "attribute", "number", "word"]
 
@@ -35,6 +39,7 @@ MAX_CANDIDATES = 3
 
 _IDENTIFIER = re.compile(r"[^\W\d]\w*\Z")
 _NUMBER = re.compile(r"\d[\w.]*\Z")
+_HEADER = re.compile(r"(async\s+def|def|class)\s")
 
 
 class TokenChange(NamedTuple):
@@ -105,16 +110,27 @@ def candidates(text: str, tc: TokenChange, limit: int = MAX_CANDIDATES) -> list[
     below = [sp for sp in spans if sp[0] >= tc.end]
     above = [sp for sp in reversed(spans) if sp[1] <= tc.start]
     before, after = _lines_of(text, tc)
+    scope = scope_line(text, tc.start)
     out = []
     for a, b in (below + above)[:limit]:
         head = text[text.rfind("\n", 0, a) + 1 : a]
-        out.append(Candidate(a, b, probe_text(before, after, head)))
+        out.append(Candidate(a, b, probe_text(scope, before, after, scope_line(text, a), head)))
     return out
 
 
-def probe_text(before: str, after: str, head: str) -> str:
-    """The probe's text: the changed line before and after, then the candidate's line up to it."""
-    return f"-{before}\n+{after}\n@{head}"
+def probe_text(scope: str, before: str, after: str, where: str, head: str) -> str:
+    """The probe's text (module docstring): the change's def/class header, the changed line
+    before and after, the candidate's header, then the candidate's line up to it."""
+    return f"{scope}\n-{before}\n+{after}\n{where}\n@{head}"
+
+
+def scope_line(text: str, offset: int) -> str:
+    """The first line of the innermost def/class around `offset` (by indentation), stripped of
+    its line break; "" at the top level."""
+    lo, _ = enclosing_block(text, offset)
+    end = text.find("\n", lo)
+    line = text[lo : end if end >= 0 else len(text)].rstrip()
+    return line if _HEADER.match(line.lstrip()) else ""  # the whole text: the top level
 
 
 def accepts(answer: str, tc: TokenChange) -> bool:
@@ -164,4 +180,4 @@ def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
-__all__ = ["Candidate", "LINES_AROUND", "MAX_CANDIDATES", "TokenChange", "accepts", "as_edit", "candidates", "probe_text", "token_change"]
+__all__ = ["Candidate", "LINES_AROUND", "MAX_CANDIDATES", "TokenChange", "accepts", "as_edit", "candidates", "probe_text", "scope_line", "token_change"]

@@ -62,6 +62,7 @@ class NextEdits:
         self.folders = folders  # the workspace folders' URIs (module names of other files)
         self.use_model = use_model  # the `nextEdit` setting is "model"
         self._asking: dict[str, int] = {}  # uri -> the newest model request's number
+        self._said_untrained = False  # logged once: nextEdit "model" with a model not trained on probes
         self.renames: list[other_files.RecentRename] = []  # module-level renames, most recent last
         self._histories: dict[str, EditHistory] = {}
         self._offered: collections.OrderedDict[int, Offer] = collections.OrderedDict()
@@ -110,6 +111,10 @@ class NextEdits:
         if doc is None:
             return self._none()
         edit = self._rules(uri, doc)
+        if edit is None and self.use_model() and not asker.probes_answered() and not self._said_untrained:
+            self._said_untrained = True
+            log.info('nextEdit "model": the loaded model was not trained on next-edit probes (efim train --next-edit); '
+                     "next edits come from the proposers without a model")
         if edit is None and self.use_model() and asker.probes_answered():
             number = self._asking[uri] = self._asking.get(uri, 0) + 1
             try:

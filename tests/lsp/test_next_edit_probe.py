@@ -70,7 +70,8 @@ def test_probe_text_and_answer():
     text, change = _changed(TEXT, "total", "area_", 0)
     tc = token_change(text, change)
     (cand,) = candidates(text, tc)
-    assert cand.probe == "-    total = width * height\n+    area_ = width * height\n@    return "
+    assert cand.probe == ("def area(width, height):\n-    total = width * height\n+    area_ = width * height\n"
+                          "def area(width, height):\n@    return ")
     assert accepts("area_", tc) and accepts(" area_\n", tc)
     assert not accepts("total", tc) and not accepts("area", tc)
     edit = as_edit(cand, tc)
@@ -84,3 +85,13 @@ def test_candidates_only_within_lines_around():
     near = "x = 1\n" + "pass\n" * (LINES_AROUND - 5) + "y = x\n"
     text, change = _changed(near, "x", "z")
     assert len(candidates(text, token_change(text, change))) == 1
+
+
+def test_the_probe_names_the_function_around_the_change_and_around_the_candidate():
+    text = "top = 1\n\ndef f(top):\n    return top\n\n\ndef g():\n    return top\n"
+    at = text.index("return top") + 7
+    changed, change = text[:at] + "peak" + text[at + 3:], Change(at, "top", "peak")
+    found = candidates(changed, token_change(changed, change))
+    scopes = [c.probe.split("\n")[3] for c in found]
+    assert all(c.probe.split("\n")[0] == "def f(top):" for c in found)
+    assert scopes == ["def g():", "def f(top):", ""]  # below in g; above: f's parameter, the module's name

@@ -32,7 +32,7 @@ def corpus() -> Corpus:
 
 def _changed_token(question: str) -> tuple[str, str]:
     """The token the probe's two lines differ in (old, new)."""
-    before, after, _ = question.split("\n", 2)
+    _, before, after, _ = question.split("\n", 3)  # scope, -before, +after, the candidate's scope and head
     before, after = before[1:], after[1:]
     i = 0
     while i < min(len(before), len(after)) and before[i] == after[i]:
