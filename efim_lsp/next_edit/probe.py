@@ -29,7 +29,7 @@ import re
 from typing import Literal, NamedTuple
 
 from efim_lsp.next_edit.history import Change
-from efim_lsp.next_edit.proposer import NextEdit, enclosing_block, literal_spans
+from efim_lsp.next_edit.proposer import NextEdit, enclosing_block, is_attribute, is_word, literal_spans
 
 ChangeKind = Literal["name", "attribute", "number", "word"]
 
@@ -67,9 +67,9 @@ def token_change(text: str, change: Change | None) -> TokenChange | None:
     if not (0 <= s <= e <= len(text)) or text[s:e] != change.new or "\n" in change.old or "\n" in change.new:
         return None
     left, right = s, e
-    while left > 0 and _is_word(text[left - 1]):
+    while left > 0 and is_word(text[left - 1]):
         left -= 1
-    while right < len(text) and _is_word(text[right]):
+    while right < len(text) and is_word(text[right]):
         right += 1
     old, new = text[left:s] + change.old + text[e:right], text[left:right]
     if not old or not new or old == new:
@@ -82,7 +82,7 @@ def token_change(text: str, change: Change | None) -> TokenChange | None:
             return None  # comments, and strings' non-words, are not asked about
         return TokenChange(left, right, old, new, "word")
     if _IDENTIFIER.match(old) and _IDENTIFIER.match(new):
-        return TokenChange(left, right, old, new, "attribute" if _is_attribute(text, left) else "name")
+        return TokenChange(left, right, old, new, "attribute" if is_attribute(text, left) else "name")
     if _NUMBER.match(old) and _NUMBER.match(new):
         return TokenChange(left, right, old, new, "number")
     return None
@@ -96,7 +96,7 @@ def candidates(text: str, tc: TokenChange, limit: int = MAX_CANDIDATES) -> list[
     spans = []
     for m in re.finditer(re.escape(tc.old), text[lo:hi]):
         a, b = lo + m.start(), lo + m.end()
-        if (a > 0 and _is_word(text[a - 1])) or (b < len(text) and _is_word(text[b])):
+        if (a > 0 and is_word(text[a - 1])) or (b < len(text) and is_word(text[b])):
             continue
         inside = next((q for q in quoted if q[0] <= a < q[1]), None)
         if tc.kind == "word":
@@ -104,7 +104,7 @@ def candidates(text: str, tc: TokenChange, limit: int = MAX_CANDIDATES) -> list[
                 continue
         elif inside is not None:
             continue
-        elif tc.kind in ("name", "attribute") and _is_attribute(text, a) != (tc.kind == "attribute"):
+        elif tc.kind in ("name", "attribute") and is_attribute(text, a) != (tc.kind == "attribute"):
             continue
         spans.append((a, b))
     below = [sp for sp in spans if sp[0] >= tc.end]
@@ -167,17 +167,6 @@ def _line_end_forward(text: str, at: int, lines: int) -> int:
         if pos < 0:
             return len(text)
     return pos
-
-
-def _is_attribute(text: str, start: int) -> bool:
-    i = start - 1
-    while i >= 0 and text[i] in " \t":
-        i -= 1
-    return i >= 0 and text[i] == "."
-
-
-def _is_word(ch: str) -> bool:
-    return ch.isalnum() or ch == "_"
 
 
 __all__ = ["Candidate", "LINES_AROUND", "MAX_CANDIDATES", "TokenChange", "accepts", "as_edit", "candidates", "probe_text", "scope_line", "token_change"]

@@ -50,10 +50,10 @@ def rename_of(text: str, change: Change) -> Rename | None:
     if not (0 <= s <= e <= len(text)) or text[s:e] != change.new:
         return None
     left = s
-    while left > 0 and _is_word(text[left - 1]):
+    while left > 0 and is_word(text[left - 1]):
         left -= 1
     right = e
-    while right < len(text) and _is_word(text[right]):
+    while right < len(text) and is_word(text[right]):
         right += 1
     old = text[left:s] + change.old + text[e:right]
     new = text[left:right]
@@ -116,11 +116,11 @@ def propose(text: str, change: Change | None) -> NextEdit | None:
     pattern = re.compile(rf"(?<!\w){re.escape(rename.old)}(?!\w)")
     # An attribute (`.name`) and a variable of the same name are different things: only
     # occurrences of the same kind (`os.path` is not the local `path`).
-    attribute = _is_attribute(text, rename.start)
+    attribute = is_attribute(text, rename.start)
     spans = [
         (m.start(), m.end())
         for m in pattern.finditer(text, lo, hi)
-        if _is_attribute(text, m.start()) == attribute and not _inside(quoted, m.start())
+        if is_attribute(text, m.start()) == attribute and not _inside(quoted, m.start())
     ]
     below = [sp for sp in spans if sp[0] >= rename.end]
     above = [sp for sp in spans if sp[1] <= rename.start]
@@ -171,14 +171,14 @@ def _inside(spans: list[tuple[int, int]], offset: int) -> bool:
     return any(a <= offset < b for a, b in spans)
 
 
-def _is_attribute(text: str, start: int) -> bool:
+def is_attribute(text: str, start: int) -> bool:
     i = start - 1
     while i >= 0 and text[i] in " \t":
         i -= 1
     return i >= 0 and text[i] == "."
 
 
-def _is_word(ch: str) -> bool:
+def is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
@@ -187,4 +187,4 @@ def _indent(line: str) -> int:
 
 
 
-__all__ = ["NextEdit", "Rename", "enclosing_block", "literal_spans", "propose", "rename_of"]
+__all__ = ["NextEdit", "Rename", "enclosing_block", "is_attribute", "is_word", "literal_spans", "propose", "rename_of"]
