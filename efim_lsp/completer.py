@@ -429,7 +429,7 @@ class Completer:
     async def ask_probe(self, uri: str, cursor: int, probe: str, max_tokens: int) -> str | None:
         """The model's answer to a next-edit `probe` asked after the document's prompt at
         `cursor` (the prompt a completion there sends, whose KV the engine holds: only the
-        probe is prefilled), or None when it cannot be asked now. A client's completion request
+        probe is prefilled; while that window is cold, the small first window's), or None when it cannot be asked now. A client's completion request
         in flight goes first: the probe waits for it (up to `PROBE_WAIT_S`), and then finds the
         prompt that completion computed. Cancelling the caller cancels the engine's work."""
         give_up = time.monotonic() + PROBE_WAIT_S
@@ -440,17 +440,23 @@ class Completer:
         doc, state = self.documents.get(uri), self._states.get(uri)
         if doc is None or state is None or not self.probes_answered():
             return None
-        engine, info = self.holder.engine, self.holder.info
-        request, _ = self._request_at(uri, doc, state, cursor, self.settings(), info)
+        engine, info, settings = self.holder.engine, self.holder.info, self.settings()
+        request, segments = self._request_at(uri, doc, state, cursor, settings, info)
+        # Where nothing computed the window yet (no completion asked here), the probe goes after
+        # the small first window, and the full one is warmed behind it (efim_lsp.warm_ahead).
+        full_prompt = self.warm_ahead.prompt_of(request, segments, info)
+        small, warm_up = self.warm_ahead.small_request(uri, state, request, segments, full_prompt, settings)
         request = msgspec.structs.replace(
-            request, key=f"{uri}#next-edit", probe=probe, max_tokens=max_tokens, heal=False, stop=("\n",),
-            speculate=0, n=1, temperature=0.0, deadline=time.monotonic() + PROBE_DEADLINE_S,
+            small if small is not None else request, key=f"{uri}#next-edit", probe=probe, max_tokens=max_tokens,
+            heal=False, stop=("\n",), speculate=0, n=1, temperature=0.0, deadline=time.monotonic() + PROBE_DEADLINE_S,
         )
         try:
             handle = engine.submit(request)
         except Exception as exc:  # a closed engine (reload in progress), a request it refuses
             log.warning("%s: the engine refused a next-edit probe: %s", uri, exc)
             return None
+        if warm_up is not None:
+            warm_up()
         try:
             done = await handle.wait()
         except asyncio.CancelledError:

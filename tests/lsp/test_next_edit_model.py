@@ -116,3 +116,18 @@ async def test_the_probes_wait_for_a_completion_request_in_flight():
     await completion
     offer = await asking
     assert offer is not None and offer.edit.new_text == "15"
+
+
+async def test_a_cold_window_is_probed_through_the_small_first_window_and_warmed_behind():
+    body = "".join(f"    v{i} = {i} * 8\n" for i in range(300))
+    text = "def f():\n    x = 8\n" + body + "    return x * 8\n"
+    rig = await Rig(ProbeEngine(_answer_by_line("nowhere", "15")), nextEdit="model", answerAhead=False).start(text)
+    edits = NextEdits(rig.docs, rig.stats, use_model=lambda: True)
+    edits.opened(URI)
+    at = text.index("8")
+    await _typed(rig, edits, at, at + 1, "15")
+    assert await edits.propose_with_model(URI, rig.version, at + 2, rig.completer) is None
+    probes = [r for r in rig.engine.requests if r.probe]
+    assert probes and all(len(r.prefix + r.increment + r.suffix) < len(rig.text) for r in probes)  # the small window
+    warm = [r for r in rig.engine.requests if r.background and not r.probe]
+    assert warm and len(warm[0].prefix + warm[0].increment + warm[0].suffix) > len(probes[0].prefix + probes[0].suffix)
