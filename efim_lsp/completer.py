@@ -449,6 +449,7 @@ class Completer:
         request = msgspec.structs.replace(
             small if small is not None else request, key=f"{uri}#next-edit", probe=probe, max_tokens=max_tokens,
             heal=False, stop=("\n",), speculate=0, n=1, temperature=0.0, deadline=time.monotonic() + PROBE_DEADLINE_S,
+            document_kv=False,  # the document's stored pieces are kept under its own key, not the probe's
         )
         try:
             handle = engine.submit(request)
