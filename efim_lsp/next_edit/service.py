@@ -6,6 +6,10 @@ about, for a document in sync, with a range inside the current text that does no
 cursor (where an inline suggestion may be pending). Accepting an id that is stale or unknown
 is counted and otherwise harmless.
 
+With `nextEdit: "model"` (`use_model`), `propose_with_model` also asks the model where the
+proposers are silent: the latest change's candidate places (`probe`), each a probe the
+`ProbeAsker` (the completer) runs after the document's prompt.
+
 The service sees every document, so it also remembers the recent renames of module-level
 names (`other_files`): a document whose own proposers are silent is offered the same rename
 where it uses a name renamed in another document's module.
