@@ -429,9 +429,10 @@ class Completer:
     async def ask_probe(self, uri: str, cursor: int, probe: str, max_tokens: int) -> str | None:
         """The model's answer to a next-edit `probe` asked after the document's prompt at
         `cursor` (the prompt a completion there sends, whose KV the engine holds: only the
-        probe is prefilled; while that window is cold, the small first window's), or None when it cannot be asked now. A client's completion request
-        in flight goes first: the probe waits for it (up to `PROBE_WAIT_S`), and then finds the
-        prompt that completion computed. Cancelling the caller cancels the engine's work."""
+        probe is prefilled; while that window is cold, the small first window's), or None when
+        it cannot be asked now. A client's completion request in flight goes first: the probe
+        waits for it (up to `PROBE_WAIT_S`), and then finds the prompt that completion
+        computed. Cancelling the caller cancels the engine's work."""
         give_up = time.monotonic() + PROBE_WAIT_S
         while self.completion_waiting():
             if time.monotonic() >= give_up:
