@@ -29,7 +29,7 @@ import re
 from typing import Literal, NamedTuple
 
 from efim_lsp.next_edit.history import Change
-from efim_lsp.next_edit.proposer import NextEdit, enclosing_block, is_attribute, is_word, literal_spans
+from efim_lsp.next_edit.proposer import NextEdit, enclosing_block, is_attribute, is_word, literal_spans, widened
 
 ChangeKind = Literal["name", "attribute", "number", "word"]
 
@@ -61,17 +61,12 @@ class Candidate(NamedTuple):
 def token_change(text: str, change: Change | None) -> TokenChange | None:
     """`change` widened to the whole token around it, with its kind; None when it is not one
     token turned into another of the same kind."""
-    if change is None:
+    if change is None or "\n" in change.old or "\n" in change.new:
         return None
-    s, e = change.start, change.end
-    if not (0 <= s <= e <= len(text)) or text[s:e] != change.new or "\n" in change.old or "\n" in change.new:
+    word = widened(text, change)
+    if word is None:
         return None
-    left, right = s, e
-    while left > 0 and is_word(text[left - 1]):
-        left -= 1
-    while right < len(text) and is_word(text[right]):
-        right += 1
-    old, new = text[left:s] + change.old + text[e:right], text[left:right]
+    left, right, old, new = word
     if not old or not new or old == new:
         return None
     line_start = text.rfind("\n", 0, left) + 1

@@ -44,8 +44,10 @@ class Rename(NamedTuple):
     new: str
 
 
-def rename_of(text: str, change: Change) -> Rename | None:
-    """The identifier `change` turned into another one, widened to the whole word."""
+def widened(text: str, change: Change) -> Rename | None:
+    """`change` widened to the whole word around it: the span of the new word in `text`, the
+    word before the change and now (not checked to be identifiers); None when `text` does not
+    hold the change's new text where the history says."""
     s, e = change.start, change.end
     if not (0 <= s <= e <= len(text)) or text[s:e] != change.new:
         return None
@@ -55,8 +57,15 @@ def rename_of(text: str, change: Change) -> Rename | None:
     right = e
     while right < len(text) and is_word(text[right]):
         right += 1
-    old = text[left:s] + change.old + text[e:right]
-    new = text[left:right]
+    return Rename(left, right, text[left:s] + change.old + text[e:right], text[left:right])
+
+
+def rename_of(text: str, change: Change) -> Rename | None:
+    """The identifier `change` turned into another one, widened to the whole word."""
+    word = widened(text, change)
+    if word is None:
+        return None
+    left, right, old, new = word
     if old == new or not _IDENTIFIER.match(old) or not _IDENTIFIER.match(new):
         return None
     if keyword.iskeyword(old) or keyword.iskeyword(new):
@@ -187,4 +196,4 @@ def _indent(line: str) -> int:
 
 
 
-__all__ = ["NextEdit", "Rename", "enclosing_block", "is_attribute", "is_word", "literal_spans", "propose", "rename_of"]
+__all__ = ["NextEdit", "Rename", "enclosing_block", "is_attribute", "is_word", "literal_spans", "propose", "rename_of", "widened"]

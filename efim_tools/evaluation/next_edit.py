@@ -45,6 +45,7 @@ from efim_lsp.next_edit.history import EditHistory
 from efim_tools.evaluation.next_edit_model import textual
 from efim_tools.evaluation.next_edit_other import package_cases
 from efim_tools.evaluation.next_edit_synth import call_site_samples, parallel_samples
+from efim_tools.source_text import AstText
 from efim_tools.training.data import stdlib_root
 
 CATEGORIES = ("rename-below", "far", "rename-above", "call-site", "parallel", "noise", "other-file")
@@ -115,14 +116,8 @@ def _file_samples(name: str, text: str, rng: random.Random) -> list[Sample]:
     except SyntaxError:
         return []
     synthesised = [*call_site_samples(text, tree), *parallel_samples(text, rng)]
-    lines = text.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-
-    def offset(lineno: int, col: int) -> int:  # ast columns are UTF-8 bytes
-        line = lines[lineno - 1]
-        return starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+    src = AstText(text)
+    lines, starts, offset = src.lines, src.starts, src.offset
 
     out: list[Sample] = []
     for fn in ast.walk(tree):

@@ -22,7 +22,7 @@ from engine.api import InfillRequest
 
 from efim_lsp.next_edit import probe
 from efim_lsp.next_edit.history import Change
-from efim_lsp.next_edit.proposer import NextEdit
+from efim_lsp.next_edit.proposer import NextEdit, widened
 
 # The document's window around the cursor (characters before, after), whole lines.
 WINDOW = (2400, 1200)
@@ -73,17 +73,10 @@ class ModelProposer:
 
 def textual(text: str, change: Change | None) -> NextEdit | None:
     """The issue's baseline: the last edit again at the next textual occurrence of what it replaced."""
-    if change is None:
+    word = widened(text, change) if change is not None else None
+    if word is None:
         return None
-    s, e = change.start, change.end
-    if not (0 <= s <= e <= len(text)) or text[s:e] != change.new:
-        return None
-    left, right = s, e
-    while left > 0 and (text[left - 1].isalnum() or text[left - 1] == "_"):
-        left -= 1
-    while right < len(text) and (text[right].isalnum() or text[right] == "_"):
-        right += 1
-    old, new = text[left:s] + change.old + text[e:right], text[left:right]
+    left, right, old, new = word
     if not old.strip() or old == new:
         return None
     pattern = re.compile(rf"(?<!\w){re.escape(old)}(?!\w)" if re.match(r"\w", old[0]) and re.match(r"\w", old[-1]) else re.escape(old))

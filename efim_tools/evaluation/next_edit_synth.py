@@ -27,6 +27,8 @@ import tokenize
 from collections.abc import Callable
 from typing import NamedTuple
 
+from efim_tools.source_text import AstText
+
 PARAM = "extra"
 
 
@@ -37,25 +39,9 @@ class Synth(NamedTuple):
     expected: tuple[int, int, str]  # in offsets of the text after the edit
 
 
-class _Text:
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.lines = text.splitlines(keepends=True)
-        self.starts = [0]
-        for line in self.lines:
-            self.starts.append(self.starts[-1] + len(line))
-
-    def offset(self, lineno: int, col: int) -> int:  # ast columns are UTF-8 bytes
-        line = self.lines[lineno - 1]
-        return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
-
-    def span(self, node) -> tuple[int, int]:
-        return self.offset(node.lineno, node.col_offset), self.offset(node.end_lineno, node.end_col_offset)
-
-
 # -- call sites ----------------------------------------------------------------------------
 def call_site_samples(text: str, tree: ast.Module) -> list[Synth]:
-    src = _Text(text)
+    src = AstText(text)
     parents: dict[ast.AST, ast.AST] = {}
     for node in ast.walk(tree):
         for child in ast.iter_child_nodes(node):
@@ -117,7 +103,7 @@ def _default(a: ast.arguments, i: int) -> list[ast.expr]:
     return [a.defaults[k]] if k >= 0 else []
 
 
-def _call_sample(text: str, src: _Text, edit: tuple[int, int, str], sites: list[ast.Call], index: int,
+def _call_sample(text: str, src: AstText, edit: tuple[int, int, str], sites: list[ast.Call], index: int,
                  fix: Callable[[ast.Call], tuple[int, int, str] | None]) -> Synth | None:
     start, end, new = edit
     shift = len(new) - (end - start)
@@ -137,7 +123,7 @@ def _unknowable(call: ast.Call) -> bool:
     return any(isinstance(x, ast.Starred) for x in call.args) or any(k.arg is None for k in call.keywords)
 
 
-def _added(text: str, src: _Text, call: ast.Call, index: int, with_default: bool) -> tuple[int, int, str] | None:
+def _added(text: str, src: AstText, call: ast.Call, index: int, with_default: bool) -> tuple[int, int, str] | None:
     n = len(call.args)
     if n > index or any(k.arg == PARAM for k in call.keywords):
         return None
@@ -152,7 +138,7 @@ def _added(text: str, src: _Text, call: ast.Call, index: int, with_default: bool
     return max(ends), max(ends), ", " + arg
 
 
-def _removed(text: str, src: _Text, call: ast.Call, index: int, name: str) -> tuple[int, int, str] | None:
+def _removed(text: str, src: AstText, call: ast.Call, index: int, name: str) -> tuple[int, int, str] | None:
     target = next((src.span(k) for k in call.keywords if k.arg == name), None)
     if target is None and len(call.args) > index:
         target = src.span(call.args[index])
@@ -178,7 +164,7 @@ class _Tok(NamedTuple):
 
 
 def parallel_samples(text: str, rng: random.Random) -> list[Synth]:
-    src = _Text(text)
+    src = AstText(text)
     by_line: dict[int, list[_Tok]] = {}
     spanning: set[int] = set()
     try:

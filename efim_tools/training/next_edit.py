@@ -33,6 +33,8 @@ from typing import NamedTuple
 from efim_lsp.next_edit import probe
 from efim_lsp.next_edit.history import Change
 
+from efim_tools.source_text import AstText
+
 # Shares of the change kinds (name, attribute, number, word).
 KIND_WEIGHTS = {"name": 0.55, "attribute": 0.15, "number": 0.2, "word": 0.1}
 _AFFIXES = ("s", "_list", "_count", "_map", "_name", "_value", "_id", "2", "_obj", "_data", "_item", "_path")
@@ -58,14 +60,8 @@ def _index(text: str) -> _FileIndex | None:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return None
-    lines = text.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-
-    def offset(lineno: int, col: int) -> int:  # ast columns count UTF-8 bytes
-        line = lines[lineno - 1]
-        return starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+    src = AstText(text)
+    lines, starts, offset = src.lines, src.starts, src.offset
 
     names, attributes, numbers, words = [], [], [], []
     for fn in ast.walk(tree):
