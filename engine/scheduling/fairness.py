@@ -9,11 +9,19 @@ usage per owner, as classic fair-share CPU schedulers do):
 - every unit of model work is charged to its owner: each prefill step to the request's (or
   warm-up's) owner, a batched decode step to the owners of its rows (split by rows);
 - the charges decay (time constant `MEMORY`, 3 s): an owner's usage is what it ran lately;
-- each loop step serves the owner with foreground work (prefilling or decoding) of least
-  recent usage: its oldest prefilling request gets the step's prefill (and the decode step
-  runs for everyone decoding, as always); an owner with nothing but decoding rows gets a
-  decode-only step — another owner's long prefill waits for it, instead of every one of its
-  tokens waiting for a prefill step of the other's; ties go to the owner not served last;
+- each loop step serves one owner with foreground work (prefilling or decoding): its oldest
+  prefilling request gets the step's prefill (and the decode step runs for everyone
+  decoding, as always); an owner with nothing but decoding rows gets a decode-only step —
+  another owner's long prefill waits for it, instead of every one of its tokens waiting for
+  a prefill step of the other's;
+- which owner: a *short* step first — a decode-only step, or a prefill of at most
+  `SHORT_STEP_ROWS` rows (a keystroke's few new tokens) — before another owner's long
+  prefill (a jump's window), as shortest-job-first does for the time people wait; among
+  owners whose steps are alike, the least recent usage; ties go to the owner not served last.
+  A typing window's answer, a few milliseconds a step, no longer waits for a burst's 50 ms
+  prefill steps between its tokens because it typed more than the burst lately;
+- an owner with work passed over for `PASSED_OVER` seconds gets the next step, whatever its
+  usage or step: a long prefill is never starved by another owner's stream of short steps;
 - an owner back from having no foreground work has `WAKE_CREDIT` (1 s) taken off its usage
   (a sleeper's credit): a window that types is idle between keystrokes, a burst is not — work
   arriving within `REPLACED_WITHIN` of the owner's last request being cancelled (superseded)
@@ -43,7 +51,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Iterable, Sequence as SequenceType, TypeVar
+from typing import Collection, Iterable, Sequence as SequenceType, TypeVar
 
 T = TypeVar("T")
 
@@ -67,6 +75,11 @@ WAKE_CREDIT = 1.0
 REPLACED_WITHIN = 0.25
 # The engine counts as shared while more than one owner had foreground work within this many seconds.
 SHARED_WINDOW = 2.0
+# A step prefilling at most this many rows is short (a keystroke's new tokens; a jump's first
+# window is ~100-250 rows): it goes before another owner's long prefill step.
+SHORT_STEP_ROWS = 64
+# An owner with foreground work passed over this long (seconds) gets the next step.
+PASSED_OVER = 0.25
 # A foreground request running this long (seconds since it was submitted) has its owner served
 # first until it ends: well above a keystroke's typical answer on 2 cores (~0.1-0.2 s), well
 # below the 1.5 s default deadline, so the longest answers of a window finish alone.
@@ -88,6 +101,8 @@ class Turns:
         self.wake_credit = WAKE_CREDIT
         self.spent: dict[str, float] = {}  # owner -> engine seconds charged to it, not decayed (reported)
         self.cancelled_at: dict[str, float] = {}  # owner -> time.monotonic() its last request ended cancelled
+        self.passed_over = PASSED_OVER
+        self.waiting: dict[str, float] = {}  # owner -> clock() since when it has had work and not been served
 
     def used(self, owner: str, now: float | None = None) -> float:
         """`owner`'s recent engine time now (decayed)."""
@@ -113,20 +128,34 @@ class Turns:
                 self.cancelled_at.pop(owner, None)
         return owners
 
-    def next(self, owners: Iterable[str], urgent: str | None = None) -> str | None:
+    def next(self, owners: Iterable[str], urgent: str | None = None, short: Collection[str] = ()) -> str | None:
         """Which of `owners` (with foreground work, oldest request first) this step serves:
-        the owner of the `urgent` request (see `URGENT_AGE`) if there is one, else the
-        least recent usage; a tie goes to the one not served last."""
+        the owner of the `urgent` request (see `URGENT_AGE`) if there is one; else the one
+        passed over longest if that was `passed_over` or longer; else an owner whose step is
+        `short` before the others, and among those alike the least recent usage; a tie goes
+        to the one not served last."""
         owners = self.active(owners)
         if not owners:
+            self.waiting.clear()
             return None
         now = self.clock()
+        waiting = {o: self.waiting.get(o, now) for o in owners}
+        starved = min(owners, key=waiting.__getitem__)
         if urgent in owners:
             chosen = urgent
+        elif now - waiting[starved] >= self.passed_over:
+            chosen = starved
         else:
-            chosen = min(owners, key=lambda o: (self.used(o, now), o == self.last))
+            chosen = min(owners, key=lambda o: (o not in short, self.used(o, now), o == self.last))
+        waiting.pop(chosen)
+        self.waiting = waiting
         self.last = chosen
         return chosen
+
+    def served_all(self, owners: Iterable[str]) -> None:
+        """A step served every one of `owners` (everyone decoding together): noted active, none passed over."""
+        self.active(owners)
+        self.waiting.clear()
 
     def ended(self, owner: str, cancelled: bool) -> None:
         """A foreground request of `owner` ended: answered, or `cancelled` (superseded by the
@@ -190,4 +219,4 @@ def interleave(items: SequenceType[T], owner_of, owners_first: SequenceType[str]
     return out
 
 
-__all__ = ["Turns", "interleave", "SHARED_WINDOW", "URGENT_AGE"]
+__all__ = ["Turns", "interleave", "PASSED_OVER", "SHARED_WINDOW", "SHORT_STEP_ROWS", "URGENT_AGE"]

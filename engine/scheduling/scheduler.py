@@ -98,6 +98,7 @@ class Scheduler:
         before_step: Callable[[], Any] | None = None,
         working_budget_bytes: int | None = None,
         shared_step_seconds: float = 0.15,
+        interleaved_step_seconds: float = 0.025,
     ) -> None:
         self.cache = cache
         self.before_step = before_step  # engine thread, before each unit of work (e.g. CPU threads)
@@ -120,6 +121,8 @@ class Scheduler:
         # While several owners share the engine (engine.scheduling.fairness), a request's prefill
         # step is sized to take about this long: what another owner's keystroke waits at most.
         self.shared_step_seconds = shared_step_seconds
+        # ... and about this long while another owner's request is running (its next step waits for this one).
+        self.interleaved_step_seconds = interleaved_step_seconds
         # Retained KV lives outside the pool; `retained_budget_bytes` caps it (None: count only).
         self.retained = RetainedKV(retain_documents, retained_budget_bytes)
         # The KV budget's working share (None: unlimited): running sequences' working KV, the
@@ -383,10 +386,15 @@ class Scheduler:
         waiting for the rest of it, is nil for the same document's next keystroke, which
         supersedes this request and reuses its rows. While several owners share the engine
         (`Turns.shared`), a step of about `shared_step_seconds` instead (at most the usual
-        one): another owner's request waits for it."""
+        one): another owner's request waits for it; and of about `interleaved_step_seconds`
+        while another owner's request is running (passed over for a while, this request got
+        a step between that one's: each of its tokens would wait for the whole step)."""
         rows = self.runner.step_tokens
         if self.turns.shared():  # another owner's next request waits for this step: keep it short
-            return self.steps.prefill_rate.rows_for(self.shared_step_seconds, rows)
+            seconds = self.shared_step_seconds
+            if self.owner_turns.another_owner_running(seq.owner):
+                seconds = self.interleaved_step_seconds
+            return self.steps.prefill_rate.rows_for(seconds, rows)
         if len(self._prefilling) == 1 and not self._decoding and not self._inbox and not self._waiting:
             return rows * SOLO_STEP_FACTOR
         return rows

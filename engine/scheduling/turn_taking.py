@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 
-from engine.scheduling.fairness import URGENT_AGE, Turns
+from engine.scheduling.fairness import SHORT_STEP_ROWS, URGENT_AGE, Turns
 from engine.scheduling.sequence import Sequence
 
 
@@ -30,6 +30,7 @@ class OwnerTurns:
         self._prefilling = prefilling
         self._decoding = decoding
         self.urgent_age = URGENT_AGE  # a request running this long has its owner served first
+        self.short_rows = SHORT_STEP_ROWS  # a prefill step of at most this many rows is short
 
     def serve(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
         """(the prefilling request this step serves, the owner whose decode-only turn it is).
@@ -39,14 +40,26 @@ class OwnerTurns:
         alone. Nothing prefilling: everyone decodes together. One owner: its oldest."""
         owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
         if not foreground:
-            self.turns.active(owners)
+            self.turns.served_all(owners)
             return None, None
         if len(set(owners)) == 1:
             self.turns.next(owners)
             return foreground[0], None
-        owner = self.turns.next(owners, urgent=self.urgent_owner(foreground))
+        owner = self.turns.next(owners, urgent=self.urgent_owner(foreground), short=self.short_steps(foreground, owners))
         prefill = next((s for s in foreground if s.owner == owner), None)
         return prefill, (owner if prefill is None else None)
+
+    def short_steps(self, foreground: list[Sequence], owners: list[str]) -> set[str]:
+        """The owners whose step would be short (`fairness.SHORT_STEP_ROWS`): a decode-only
+        step (nothing of theirs prefilling), or the prefill of their oldest request with at
+        most `short_rows` rows left and no blend to run."""
+        oldest: dict[str, Sequence] = {}
+        for seq in foreground:
+            oldest.setdefault(seq.owner, seq)
+        return {
+            o for o in owners
+            if o not in oldest or (oldest[o].blend is None and len(oldest[o].tokens) - oldest[o].n_valid <= self.short_rows)
+        }
 
     def urgent_owner(self, foreground: list[Sequence]) -> str | None:
         """The owner of the oldest foreground request (prefilling or decoding) that has run
@@ -68,12 +81,19 @@ class OwnerTurns:
         old = min(time.perf_counter() - self.urgent_age, submitted)
         return any(s.owner != owner and not s.background and s.submitted <= old for s in (*self._prefilling, *self._decoding))
 
+    def another_owner_running(self, owner: str) -> bool:
+        """A foreground request of another owner than `owner` is prefilling or decoding."""
+        return any(s.owner != owner and not s.background for s in (*self._prefilling, *self._decoding))
+
     def warm_up_for(self, served: str | None) -> Sequence | None:
         """The warm-up that gets a slice beside the requests (`Scheduler._share_with_warm_up`):
         the oldest; while windows share the engine (`Turns.shared`), the oldest of the owner
-        this step served — another window's warm-ups never cut into a request of this one (a
-        burst of jumps leaves a warm-up behind each)."""
+        this step served, and none while another owner's request is running — another
+        window's warm-ups never cut into a request of this one (a burst of jumps leaves a
+        warm-up behind each, and gets a step between this one's while passed over)."""
         shared = self.turns.shared()
+        if shared and served is not None and self.another_owner_running(served):
+            return None
         return next((s for s in self._prefilling if s.background and not s.idle_only and (not shared or s.owner == served)), None)
 
 

@@ -100,18 +100,20 @@ def _decode_a_while_b_arrives(s, a, b, before_b=None) -> tuple[int, int]:
 
 def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_step(model):
     """Owner A decodes while owner B prefills a long window. Without turns every step held
-    one of B's prefill steps, so each of A's tokens waited for one; with them A takes
-    decode-only steps while it has used the engine less than B (here a prefill step costs ten
-    decode rows, and nothing decays), and B's prefill still advances between them."""
+    one of B's prefill steps, so each of A's tokens waited for one; with them A's decode-only
+    steps (short) go before B's long prefill although B used the engine less (here nothing
+    decays and no time passes: B is never passed over for `PASSED_OVER`), and B's window is
+    prefilled once A's answer is done."""
     s = make(model, step=32)
     s.verify_cost = None  # speculation's drafts as long as allowed: no measured timing
     _FixedCosts(s.turns).install()
+    s.turns.charge("A", 100.0)  # A: the heavier owner lately
     order: list[str] = []
     a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
     b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
     a_steps, b_steps = _decode_a_while_b_arrives(s, a, b)
     assert len(a.sink.tokens) == 20
-    assert 1 <= b_steps <= a_steps // 3, (b_steps, a_steps)  # B goes on: 4 of 21 (2 at first, B having no usage, then about 1 in 10)
+    assert b_steps == 0, (b_steps, a_steps)
     drain(s)
     assert order == ["a", "b"] and b.sink.finished[0] == "length"
 
@@ -127,27 +129,35 @@ def test_an_owner_with_only_decoding_rows_is_not_held_to_one_token_per_prefill_s
 
 def test_an_urgent_request_has_its_owner_served_until_it_ends(model):
     """A request running `urgent_age` seconds (fairness.URGENT_AGE) has its owner served
-    first although that owner used the engine more lately: owner A (heavy) decodes, owner B
-    (light) sends a long window. While A is not urgent, B's lighter usage gives B prefill
-    steps between A's tokens; once A's request is urgent, B's window waits until A's answer
-    is done — a window's slow answer is not stretched to its deadline by another's burst."""
-    def run(urgent_age: float) -> tuple[int, int, list[str]]:
+    first although that owner used the engine more lately: owner A (heavy) prefills, owner B
+    (light) sends a long window while A's long window is still prefilling. While A is not
+    urgent, B's lighter usage gives B the prefill steps; once A's request is urgent, B's
+    window waits until A's answer is done — a window's slow answer is not stretched to its
+    deadline by another's burst."""
+    def run(urgent_age: float) -> tuple[int, list[str]]:
         s = make(model, step=32)
         s.verify_cost = None
         s.owner_turns.urgent_age = urgent_age
+        s.turns.passed_over = float("inf")  # the order here is usage's and urgency's
+        s.trace = trace = []
         order: list[str] = []
-        a = _owner_job(Sink(prompt(40, 50), max_tokens=20), "a", "A", order)
+        a = _owner_job(Sink(prompt(600, 50), max_tokens=2), "a", "A", order)
         b = _owner_job(Sink(prompt(900, 51), max_tokens=1), "b", "B", order)
-        # A: the heavy owner (it typed a lot lately)
-        a_steps, b_steps = _decode_a_while_b_arrives(s, a, b, before_b=lambda: s.turns.charge("A", 100.0))
+        s.submit(a)
+        s.step()  # admits a; its first prefill step
+        s.turns.charge("A", 100.0)  # A: the heavy owner (it typed a lot lately)
+        s.submit(b)
+        while a.sink.finished is None:
+            s.step()
+        b_steps = sum(1 for what, key, _ in trace if what == "prefill" and key == "b")
         drain(s)
-        assert b.sink.finished[0] == "length" and len(a.sink.tokens) == 20
-        return a_steps, b_steps, order
+        assert a.sink.finished[0] == b.sink.finished[0] == "length"
+        return b_steps, order
 
-    a_steps, b_steps, order = run(float("inf"))  # never urgent: the turns alone
-    assert order == ["b", "a"] and b_steps >= 900 // 32, (a_steps, b_steps, order)  # B (least usage) prefilled all along, done first
-    a_steps, b_steps, order = run(0.0)  # urgent at once: A's owner has every turn until its answer ends
-    assert b_steps == 0 and order == ["a", "b"], (a_steps, b_steps, order)
+    b_steps, order = run(float("inf"))  # never urgent: the turns alone (two long prefills alike)
+    assert order == ["b", "a"] and b_steps >= 900 // 64, (b_steps, order)  # B (least usage) prefilled all along, done first
+    b_steps, order = run(0.0)  # urgent at once: A's owner has every turn until its answer ends
+    assert b_steps == 0 and order == ["a", "b"], (b_steps, order)
 
 
 def test_another_owners_request_waits_for_a_layer_of_a_prefill_step_not_the_step(model):
@@ -311,7 +321,8 @@ def test_a_prefill_step_gives_way_at_a_layer_when_another_owners_request_turns_u
         if b in s._decoding:
             break
     assert b in s._decoding
-    a = _owner_job(Sink(prompt(600, 64), max_tokens=2), "a", "A", order)
+    # a: a keystroke's short prompt (a step alike B's decode-only one: the least usage's turn)
+    a = _owner_job(Sink(prompt(50, 64), max_tokens=2), "a", "A", order)
     real, checks = s.owner_turns.other_owner_waiting, []
 
     def turning(owner: str, submitted: float) -> bool:  # b turns urgent while the second layer of a's step runs
@@ -325,7 +336,7 @@ def test_a_prefill_step_gives_way_at_a_layer_when_another_owners_request_turns_u
     s.step()  # admits a; its first prefill step (A has used nothing: its turn) gives way at layer 2
     assert a.paused is not None and a.paused.layer == 2 and a.n_valid == 0
     drain(s)
-    assert order == ["b", "a"] and a.sink.finished[1].prefilled_tokens == 600
+    assert order == ["b", "a"] and a.sink.finished[1].prefilled_tokens == 50
 
 
 def test_a_step_gives_way_only_to_an_older_urgent_request_of_another_owner():
@@ -352,3 +363,77 @@ def test_a_step_gives_way_only_to_an_older_urgent_request_of_another_owner():
     assert not turns.other_owner_waiting("C", now - 3.0)  # nothing older than 3 s; C's own warm-up never counts
     inbox.append(req("C", 0.0))
     assert turns.other_owner_waiting("A", now - 1.0)  # a new arrival of another owner
+
+
+def test_a_short_step_goes_first_and_an_owner_passed_over_gets_a_turn():
+    """`Turns.next`: an owner whose step is short (a decode-only step, a keystroke's few rows)
+    goes before another's long prefill whatever their usage; an owner with work passed over
+    for `PASSED_OVER` gets the next step; among steps alike, the least recent usage; an
+    urgent request's owner before all."""
+    from engine.scheduling.fairness import PASSED_OVER, Turns
+
+    now = [0.0]
+    t = Turns(memory=3.0, clock=lambda: now[0])
+    t.charge("A", 5.0)  # A: the heavy owner lately
+    assert t.next(["A", "B"], short={"A"}) == "A"
+    now[0] += PASSED_OVER / 2
+    assert t.next(["A", "B"], short={"A"}) == "A"
+    now[0] += PASSED_OVER / 2  # B has had work and no step for PASSED_OVER
+    assert t.next(["A", "B"], short={"A"}) == "B"
+    assert t.next(["A", "B"], short={"A"}) == "A"  # served, B waits again from now
+    assert t.next(["A", "B"], short={"A", "B"}) == "B"  # steps alike: the least usage
+    assert t.next(["A", "B"], short={"B"}, urgent="A") == "A"
+    now[0] += PASSED_OVER  # B passed over since the urgent step
+    assert t.next(["A", "B"], short={"B"}) == "B"
+    assert t.next(["A", "B"], short={"B"}) == "B"  # short, and A waited no time yet
+    now[0] += PASSED_OVER
+    assert t.next(["A", "B"], short={"B"}) == "A"  # now A is the one passed over
+    now[0] += PASSED_OVER
+    assert t.next(["B"]) == "B"  # A had nothing to run: no longer waiting
+    assert t.next(["A", "B"], short={"B"}) == "B"
+    t.served_all(["A", "B"])  # a step decoding everyone's rows: nobody passed over
+    now[0] += PASSED_OVER / 2
+    assert t.next(["A", "B"], short={"B"}) == "B"
+
+
+def test_a_step_beside_another_owners_running_request_is_short(model):
+    """While another owner's request is running, a request's prefill step is sized to about
+    `interleaved_step_seconds` (each of that request's next steps waits for it), not
+    `shared_step_seconds`."""
+    s = make(model, step=256)
+    s.steps.prefill_rate.rows_per_s = 10_000.0  # a measured rate: 0.15 s would be 1,500 rows
+    s.turns.active(["A", "B"])  # both windows had work a moment ago: they share the engine
+    b = _owner_job(Sink(prompt(900, 70), max_tokens=1), "b", "B", [])
+    s.submit(b)
+    s._take_arrivals()
+    s._admit(b)
+    assert s._foreground_step_rows(b) == 256  # the usual step, at most
+    a = _owner_job(Sink(prompt(20, 71), max_tokens=30), "a", "A", [])
+    s._decoding.append(a)  # (A's request decoding)
+    assert s._foreground_step_rows(b) == int(10_000 * s.interleaved_step_seconds) // 32 * 32
+    s._decoding.remove(a)
+    drain(s)
+
+
+def test_a_window_served_beside_another_windows_running_request_gets_no_warm_up_slice():
+    """`OwnerTurns.warm_up_for`: while windows share the engine, the served owner's warm-up gets
+    a slice only while no other owner's request is running (a burst's window, given a step
+    between a typing window's tokens because it was passed over, does not also run its warm-up
+    there); alone, the oldest warm-up whoever's it is."""
+    import collections
+    import threading
+    from types import SimpleNamespace
+
+    from engine.scheduling.fairness import Turns
+    from engine.scheduling.turn_taking import OwnerTurns
+
+    seq = lambda owner, background: SimpleNamespace(owner=owner, background=background, idle_only=False)  # noqa: E731
+    warm, typing = seq("B", True), seq("A", False)
+    prefilling, decoding = [warm], [typing]
+    turns = OwnerTurns(Turns(), collections.deque(), threading.Condition(), prefilling, decoding)
+    assert turns.warm_up_for("A") is warm  # one window: the oldest warm-up
+    turns.turns.active(["A", "B"])  # both windows had work a moment ago
+    assert turns.warm_up_for("A") is None  # not A's
+    assert turns.warm_up_for("B") is None  # B's, but A's request is running
+    decoding.clear()
+    assert turns.warm_up_for("B") is warm
