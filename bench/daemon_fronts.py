@@ -1,7 +1,7 @@
 """Fronts sharing the engine daemon (`efim serve --daemon`) against one engine per front
 (`--no-daemon`): memory of all processes together, and keystroke latency through one front.
 
-    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--fair 20] [--kill 2] [--hop 150] [--json OUT]
+    .venv/bin/efim bench daemon [--model default] [--fronts 1,3] [--keys 60] [--fair 20 [--rounds 3]] [--kill 2] [--hop 150] [--json OUT]
 
 Memory: N fronts (`efim serve`, stdio, started together) open the same stdlib module and
 each asks for one suggestion at the same place, one after the other (`firstWindowTokens: 0`,
@@ -18,7 +18,9 @@ request crosses a Unix socket and every streamed token crosses back).
 
 `--fair RATE`: those keys typed alone, then again while a second front asks for a
 suggestion at a random place of another module RATE times a second (instead of the plain
-typing comparison). `--kill N`: N fronts, the daemon SIGKILLed, time until each serves
+typing comparison); `--rounds N` repeats that with fresh fronts and daemon and pools the
+rounds' answer times (the p99 of 400 keys is the 5th slowest answer, and it moves a lot
+between runs). `--kill N`: N fronts, the daemon SIGKILLed, time until each serves
 again. `--hop N`: the engine alone, in process vs through the daemon (no server).
 """
 
@@ -316,10 +318,11 @@ async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[s
     return latencies
 
 
-async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list[str], rate: float) -> dict:
+async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list[str], rate: float) -> tuple[dict, list[float], list[float]]:
     """Front A types `keys` alone, then the same keys in a copy of the file while front B asks
     for a suggestion at a random place of another module `rate` times a second (each request
-    a jump: a new window to prefill, superseding B's previous one)."""
+    a jump: a new window to prefill, superseding B's previous one). The summary, and A's
+    answer times alone and during the burst."""
     import random  # noqa: PLC0415
     import sysconfig  # noqa: PLC0415
 
@@ -358,13 +361,18 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
     await asyncio.gather(a.close(), b.close(), return_exceptions=True)
     if daemon_pid:
         os.kill(daemon_pid, signal.SIGTERM)
-    summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
-    return {"mode": "daemon" if daemon else "in-process", "keystrokes": len(keys), "burst_per_s": round(sent / elapsed, 1),
-            "solo_ms": summary(solo), "with_burst_ms": summary(busy),
-            "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2),
-            "slowest_ms": {"solo": sorted(round(x) for x in solo)[-4:], "with_burst": sorted(round(x) for x in busy)[-4:]},
+    case = {"mode": "daemon" if daemon else "in-process", "burst_per_s": round(sent / elapsed, 1), **fair_summary(solo, busy),
             # A's own server's view of the same requests (its latency: request in → answer out).
             "server_solo": solo_server, "server_with_burst": busy_server}
+    return case, solo, busy
+
+
+def fair_summary(solo: list[float], busy: list[float]) -> dict:
+    """Front A's answer times alone and during the burst: percentiles, the p99 ratio, the slowest four."""
+    summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
+    return {"keystrokes": len(busy), "solo_ms": summary(solo), "with_burst_ms": summary(busy),
+            "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2),
+            "slowest_ms": {"solo": sorted(round(x) for x in solo)[-4:], "with_burst": sorted(round(x) for x in busy)[-4:]}}
 
 
 def server_view(stats: dict) -> dict:
@@ -432,9 +440,19 @@ async def run(args: argparse.Namespace) -> dict:
             results["typing"].append(case)
     if args.fair:
         for daemon in args.modes:
-            case = await fair_case(args.model, daemon, text, cursor, keys, args.fair)
-            print(json.dumps(case), flush=True)
-            results.setdefault("fairness", []).append(case)
+            solo_all: list[float] = []
+            busy_all: list[float] = []
+            for _ in range(args.rounds):
+                case, solo, busy = await fair_case(args.model, daemon, text, cursor, keys, args.fair)
+                print(json.dumps(case), flush=True)
+                results.setdefault("fairness", []).append(case)
+                solo_all += solo
+                busy_all += busy
+            if args.rounds > 1:
+                pooled = {"mode": case["mode"], "rounds": args.rounds, **fair_summary(solo_all, busy_all),
+                          "round_ratios": [c["p99_ratio"] for c in results["fairness"][-args.rounds:]]}
+                print(json.dumps(pooled), flush=True)
+                results.setdefault("fairness_pooled", []).append(pooled)
     if args.leave:
         big, small = args.leave.split(":")
         case = await leave_case(args.model, big, small, text, cursor)
@@ -457,6 +475,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys", type=int, default=60, help="keystrokes typed for the latency comparison (0: skip it)")
     parser.add_argument("--fair", type=float, default=0, metavar="RATE",
                         help="also: a front types --keys keys alone, then while another front asks RATE times a second")
+    parser.add_argument("--rounds", type=int, default=1, metavar="N",
+                        help="--fair: N rounds, each with fresh fronts and daemon; with N > 1 also the p99s of all rounds' answers pooled")
     parser.add_argument("--kill", type=int, default=0, metavar="N", help="also: N fronts, the daemon SIGKILLed, time until each serves again")
     parser.add_argument("--leave", default=None, metavar="BIG:SMALL",
                         help="also: fronts asking --kv-budget SMALL and BIG on one daemon; BIG fills the KV and leaves: "
