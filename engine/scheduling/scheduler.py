@@ -477,7 +477,9 @@ class Scheduler:
             began = time.perf_counter()
             prefill, turn = self.owner_turns.serve(foreground)
             if prefill is not None:
-                self._charged(prefill, self._prefill)
+                # (a warm-up served in its owner's turn gives way to the requests running
+                # beside it once its slice is over, as a warm-up's slice between them does)
+                self._charged(prefill, lambda seq: self._prefill(seq, during_foreground=seq.background))
             if self._decoding:
                 # An owner's decode-only turn decodes its rows alone (a lone greedy one verifies a
                 # speculation draft); else every decoding sequence, as always.

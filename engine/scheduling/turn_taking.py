@@ -35,19 +35,39 @@ class OwnerTurns:
     def serve(self, foreground: list[Sequence]) -> tuple[Sequence | None, str | None]:
         """(the prefilling request this step serves, the owner whose decode-only turn it is).
         The request: the oldest of the owner whose turn it is (`Turns.next`, over the owners
-        with foreground work), and every decoding sequence decodes too (turn None). When that
-        owner has only decoding rows: no request, and the step decodes that owner's rows
-        alone. Nothing prefilling: everyone decodes together. One owner: its oldest."""
+        with foreground work and, while windows share the engine, those with only a warm-up:
+        `warm_ups_of_idle_owners`), and every decoding sequence decodes too (turn None). When
+        that owner has only decoding rows: no request, and the step decodes that owner's rows
+        alone; when it has only a warm-up: that warm-up's step. Nothing prefilling: everyone
+        decodes together. One owner: its oldest."""
         owners = [s.owner for s in foreground] + [s.owner for s in self._decoding]
         if not foreground:
             self.turns.served_all(owners)
             return None, None
-        if len(set(owners)) == 1:
+        warming = self.warm_ups_of_idle_owners(owners)
+        if len(set(owners)) == 1 and not warming:
             self.turns.next(owners)
             return foreground[0], None
-        owner = self.turns.next(owners, urgent=self.urgent_owner(foreground), short=self.short_steps(foreground, owners))
+        owner = self.turns.next(
+            owners + list(warming), urgent=self.urgent_owner(foreground), short=self.short_steps(foreground, owners))
+        if owner in warming:
+            return warming[owner], None
         prefill = next((s for s in foreground if s.owner == owner), None)
         return prefill, (owner if prefill is None else None)
+
+    def warm_ups_of_idle_owners(self, owners: list[str]) -> dict[str, Sequence]:
+        """While windows share the engine (`Turns.shared`): the oldest warm-up of each owner
+        with no request running (not in `owners`). It takes turns like a long prefill of its
+        owner's — another window's burst of requests, never idle, would otherwise keep this
+        window on its first window for as long as it lasts. One owner alone: none (its
+        warm-ups run when it has no request, as always)."""
+        if not self.turns.shared():
+            return {}
+        warming: dict[str, Sequence] = {}
+        for seq in self._prefilling:
+            if seq.background and not seq.idle_only and seq.owner not in owners:
+                warming.setdefault(seq.owner, seq)
+        return warming
 
     def short_steps(self, foreground: list[Sequence], owners: list[str]) -> set[str]:
         """The owners whose step would be short (`fairness.SHORT_STEP_ROWS`): a decode-only
@@ -81,6 +101,12 @@ class OwnerTurns:
         old = min(time.perf_counter() - self.urgent_age, submitted)
         return any(s.owner != owner and not s.background and s.submitted <= old for s in (*self._prefilling, *self._decoding))
 
+    def short_step_waiting(self, owner: str) -> bool:
+        """Another owner than `owner` has a foreground request whose next step is short."""
+        foreground = [s for s in self._prefilling if not s.background and s.owner != owner]
+        others = {s.owner for s in foreground} | {s.owner for s in self._decoding if not s.background and s.owner != owner}
+        return bool(others and self.short_steps(foreground, list(others)))
+
     def another_owner_running(self, owner: str) -> bool:
         """A foreground request of another owner than `owner` is prefilling or decoding."""
         return any(s.owner != owner and not s.background for s in (*self._prefilling, *self._decoding))
@@ -88,11 +114,13 @@ class OwnerTurns:
     def warm_up_for(self, served: str | None) -> Sequence | None:
         """The warm-up that gets a slice beside the requests (`Scheduler._share_with_warm_up`):
         the oldest; while windows share the engine (`Turns.shared`), the oldest of the owner
-        this step served, and none while another owner's request is running — another
-        window's warm-ups never cut into a request of this one (a burst of jumps leaves a
-        warm-up behind each, and gets a step between this one's while passed over)."""
+        this step served, and none while another owner's request waits with a short step
+        (`short_steps`: decoding, or a keystroke's few rows) — another window's warm-ups
+        never cut into a request of this one (a burst of jumps leaves a warm-up behind each,
+        and gets a step between this one's tokens while passed over), while this window's
+        own warm-up still gets its slices beside another's long prefill."""
         shared = self.turns.shared()
-        if shared and served is not None and self.another_owner_running(served):
+        if shared and served is not None and self.short_step_waiting(served):
             return None
         return next((s for s in self._prefilling if s.background and not s.idle_only and (not shared or s.owner == served)), None)
 

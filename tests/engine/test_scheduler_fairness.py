@@ -415,11 +415,12 @@ def test_a_step_beside_another_owners_running_request_is_short(model):
     drain(s)
 
 
-def test_a_window_served_beside_another_windows_running_request_gets_no_warm_up_slice():
+def test_a_window_served_beside_another_windows_short_step_gets_no_warm_up_slice():
     """`OwnerTurns.warm_up_for`: while windows share the engine, the served owner's warm-up gets
-    a slice only while no other owner's request is running (a burst's window, given a step
-    between a typing window's tokens because it was passed over, does not also run its warm-up
-    there); alone, the oldest warm-up whoever's it is."""
+    a slice only while no other owner's request waits with a short step (a burst's window,
+    given a step between a typing window's tokens because it was passed over, does not also
+    run its warm-up there), and still beside another's long prefill; alone, the oldest
+    warm-up whoever's it is."""
     import collections
     import threading
     from types import SimpleNamespace
@@ -434,6 +435,39 @@ def test_a_window_served_beside_another_windows_running_request_gets_no_warm_up_
     assert turns.warm_up_for("A") is warm  # one window: the oldest warm-up
     turns.turns.active(["A", "B"])  # both windows had work a moment ago
     assert turns.warm_up_for("A") is None  # not A's
-    assert turns.warm_up_for("B") is None  # B's, but A's request is running
+    assert turns.warm_up_for("B") is None  # B's, but A's request is decoding (short steps)
     decoding.clear()
     assert turns.warm_up_for("B") is warm
+    window = SimpleNamespace(owner="A", background=False, idle_only=False, blend=None, tokens=[0] * 500, n_valid=0)
+    prefilling.append(window)  # A's request prefills a long window: B's warm-up still gets its slice
+    assert turns.warm_up_for("B") is warm
+    window.n_valid = 480  # ... its last 20 rows: a short step
+    assert turns.warm_up_for("B") is None
+
+
+def test_a_window_with_only_a_warm_up_takes_turns_with_another_windows_requests(model):
+    """While windows share the engine, an owner with no request running has its warm-up take
+    turns like a long prefill of its own (another window that never stops sending requests
+    would otherwise keep it waiting for as long as it lasts); one owner alone keeps the usual
+    order, its warm-up after its requests."""
+    def run(owners: tuple[str, str]) -> list[str]:
+        s = make(model, step=32)
+        s.owner_turns.urgent_age = 1e9
+        if owners[0] != owners[1]:
+            s.turns.active(list(owners))  # both windows had work a moment ago: they share the engine
+        s.trace = trace = []
+        warm = _owner_job(Sink(prompt(300, 90), max_tokens=0), "w", owners[0], [])
+        warm.background = True
+        request = _owner_job(Sink(prompt(600, 91), max_tokens=1), "r", owners[1], [])
+        s.submit(warm)
+        s.submit(request)
+        while request.sink.finished is None:
+            s.step()
+        drain(s)
+        assert warm.sink.finished[0] == "length" and warm.prefilled == 300
+        return [key for what, key, _ in trace if what == "prefill"]
+
+    prefills = run(("A", "B"))
+    assert prefills.index("w") < len(prefills) - 1 - prefills[::-1].index("r"), prefills  # A's warm-up began before B's request ended
+    prefills = run(("", ""))
+    assert prefills.index("w") > prefills.index("r") and all(k == "w" for k in prefills[prefills.index("w"):]), prefills
