@@ -1,4 +1,4 @@
-"""`efim bench engine|kernels|prefill-attention|blend|jump|soak|restart|peers|saved|team|next-edit|daemon|workspace|nvim`: benchmarks that compare configurations in one run
+"""`efim bench engine|kernels|prefill-attention|blend|jump|soak|restart|peers|saved|team|next-edit|daemon|turns|workspace|nvim`: benchmarks that compare configurations in one run
 (soak: load and cancellation through the real server; nvim: what a person sees in Neovim 0.12).
 
 Each target module provides `add_arguments(parser)` and `run_cli(args) -> int`; they are
@@ -23,13 +23,14 @@ TARGETS = {
     "team": ("bench.team_load", "editors one inference server serves with EFIM's request pattern (llama.cpp or OpenAI API)"),
     "next-edit": ("bench.next_edit_latency", "next-edit answers through efim serve, client side: idle and while completions run"),
     "daemon": ("bench.daemon_fronts", "efim serve fronts sharing the engine daemon vs one engine each: memory of all processes, keystroke latency, the hop"),
+    "turns": ("bench.owner_turns", "one engine, two owners: a typing window's answers alone and during another window's burst of jumps"),
     "workspace": ("bench.workspace_index", "a big workspace indexed while a person types: keystroke latency per phase and memory, context on vs off"),
     "nvim": ("bench.nvim_first_suggestion", "Neovim 0.12 with lsp/efim.lua: the first suggestion after a jump and `A`, to ghost text"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, prefill-attention, blend, jump, soak, restart, peers, saved, team, next-edit, daemon, workspace, nvim)")
+    parser = sub.add_parser("bench", help="benchmarks (engine, kernels, prefill-attention, blend, jump, soak, restart, peers, saved, team, next-edit, daemon, turns, workspace, nvim)")
     targets = parser.add_subparsers(dest="target", metavar="TARGET", required=True)
     for name, (module_name, help_text) in TARGETS.items():
         p = targets.add_parser(name, help=help_text)
