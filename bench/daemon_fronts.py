@@ -296,13 +296,38 @@ async def kill_case(model: str, fronts: int, text: str, cursor: int) -> dict:
     return out
 
 
-async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[str], reset_stats: bool = False) -> list[float]:
-    """Open `uri` with `text`, ask once there (a full prefill, not counted; then the server's
-    counters zeroed with `reset_stats`), then type `keys` one at a time, waiting for each
-    answer; the client-measured latencies."""
+async def open_at(front: Front, uri: str, text: str, cursor: int, settle: bool = False) -> None:
+    """Open `uri` with `text` and ask once at `cursor` (a full prefill, not counted). With
+    `settle`, then wait until the front has no warm-up in flight (its full window computed
+    behind the first one): each phase of a comparison types from the same state."""
     front.client.text_document_did_open(t.DidOpenTextDocumentParams(
         t.TextDocumentItem(uri=uri, language_id="python", version=0, text=text)))
     await front.ask_at(uri, position(text, cursor))
+    if settle:
+        await warm_ups_done(front)
+
+
+async def warm_ups_done(front: Front, timeout: float = 30.0) -> None:
+    """Wait until every warm-up the front submitted has ended (`efim/stats` "warmup"), then a
+    little more (the engine's idle work after it)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        warm = (await front.stats())["warmup"]
+        if warm["submitted"] <= warm["completed"] + warm["cancelled"]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise SystemExit(f"the front's warm-ups did not end within {timeout:.0f} s")
+    await asyncio.sleep(0.3)
+
+
+async def type_keys(front: Front, uri: str, text: str, cursor: int, keys: list[str], reset_stats: bool = False,
+                    opened: bool = False, settle: bool = False) -> list[float]:
+    """Open `uri` with `text` and ask once there (`open_at`, unless `opened`; `settle` as
+    there), zero the server's counters with `reset_stats`, then type `keys` one at a time,
+    waiting for each answer; the client-measured latencies."""
+    if not opened:
+        await open_at(front, uri, text, cursor, settle)
     if reset_stats:
         await front.stats(reset=True)
     latencies = []
@@ -330,7 +355,11 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
     a, b = await asyncio.gather(*(start_front(model, daemon, env, "file:///bench/a.py") for _ in range(2)))
     infos = await asyncio.gather(wait_ready(a), wait_ready(b))
     daemon_pid = infos[0]["engine"].get("daemon", {}).get("pid") if daemon else None
-    solo = await type_keys(a, "file:///bench/solo.py", text, cursor, keys, reset_stats=True)
+    # Both phases type from the same state: the document open, its first answer given and its
+    # full window computed (else the burst phase, whose copy of the text reuses the solo phase's
+    # KV, types in the full window from its first key while the solo phase typed its first
+    # second or so in the first window: other prompts, other answers, other decode lengths).
+    solo = await type_keys(a, "file:///bench/solo.py", text, cursor, keys, reset_stats=True, settle=True)
     solo_server = server_view(await a.stats())
     other = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
     b_uri = "file:///bench/burst.py"
@@ -351,9 +380,11 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
             await asyncio.sleep(1.0 / rate)
         await asyncio.gather(*pending, return_exceptions=True)  # (a cancelled pygls future logs noise)
 
+    await open_at(a, "file:///bench/busy.py", text, cursor, settle=True)
     burster = asyncio.ensure_future(burst())
     started = time.monotonic()
-    busy = await type_keys(a, "file:///bench/busy.py", text, cursor, keys, reset_stats=True)
+    await asyncio.sleep(0.5)  # the burst under way
+    busy = await type_keys(a, "file:///bench/busy.py", text, cursor, keys, reset_stats=True, opened=True)
     busy_server = server_view(await a.stats())
     stop.set()
     await asyncio.gather(burster, return_exceptions=True)
