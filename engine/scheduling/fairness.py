@@ -22,6 +22,9 @@ usage per owner, as classic fair-share CPU schedulers do):
   prefill steps between its tokens because it typed more than the burst lately;
 - an owner with work passed over for `PASSED_OVER` seconds gets the next step, whatever its
   usage or step: a long prefill is never starved by another owner's stream of short steps;
+- while owners share the engine, an owner with no request running has its warm-up take
+  turns like a long prefill of its own (`OwnerTurns.warm_ups_of_idle_owners`): another
+  owner's burst never leaves the engine idle, the usual time for warm-ups;
 - an owner back from having no foreground work has `WAKE_CREDIT` (1 s) taken off its usage
   (a sleeper's credit): a window that types is idle between keystrokes, a burst is not — work
   arriving within `REPLACED_WITHIN` of the owner's last request being cancelled (superseded)
