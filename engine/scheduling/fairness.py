@@ -131,26 +131,29 @@ class Turns:
                 self.cancelled_at.pop(owner, None)
         return owners
 
-    def next(self, owners: Iterable[str], urgent: str | None = None, short: Collection[str] = ()) -> str | None:
-        """Which of `owners` (with foreground work, oldest request first) this step serves:
-        the owner of the `urgent` request (see `URGENT_AGE`) if there is one; else the one
-        passed over longest if that was `passed_over` or longer; else an owner whose step is
-        `short` before the others, and among those alike the least recent usage; a tie goes
-        to the one not served last."""
-        owners = self.active(owners)
+    def next(
+        self, owners: Iterable[str], urgent: str | None = None, short: Collection[str] = (), warm_only: Collection[str] = (),
+    ) -> str | None:
+        """Which of `owners` (with foreground work, oldest request first; then those in
+        `warm_only`, with nothing but a warm-up) this step serves: the owner of the `urgent`
+        request (see `URGENT_AGE`) if there is one; else the one with a request passed over
+        longest if that was `passed_over` or longer (a warm-up is never owed a step); else an
+        owner whose step is `short` before the others, and among those alike the least recent
+        usage; a tie goes to the one not served last."""
+        owners = self.active([o for o in owners if o not in warm_only]) + list(dict.fromkeys(o for o in warm_only if o not in owners))
         if not owners:
             self.waiting.clear()
             return None
         now = self.clock()
-        waiting = {o: self.waiting.get(o, now) for o in owners}
-        starved = min(owners, key=waiting.__getitem__)
+        waiting = {o: self.waiting.get(o, now) for o in owners if o not in warm_only}
+        starved = min(waiting, key=waiting.__getitem__, default=None)
         if urgent in owners:
             chosen = urgent
-        elif now - waiting[starved] >= self.passed_over:
+        elif starved is not None and now - waiting[starved] >= self.passed_over:
             chosen = starved
         else:
             chosen = min(owners, key=lambda o: (o not in short, self.used(o, now), o == self.last))
-        waiting.pop(chosen)
+        waiting.pop(chosen, None)
         self.waiting = waiting
         self.last = chosen
         return chosen

@@ -49,7 +49,7 @@ class OwnerTurns:
             self.turns.next(owners)
             return foreground[0], None
         owner = self.turns.next(
-            owners + list(warming), urgent=self.urgent_owner(foreground), short=self.short_steps(foreground, owners))
+            owners, urgent=self.urgent_owner(foreground), short=self.short_steps(foreground, owners), warm_only=list(warming))
         if owner in warming:
             return warming[owner], None
         prefill = next((s for s in foreground if s.owner == owner), None)

@@ -395,6 +395,16 @@ def test_a_short_step_goes_first_and_an_owner_passed_over_gets_a_turn():
     now[0] += PASSED_OVER / 2
     assert t.next(["A", "B"], short={"B"}) == "B"
 
+    # An owner with nothing but a warm-up (`warm_only`) takes turns like a long prefill, and is
+    # never owed a step for having been passed over.
+    now[0] = 0.0
+    t = Turns(memory=3.0, clock=lambda: now[0])
+    assert t.next(["B"], short={"B"}, warm_only=["A"]) == "B"
+    now[0] += 2 * PASSED_OVER
+    assert t.next(["B"], short={"B"}, warm_only=["A"]) == "B"
+    t.charge("B", 1.0)
+    assert t.next(["B"], warm_only=["A"]) == "A"  # both long: A used less
+
 
 def test_a_step_beside_another_owners_running_request_is_short(model):
     """While another owner's request is running, a request's prefill step is sized to about
