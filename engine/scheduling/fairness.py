@@ -140,7 +140,8 @@ class Turns:
         longest if that was `passed_over` or longer (a warm-up is never owed a step); else an
         owner whose step is `short` before the others, and among those alike the least recent
         usage; a tie goes to the one not served last."""
-        owners = self.active([o for o in owners if o not in warm_only]) + list(dict.fromkeys(o for o in warm_only if o not in owners))
+        given = list(owners)
+        owners = self.active([o for o in given if o not in warm_only]) + list(dict.fromkeys(o for o in warm_only if o not in given))
         if not owners:
             self.waiting.clear()
             return None
