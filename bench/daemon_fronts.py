@@ -41,7 +41,7 @@ from lsprotocol import types as t
 from pygls.lsp.client import LanguageClient
 
 from bench.lsp_typing import blank_function, plain, position
-from bench.percentiles import percentile
+from bench.percentiles import percentile, percentiles
 from bench.process_memory import daemon_pids, kill_daemons, memory_mb
 from efim_tools.trace.keys import key_presses
 
@@ -400,8 +400,7 @@ async def fair_case(model: str, daemon: bool, text: str, cursor: int, keys: list
 
 def fair_summary(solo: list[float], busy: list[float]) -> dict:
     """Front A's answer times alone and during the burst: percentiles, the p99 ratio, the slowest four."""
-    summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
-    return {"keystrokes": len(busy), "solo_ms": summary(solo), "with_burst_ms": summary(busy),
+    return {"keystrokes": len(busy), "solo_ms": percentiles(solo), "with_burst_ms": percentiles(busy),
             "p99_ratio": round(percentile(busy, 99) / max(1e-9, percentile(solo, 99)), 2),
             "slowest_ms": {"solo": sorted(round(x) for x in solo)[-4:], "with_burst": sorted(round(x) for x in busy)[-4:]}}
 
@@ -448,8 +447,8 @@ def hop_case(model: str, daemon: bool, text: str, cursor: int, body: str, n: int
     if pid:
         os.kill(pid, signal.SIGTERM)
     return {"mode": "daemon" if daemon else "in-process", "requests": n,
-            "submit_to_result_ms": {q: round(percentile(times, q), 2) for q in (50, 95, 99)},
-            "engine_ttft_ms": {q: round(percentile(ttft, q), 2) for q in (50, 95, 99)},
+            "submit_to_result_ms": percentiles(times, digits=2),
+            "engine_ttft_ms": percentiles(ttft, digits=2),
             "hop_p50_ms": round(percentile([a - b for a, b in zip(times, ttft)], 50), 2)}
 
 

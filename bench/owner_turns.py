@@ -30,27 +30,27 @@ import threading
 import time
 from pathlib import Path
 
-from bench.percentiles import percentile
+from bench.lsp_typing import blank_function
+from bench.percentiles import percentile, percentiles
 
 MODULE, FUNCTION = "heapq.py", "_siftup"
 OTHER = "textwrap.py"
 
 
-def typing_body(text: str, function: str) -> tuple[str, str, str]:
-    """(the text before `function`'s body, its body, the text after it)."""
-    start = text.index(f"def {function}(")
-    start = text.index("\n", start) + 1
-    end = text.index("\n\n", start)
-    return text[:start], text[start:end], text[end:]
+def typed_function(module: str, function: str) -> tuple[str, str, str]:
+    """(the stdlib `module`'s text before `function`'s body, the body from its first line's
+    indent, the text after it): `bench.lsp_typing.blank_function`'s cut, the indent typed too."""
+    text, cursor, body = blank_function(module, function)
+    start = text.rindex("\n", 0, cursor) + 1  # the body's first line: only its indent is left in `text`
+    return text[:start], text[start:cursor] + body, text[cursor:]
 
 
 def run(args: argparse.Namespace) -> dict:
     from engine.api import InfillRequest  # noqa: PLC0415 - torch loads slowly
     from engine.local import load_engine  # noqa: PLC0415
 
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    before, body, after = typing_body((stdlib / MODULE).read_text(), FUNCTION)
-    other = (stdlib / OTHER).read_text()
+    before, body, after = typed_function(MODULE, FUNCTION)
+    other = (Path(sysconfig.get_paths()["stdlib"]) / OTHER).read_text()
     body = body[: args.keys]
     options = {"dtype": args.dtype} if args.dtype else {}
     engine = load_engine(args.model, adapter=args.adapter, kv_budget=args.kv_budget, **options)
@@ -107,8 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         spent = engine.scheduler.turns.spent_by_owner()
     finally:
         engine.close()
-    summary = lambda xs: {q: round(percentile(xs, q), 1) for q in (50, 95, 99)}  # noqa: E731
-    solo_ms, busy_ms = summary(solo_all), summary(busy_all)
+    solo_ms, busy_ms = percentiles(solo_all), percentiles(busy_all)
     return {
         "model": args.model, "keys": len(body), "rounds": args.rounds, "requests_per_phase": len(solo_all),
         "solo_ms": solo_ms, "with_burst_ms": busy_ms,

@@ -19,4 +19,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
-__all__ = ["percentile"]
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 95, 99), digits: int = 1) -> dict[int, float]:
+    """`{q: percentile(values, q)}` for each of `qs`, rounded to `digits`."""
+    return {q: round(percentile(values, q), digits) for q in qs}
+
+
+__all__ = ["percentile", "percentiles"]

@@ -26,6 +26,12 @@ def test_bench_turns_on_a_tiny_model(tiny_model_factory, capsys):
     assert out["engine_s"]["A"] > 0 and out["engine_s"]["B"] > 0  # both owners were served
 
 
-def test_typing_body_splits_a_function_around_its_body():
-    before, body, after = owner_turns.typing_body("x = 1\n\ndef f(a):\n    return a\n\n\ny = 2\n", "f")
-    assert before.endswith("def f(a):\n") and body == "    return a" and after == "\n\n\ny = 2\n"
+def test_typed_function_splits_a_function_around_its_body():
+    import sysconfig
+    from pathlib import Path
+
+    source = (Path(sysconfig.get_paths()["stdlib"]) / "heapq.py").read_text()
+    before, body, after = owner_turns.typed_function("heapq.py", "_siftup")
+    assert before + body + after == source
+    assert before.endswith(":\n") and "def _siftup(" in before.splitlines()[-1]
+    assert body.startswith("    ") and not body.endswith("\n") and after.startswith("\n\n")
